@@ -1,0 +1,39 @@
+// The `tierzero` command tree. Each subcommand lives in its own file and registers itself with
+// TZ_REGISTER_COMMAND, so adding a command (for example `bench nvme`) touches no other file.
+// A command's callback returns the process exit code.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace tz::cli {
+
+// Parent commands that registrations attach to: "" (the root), "bench", "config", ...
+struct CommandTree {
+  CLI::App* root = nullptr;
+  // Returns the subcommand `name` of the root, creating it with `description` on first use.
+  CLI::App* group(const std::string& name, const std::string& description);
+};
+
+using Registration = std::function<void(CommandTree&)>;
+
+struct CommandRegistry {
+  static std::vector<Registration>& all();
+};
+
+struct Registrar {
+  explicit Registrar(Registration r) { CommandRegistry::all().push_back(std::move(r)); }
+};
+
+// Set by a command's callback; main returns it.
+int& exit_code();
+
+}  // namespace tz::cli
+
+#define TZ_CLI_CONCAT_INNER_(a, b) a##b
+#define TZ_CLI_CONCAT_(a, b) TZ_CLI_CONCAT_INNER_(a, b)
+// TZ_REGISTER_COMMAND([](tz::cli::CommandTree& tree) { ... add a subcommand ... });
+#define TZ_REGISTER_COMMAND(fn) \
+  static const ::tz::cli::Registrar TZ_CLI_CONCAT_(tz_cli_registrar_, __LINE__)(fn)

@@ -1,0 +1,626 @@
+// The configuration schema and its validator (core/config.h). Each key is declared once below;
+// the loader walks the user's JSON against it, the resolved JSON and the typed Config are both
+// produced from the same walk, and `config_key_docs` renders the same table as documentation.
+#include "core/config.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <fstream>
+#include <limits>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include "core/units.h"
+
+namespace tz {
+namespace {
+
+using nlohmann::json;
+
+enum class Kind { kBool, kInt, kSize, kCount, kFloat, kEnum, kString, kPair, kAny };
+
+struct KeySpec {
+  const char* path;
+  Kind kind;
+  double min;
+  double max;
+  std::vector<std::string> choices;
+  json default_value;
+  const char* doc;
+  void (*apply)(Config&, const json&);  // null for keys accepted for compatibility only
+};
+
+void assign(bool& dst, const json& v) { dst = v.get<bool>(); }
+void assign(int& dst, const json& v) { dst = v.get<int>(); }
+void assign(std::int64_t& dst, const json& v) { dst = v.get<std::int64_t>(); }
+void assign(std::uint64_t& dst, const json& v) { dst = v.get<std::uint64_t>(); }
+void assign(double& dst, const json& v) { dst = v.get<double>(); }
+void assign(std::string& dst, const json& v) { dst = v.get<std::string>(); }
+void assign(std::array<double, 2>& dst, const json& v) {
+  dst = {v.at(0).get<double>(), v.at(1).get<double>()};
+}
+
+#define TZ_BIND(member) [](Config& c, const json& v) { assign(c.member, v); }
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+constexpr double kU64 = 18446744073709551615.0;
+const std::vector<std::string> kNone;
+const std::vector<std::string> kDevices{"none", "cpu", "nvme"};
+
+// DeepSpeed's defaults where DeepSpeed has the key, so a config means what it meant there.
+const std::vector<KeySpec>& schema() {
+  static const std::vector<KeySpec> kSchema = {
+      {"train_batch_size", Kind::kCount, 0, kU64, kNone, 0,
+       "Global batch size; 0 derives it (micro batch x accumulation x ranks). When set it must be "
+       "a multiple of micro batch x accumulation.", TZ_BIND(train_batch_size)},
+      {"train_micro_batch_size_per_gpu", Kind::kCount, 1, 1 << 20, kNone, 1,
+       "Samples per rank per forward/backward.", TZ_BIND(train_micro_batch_size_per_gpu)},
+      {"gradient_accumulation_steps", Kind::kCount, 1, 1 << 20, kNone, 1,
+       "Micro batches accumulated before each optimizer step.", TZ_BIND(gradient_accumulation_steps)},
+      {"gradient_clipping", Kind::kFloat, 0, 1e12, kNone, 0.0,
+       "Clip the global gradient L2 norm to this value; 0 disables clipping.",
+       TZ_BIND(gradient_clipping)},
+      {"steps_per_print", Kind::kCount, 1, kU64, kNone, 10, "Log a progress line every N steps.",
+       TZ_BIND(steps_per_print)},
+      {"wall_clock_breakdown", Kind::kBool, 0, 0, kNone, false,
+       "Accepted for DeepSpeed compatibility; tierzero always reports the step breakdown.", nullptr},
+      {"zero_allow_untested_optimizer", Kind::kBool, 0, 0, kNone, false,
+       "Accepted for DeepSpeed compatibility; no effect.", nullptr},
+      {"prescale_gradients", Kind::kBool, 0, 0, kNone, false,
+       "Accepted for DeepSpeed compatibility; no effect.", nullptr},
+
+      {"bf16.enabled", Kind::kBool, 0, 0, kNone, false,
+       "bf16 parameters and gradients (fp32 master weights and optimizer state).", TZ_BIND(bf16)},
+      {"fp16.enabled", Kind::kBool, 0, 0, kNone, false,
+       "fp16 parameters and gradients with loss scaling.", TZ_BIND(fp16.enabled)},
+      {"fp16.loss_scale", Kind::kFloat, 0, 1e30, kNone, 0.0,
+       "Static loss scale; 0 selects dynamic loss scaling.", TZ_BIND(fp16.loss_scale)},
+      {"fp16.initial_scale_power", Kind::kInt, 0, 64, kNone, 16,
+       "Dynamic loss scaling starts at 2^power.", TZ_BIND(fp16.initial_scale_power)},
+      {"fp16.loss_scale_window", Kind::kInt, 1, 1e9, kNone, 1000,
+       "Steps without overflow before the dynamic scale doubles.", TZ_BIND(fp16.loss_scale_window)},
+      {"fp16.hysteresis", Kind::kInt, 1, 1e9, kNone, 2,
+       "Overflows tolerated before the dynamic scale halves.", TZ_BIND(fp16.hysteresis)},
+      {"fp16.min_loss_scale", Kind::kFloat, 1e-30, 1e30, kNone, 1.0,
+       "Floor of the dynamic loss scale.", TZ_BIND(fp16.min_loss_scale)},
+      {"fp16.auto_cast", Kind::kBool, 0, 0, kNone, false,
+       "Accepted for DeepSpeed compatibility; no effect.", nullptr},
+      {"fp16.consecutive_hysteresis", Kind::kBool, 0, 0, kNone, false,
+       "Accepted for DeepSpeed compatibility; no effect.", nullptr},
+
+      {"optimizer.type", Kind::kEnum, 0, 0, {"Adam", "AdamW", "SGD", "Lion", "Adagrad"}, "AdamW",
+       "Optimizer (case-insensitive).", TZ_BIND(optimizer.type)},
+      {"optimizer.params.lr", Kind::kFloat, 0, 10, kNone, 1e-3, "Learning rate.",
+       TZ_BIND(optimizer.lr)},
+      {"optimizer.params.betas", Kind::kPair, 0, 1, kNone, json::array({0.9, 0.999}),
+       "Adam/Lion betas [beta1, beta2], each in [0, 1).", TZ_BIND(optimizer.betas)},
+      {"optimizer.params.eps", Kind::kFloat, 0, 1, kNone, 1e-8, "Adam/Adagrad epsilon.",
+       TZ_BIND(optimizer.eps)},
+      {"optimizer.params.weight_decay", Kind::kFloat, 0, 10, kNone, 0.0, "Weight decay.",
+       TZ_BIND(optimizer.weight_decay)},
+      {"optimizer.params.bias_correction", Kind::kBool, 0, 0, kNone, true,
+       "Adam bias correction.", TZ_BIND(optimizer.bias_correction)},
+      {"optimizer.params.adam_w_mode", Kind::kBool, 0, 0, kNone, true,
+       "Decoupled weight decay (AdamW) for type Adam; type AdamW always decouples.",
+       TZ_BIND(optimizer.adam_w_mode)},
+      {"optimizer.params.momentum", Kind::kFloat, 0, 1, kNone, 0.0, "SGD momentum.",
+       TZ_BIND(optimizer.momentum)},
+      {"optimizer.params.nesterov", Kind::kBool, 0, 0, kNone, false, "SGD Nesterov momentum.",
+       TZ_BIND(optimizer.nesterov)},
+      {"optimizer.params.torch_adam", Kind::kBool, 0, 0, kNone, false,
+       "Accepted for DeepSpeed compatibility; no effect.", nullptr},
+      {"scheduler.type", Kind::kString, 0, 0, kNone, "",
+       "Learning-rate schedule name (accepted; schedules are not implemented yet).", nullptr},
+      {"scheduler.params", Kind::kAny, 0, 0, kNone, json::object(),
+       "Learning-rate schedule parameters (accepted as they are).", nullptr},
+
+      {"zero_optimization.stage", Kind::kInt, 0, 3, kNone, 0,
+       "ZeRO stage: 0 data parallel, 1 optimizer states, 2 + gradients, 3 + parameters sharded.",
+       TZ_BIND(zero.stage)},
+      {"zero_optimization.offload_optimizer.device", Kind::kEnum, 0, 0, kDevices, "none",
+       "Where optimizer states live and the optimizer runs.",
+       TZ_BIND(zero.offload_optimizer.device)},
+      {"zero_optimization.offload_optimizer.nvme_path", Kind::kString, 0, 0, kNone, "",
+       "Directory for optimizer-state swap files (required when device is nvme).",
+       TZ_BIND(zero.offload_optimizer.nvme_path)},
+      {"zero_optimization.offload_optimizer.pin_memory", Kind::kBool, 0, 0, kNone, false,
+       "Page-locked host buffers for optimizer states.",
+       TZ_BIND(zero.offload_optimizer.pin_memory)},
+      {"zero_optimization.offload_optimizer.buffer_count", Kind::kInt, 1, 1024, kNone, 4,
+       "Staging buffers for optimizer-state swapping.",
+       TZ_BIND(zero.offload_optimizer.buffer_count)},
+      {"zero_optimization.offload_optimizer.pipeline_read", Kind::kBool, 0, 0, kNone, false,
+       "Overlap optimizer-state reads with the update.",
+       TZ_BIND(zero.offload_optimizer.pipeline_read)},
+      {"zero_optimization.offload_optimizer.pipeline_write", Kind::kBool, 0, 0, kNone, false,
+       "Overlap optimizer-state writes with the update.",
+       TZ_BIND(zero.offload_optimizer.pipeline_write)},
+      {"zero_optimization.offload_optimizer.ratio", Kind::kFloat, 0, 1, kNone, 1.0,
+       "Fraction of optimizer states offloaded.", TZ_BIND(zero.offload_optimizer.ratio)},
+      {"zero_optimization.offload_optimizer.fast_init", Kind::kBool, 0, 0, kNone, false,
+       "Accepted for DeepSpeed compatibility; no effect.", nullptr},
+      {"zero_optimization.offload_param.device", Kind::kEnum, 0, 0, kDevices, "none",
+       "Where parameters live between uses (stage 3 only).", TZ_BIND(zero.offload_param.device)},
+      {"zero_optimization.offload_param.nvme_path", Kind::kString, 0, 0, kNone, "",
+       "Directory for parameter swap files (required when device is nvme).",
+       TZ_BIND(zero.offload_param.nvme_path)},
+      {"zero_optimization.offload_param.pin_memory", Kind::kBool, 0, 0, kNone, false,
+       "Page-locked host buffers for parameters.", TZ_BIND(zero.offload_param.pin_memory)},
+      {"zero_optimization.offload_param.buffer_count", Kind::kInt, 1, 1024, kNone, 5,
+       "Staging buffers for parameter swapping.", TZ_BIND(zero.offload_param.buffer_count)},
+      {"zero_optimization.offload_param.buffer_size", Kind::kCount, 1, kU64, kNone, 100000000,
+       "Elements per parameter staging buffer.", TZ_BIND(zero.offload_param.buffer_size)},
+      {"zero_optimization.offload_param.max_in_cpu", Kind::kCount, 0, kU64, kNone, 1000000000,
+       "Parameter elements kept in host memory when offloading to NVMe.",
+       TZ_BIND(zero.offload_param.max_in_cpu)},
+      {"zero_optimization.cpu_offload", Kind::kBool, 0, 0, kNone, false,
+       "Legacy DeepSpeed switch: true means offload_optimizer.device cpu.", nullptr},
+      {"zero_optimization.overlap_comm", Kind::kBool, 0, 0, kNone, false,
+       "Overlap gradient reduction with backward.", TZ_BIND(zero.overlap_comm)},
+      {"zero_optimization.contiguous_gradients", Kind::kBool, 0, 0, kNone, true,
+       "Copy gradients into one contiguous buffer as they are produced.",
+       TZ_BIND(zero.contiguous_gradients)},
+      {"zero_optimization.reduce_bucket_size", Kind::kCount, 1, kU64, kNone, 500000000,
+       "Elements reduced at once.", TZ_BIND(zero.reduce_bucket_size)},
+      {"zero_optimization.allgather_bucket_size", Kind::kCount, 1, kU64, kNone, 500000000,
+       "Elements all-gathered at once.", TZ_BIND(zero.allgather_bucket_size)},
+      {"zero_optimization.sub_group_size", Kind::kCount, 1, kU64, kNone, 1000000000,
+       "Elements per optimizer step tile when offloading.", TZ_BIND(zero.sub_group_size)},
+      {"zero_optimization.stage3_prefetch_bucket_size", Kind::kCount, 0, kU64, kNone, 50000000,
+       "Parameter elements prefetched ahead of use.", TZ_BIND(zero.stage3_prefetch_bucket_size)},
+      {"zero_optimization.stage3_max_live_parameters", Kind::kCount, 0, kU64, kNone, 1000000000,
+       "Upper bound on gathered parameter elements resident at once.",
+       TZ_BIND(zero.stage3_max_live_parameters)},
+      {"zero_optimization.stage3_max_reuse_distance", Kind::kCount, 0, kU64, kNone, 1000000000,
+       "Keep a gathered parameter if it is reused within this many elements.",
+       TZ_BIND(zero.stage3_max_reuse_distance)},
+      {"zero_optimization.stage3_param_persistence_threshold", Kind::kCount, 0, kU64, kNone,
+       100000, "Parameters smaller than this stay gathered.",
+       TZ_BIND(zero.stage3_param_persistence_threshold)},
+      {"zero_optimization.allgather_partitions", Kind::kBool, 0, 0, kNone, true,
+       "Accepted for DeepSpeed compatibility; tierzero always all-gathers partitions.", nullptr},
+      {"zero_optimization.reduce_scatter", Kind::kBool, 0, 0, kNone, true,
+       "Accepted for DeepSpeed compatibility; tierzero always reduce-scatters.", nullptr},
+      {"zero_optimization.round_robin_gradients", Kind::kBool, 0, 0, kNone, false,
+       "Accepted for DeepSpeed compatibility; no effect.", nullptr},
+      {"zero_optimization.stage3_gather_16bit_weights_on_model_save", Kind::kBool, 0, 0, kNone,
+       false, "Accepted for DeepSpeed compatibility; no effect.", nullptr},
+      {"zero_optimization.stage3_gather_fp16_weights_on_model_save", Kind::kBool, 0, 0, kNone,
+       false, "Accepted for DeepSpeed compatibility (old name); no effect.", nullptr},
+
+      {"aio.block_size", Kind::kSize, 4096, 1ull << 30, kNone, 1048576,
+       "Bytes per NVMe request; a multiple of 4096.", TZ_BIND(aio.block_size)},
+      {"aio.queue_depth", Kind::kInt, 1, 4096, kNone, 8, "NVMe requests in flight per file.",
+       TZ_BIND(aio.queue_depth)},
+      {"aio.intra_op_parallelism", Kind::kInt, 1, 256, kNone, 1,
+       "Parallel submitters per transfer.", TZ_BIND(aio.intra_op_parallelism)},
+      {"aio.thread_count", Kind::kInt, 1, 256, kNone, 1, "I/O threads.", TZ_BIND(aio.thread_count)},
+      {"aio.single_submit", Kind::kBool, 0, 0, kNone, false,
+       "Submit requests one at a time instead of in batches.", TZ_BIND(aio.single_submit)},
+      {"aio.overlap_events", Kind::kBool, 0, 0, kNone, true,
+       "Reap completions while submitting.", TZ_BIND(aio.overlap_events)},
+      {"aio.use_gds", Kind::kBool, 0, 0, kNone, false,
+       "GPUDirect Storage (not supported; must be false).", TZ_BIND(aio.use_gds)},
+
+      {"tierzero.io_engine", Kind::kEnum, 0, 0, {"auto", "io_uring", "libaio", "psync"}, "auto",
+       "NVMe I/O engine; auto probes io_uring, then libaio, then psync.",
+       TZ_BIND(tierzero.io_engine)},
+      {"tierzero.device_budget", Kind::kSize, 0, kU64, kNone, 0,
+       "Bytes of device memory the engine may use; 0 = what the device has.",
+       TZ_BIND(tierzero.device_budget)},
+      {"tierzero.host_budget", Kind::kSize, 0, kU64, kNone, 0,
+       "Bytes of pinned host memory; 0 = 80% of physical memory.", TZ_BIND(tierzero.host_budget)},
+      {"tierzero.nvme_budget", Kind::kSize, 0, kU64, kNone, 0,
+       "Bytes of NVMe swap space; 0 = free space on the swap paths.",
+       TZ_BIND(tierzero.nvme_budget)},
+      {"tierzero.overlap", Kind::kEnum, 0, 0, {"exact", "eager", "delayed"}, "exact",
+       "How the offloaded optimizer overlaps the GPU (DESIGN.md, overlap modes).",
+       TZ_BIND(tierzero.overlap)},
+      {"tierzero.trace_path", Kind::kString, 0, 0, kNone, "",
+       "Write a Chrome trace (Perfetto) of the run to this file.", TZ_BIND(tierzero.trace_path)},
+      {"tierzero.optimizer_threads", Kind::kInt, 0, 4096, kNone, 0,
+       "CPU optimizer threads; 0 = one per core.", TZ_BIND(tierzero.optimizer_threads)},
+      {"tierzero.state_dtype", Kind::kEnum, 0, 0, {"fp32", "bf16"}, "fp32",
+       "Optimizer state dtype for Adam (bf16 halves state traffic, loses precision).",
+       TZ_BIND(tierzero.state_dtype)},
+      {"tierzero.sqpoll", Kind::kBool, 0, 0, kNone, false,
+       "io_uring kernel submission polling (burns a core).", TZ_BIND(tierzero.sqpoll)},
+      {"tierzero.keep_swap_files", Kind::kBool, 0, 0, kNone, false,
+       "Keep swap files after a clean shutdown.", TZ_BIND(tierzero.keep_swap_files)},
+      {"tierzero.seed", Kind::kInt, 0, 9.2e18, kNone, 1234, "Random seed.",
+       TZ_BIND(tierzero.seed)},
+  };
+  return kSchema;
+}
+
+#undef TZ_BIND
+
+std::string lower(std::string_view s) {
+  std::string out(s);
+  for (char& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return out;
+}
+
+std::size_t edit_distance(std::string_view a, std::string_view b) {
+  std::vector<std::size_t> prev(b.size() + 1), cur(b.size() + 1);
+  for (std::size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+  for (std::size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = i;
+    for (std::size_t j = 1; j <= b.size(); ++j) {
+      const std::size_t sub = prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1);
+      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, sub});
+    }
+    std::swap(prev, cur);
+  }
+  return prev[b.size()];
+}
+
+std::string format_number(double v) {
+  std::ostringstream os;
+  if (v == std::floor(v) && std::fabs(v) < 1e15) {
+    os << static_cast<long long>(v);
+  } else {
+    os << v;
+  }
+  return os.str();
+}
+
+std::string accepted_text(const KeySpec& s) {
+  switch (s.kind) {
+    case Kind::kBool: return "true or false";
+    case Kind::kEnum: {
+      std::string out;
+      for (const auto& c : s.choices) out += (out.empty() ? "" : ", ") + c;
+      return out;
+    }
+    case Kind::kString: return "a string";
+    case Kind::kAny: return "any JSON value";
+    case Kind::kPair:
+      return "two numbers in [" + format_number(s.min) + ", " + format_number(s.max) + ")";
+    case Kind::kSize:
+    case Kind::kCount:
+    case Kind::kInt:
+    case Kind::kFloat: {
+      std::string unit = s.kind == Kind::kSize ? " bytes" : "";
+      std::string hi = s.max >= kU64 ? "2^64-1" : format_number(s.max);
+      return format_number(s.min) + " to " + hi + unit;
+    }
+  }
+  return "";
+}
+
+std::string kind_name(Kind k) {
+  switch (k) {
+    case Kind::kBool: return "bool";
+    case Kind::kInt: return "int";
+    case Kind::kSize: return "size";
+    case Kind::kCount: return "count";
+    case Kind::kFloat: return "float";
+    case Kind::kEnum: return "enum";
+    case Kind::kString: return "string";
+    case Kind::kPair: return "pair";
+    case Kind::kAny: return "any";
+  }
+  return "?";
+}
+
+std::string show(const json& v) {
+  std::string s = v.dump();
+  if (s.size() > 60) s = s.substr(0, 57) + "...";
+  return s;
+}
+
+class Validator {
+ public:
+  explicit Validator(ConfigLoad& out) : out_(out) {}
+
+  void error(const std::string& key, const std::string& msg) {
+    out_.diagnostics.push_back({ConfigDiagnostic::Severity::kError, key, msg});
+  }
+  void warning(const std::string& key, const std::string& msg) {
+    out_.diagnostics.push_back({ConfigDiagnostic::Severity::kWarning, key, msg});
+  }
+
+  // Converts `v` to the canonical JSON value of `spec`, or reports why it cannot.
+  std::optional<json> convert(const KeySpec& s, const json& v) {
+    const std::string key = s.path;
+    auto bad = [&](const std::string& what) -> std::optional<json> {
+      error(key, key + ": " + show(v) + " " + what + " (accepted: " + accepted_text(s) + ")");
+      return std::nullopt;
+    };
+    if (v.is_string() && v.get<std::string>() == "auto" && s.kind != Kind::kString &&
+        s.kind != Kind::kEnum && s.kind != Kind::kAny) {
+      return s.default_value;  // HF-style "auto": the default
+    }
+    switch (s.kind) {
+      case Kind::kAny: return v;
+      case Kind::kBool:
+        if (!v.is_boolean()) return bad("is not a boolean");
+        return v;
+      case Kind::kString:
+        if (!v.is_string()) return bad("is not a string");
+        return v;
+      case Kind::kEnum: {
+        if (!v.is_string()) return bad("is not a string");
+        for (const auto& c : s.choices) {
+          if (lower(c) == lower(v.get<std::string>())) return json(c);
+        }
+        error(key, key + ": " + show(v) + " is not one of " + accepted_text(s));
+        return std::nullopt;
+      }
+      case Kind::kPair: {
+        if (!v.is_array() || v.size() != 2 || !v[0].is_number() || !v[1].is_number()) {
+          return bad("is not a pair of numbers");
+        }
+        for (const auto& x : v) {
+          const double d = x.get<double>();
+          if (!(d >= s.min && d < s.max)) return bad("is out of range");
+        }
+        return v;
+      }
+      case Kind::kFloat: {
+        if (!v.is_number()) return bad("is not a number");
+        const double d = v.get<double>();
+        if (!std::isfinite(d) || d < s.min || d > s.max) return bad("is out of range");
+        return json(d);
+      }
+      case Kind::kInt:
+      case Kind::kSize:
+      case Kind::kCount: {
+        std::uint64_t n = 0;
+        if (v.is_number_unsigned()) {
+          n = v.get<std::uint64_t>();
+        } else if (v.is_number_integer()) {
+          if (v.get<std::int64_t>() < 0) return bad("is negative");
+          n = v.get<std::uint64_t>();
+        } else if (v.is_number_float()) {
+          const double d = v.get<double>();
+          if (!std::isfinite(d) || d < 0 || d != std::floor(d) || d >= kU64) {
+            return bad("is not a whole non-negative number");
+          }
+          n = static_cast<std::uint64_t>(d);
+        } else if (v.is_string() && s.kind != Kind::kInt) {
+          auto parsed = s.kind == Kind::kSize ? parse_size(v.get<std::string>())
+                                              : parse_count(v.get<std::string>());
+          if (!parsed) {
+            error(key, key + ": " + parsed.status().message());
+            return std::nullopt;
+          }
+          n = *parsed;
+        } else {
+          return bad(s.kind == Kind::kInt ? "is not an integer" : "is not a number or size");
+        }
+        if (static_cast<double>(n) < s.min || static_cast<double>(n) > s.max) {
+          return bad("is out of range");
+        }
+        if (s.kind == Kind::kInt) return json(static_cast<std::int64_t>(n));
+        return json(n);
+      }
+    }
+    return std::nullopt;
+  }
+
+  // Reports keys of `node` (at `prefix`) that the schema does not know.
+  void check_unknown(const json& node, const std::string& prefix,
+                     const std::set<std::string>& known_paths,
+                     const std::set<std::string>& known_objects) {
+    for (auto it = node.begin(); it != node.end(); ++it) {
+      const std::string path = prefix.empty() ? it.key() : prefix + "." + it.key();
+      if (known_paths.count(path)) continue;
+      if (known_objects.count(path)) {
+        if (!it.value().is_object()) {
+          error(path, path + ": " + show(it.value()) + " is not an object");
+        } else {
+          check_unknown(it.value(), path, known_paths, known_objects);
+        }
+        continue;
+      }
+      std::string nearest;
+      std::size_t best = std::numeric_limits<std::size_t>::max();
+      for (const auto& k : known_paths) {
+        const std::size_t d = edit_distance(lower(path), lower(k));
+        if (d < best) {
+          best = d;
+          nearest = k;
+        }
+      }
+      std::string msg = path + ": unknown key, ignored";
+      if (!nearest.empty() && best <= std::max<std::size_t>(3, path.size() / 3)) {
+        msg += " (did you mean " + nearest + "?)";
+      }
+      warning(path, msg);
+    }
+  }
+
+ private:
+  ConfigLoad& out_;
+};
+
+const json* find_path(const json& root, std::string_view path) {
+  const json* node = &root;
+  std::size_t start = 0;
+  while (start <= path.size()) {
+    const std::size_t dot = path.find('.', start);
+    const std::string part(path.substr(start, dot == std::string_view::npos ? path.npos
+                                                                             : dot - start));
+    if (!node->is_object()) return nullptr;
+    auto it = node->find(part);
+    if (it == node->end()) return nullptr;
+    node = &*it;
+    if (dot == std::string_view::npos) break;
+    start = dot + 1;
+  }
+  return node;
+}
+
+void set_path(json& root, std::string_view path, json value) {
+  json* node = &root;
+  std::size_t start = 0;
+  while (true) {
+    const std::size_t dot = path.find('.', start);
+    if (dot == std::string_view::npos) {
+      (*node)[std::string(path.substr(start))] = std::move(value);
+      return;
+    }
+    node = &(*node)[std::string(path.substr(start, dot - start))];
+    start = dot + 1;
+  }
+}
+
+void check_rules(const Config& c, Validator& v) {
+  if (c.bf16 && c.fp16.enabled) {
+    v.error("fp16.enabled", "fp16.enabled: cannot be true together with bf16.enabled");
+  }
+  struct Offload {
+    const char* name;
+    const std::string& device;
+    const std::string& nvme_path;
+  };
+  const Offload offloads[] = {
+      {"zero_optimization.offload_optimizer", c.zero.offload_optimizer.device,
+       c.zero.offload_optimizer.nvme_path},
+      {"zero_optimization.offload_param", c.zero.offload_param.device,
+       c.zero.offload_param.nvme_path},
+  };
+  for (const Offload& o : offloads) {
+    if (o.device == "nvme" && o.nvme_path.empty()) {
+      const std::string key = std::string(o.name) + ".nvme_path";
+      v.error(key, key + ": required when " + o.name + ".device is nvme");
+    }
+  }
+  if (c.zero.offload_param.device != "none" && c.zero.stage != 3) {
+    v.error("zero_optimization.offload_param.device",
+            "zero_optimization.offload_param.device: \"" + c.zero.offload_param.device +
+                "\" needs zero_optimization.stage 3 (stage is " + std::to_string(c.zero.stage) +
+                ")");
+  }
+  if (c.zero.offload_optimizer.device != "none" && c.zero.stage == 0) {
+    v.error("zero_optimization.offload_optimizer.device",
+            "zero_optimization.offload_optimizer.device: \"" +
+                c.zero.offload_optimizer.device + "\" needs zero_optimization.stage 1, 2 or 3");
+  }
+  if (c.aio.block_size % 4096 != 0) {
+    v.error("aio.block_size", "aio.block_size: " + std::to_string(c.aio.block_size) +
+                                  " is not a multiple of 4096 (O_DIRECT needs aligned requests)");
+  }
+  if (c.aio.use_gds) {
+    v.error("aio.use_gds", "aio.use_gds: GPUDirect Storage is not supported; set it to false");
+  }
+  const std::uint64_t per_rank = c.train_micro_batch_size_per_gpu * c.gradient_accumulation_steps;
+  if (c.train_batch_size != 0 && c.train_batch_size % per_rank != 0) {
+    v.error("train_batch_size",
+            "train_batch_size: " + std::to_string(c.train_batch_size) +
+                " is not a multiple of train_micro_batch_size_per_gpu x "
+                "gradient_accumulation_steps (" + std::to_string(per_rank) + ")");
+  }
+}
+
+}  // namespace
+
+bool ConfigLoad::ok() const {
+  return std::none_of(diagnostics.begin(), diagnostics.end(), [](const ConfigDiagnostic& d) {
+    return d.severity == ConfigDiagnostic::Severity::kError;
+  });
+}
+
+Status ConfigLoad::status() const {
+  std::string msg;
+  for (const auto& d : diagnostics) {
+    if (d.severity != ConfigDiagnostic::Severity::kError) continue;
+    msg += (msg.empty() ? "" : "; ") + d.message;
+  }
+  if (msg.empty()) return Status::ok();
+  return Status::invalid_argument("invalid configuration: " + msg);
+}
+
+ConfigLoad load_config_text(std::string_view text) {
+  ConfigLoad out;
+  Validator v(out);
+  json user;
+  try {
+    user = json::parse(text.begin(), text.end());
+  } catch (const json::parse_error& e) {
+    // Turn the byte offset into a line and column (both 1-based).
+    const std::size_t byte = e.byte == 0 ? 0 : e.byte - 1;
+    std::size_t line = 1, col = 1;
+    for (std::size_t i = 0; i < byte && i < text.size(); ++i) {
+      if (text[i] == '\n') {
+        ++line;
+        col = 1;
+      } else {
+        ++col;
+      }
+    }
+    std::string what = e.what();
+    const std::size_t pos = what.find("syntax error");
+    if (pos != std::string::npos) what = what.substr(pos);
+    v.error("", "malformed JSON at line " + std::to_string(line) + ", column " +
+                    std::to_string(col) + ": " + what);
+    return out;
+  }
+  if (!user.is_object()) {
+    v.error("", "the configuration must be a JSON object, not " + std::string(user.type_name()));
+    return out;
+  }
+
+  std::set<std::string> known_paths, known_objects;
+  for (const KeySpec& s : schema()) {
+    const std::string p = s.path;
+    known_paths.insert(p);
+    for (std::size_t dot = p.find('.'); dot != std::string::npos; dot = p.find('.', dot + 1)) {
+      known_objects.insert(p.substr(0, dot));
+    }
+  }
+  v.check_unknown(user, "", known_paths, known_objects);
+
+  out.resolved = json::object();
+  for (const KeySpec& s : schema()) {
+    json value = s.default_value;
+    if (const json* given = find_path(user, s.path)) {
+      auto converted = v.convert(s, *given);
+      if (!converted) continue;
+      value = std::move(*converted);
+    }
+    if (s.apply) s.apply(out.config, value);
+    set_path(out.resolved, s.path, std::move(value));
+  }
+  // Legacy DeepSpeed switch: "cpu_offload": true means offload_optimizer.device = cpu.
+  if (const json* legacy = find_path(user, "zero_optimization.cpu_offload");
+      legacy && legacy->is_boolean() && legacy->get<bool>()) {
+    out.config.zero.offload_optimizer.device = "cpu";
+    out.resolved["zero_optimization"]["offload_optimizer"]["device"] = "cpu";
+  }
+  if (out.ok()) check_rules(out.config, v);
+  return out;
+}
+
+ConfigLoad load_config_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    ConfigLoad out;
+    out.diagnostics.push_back({ConfigDiagnostic::Severity::kError, "",
+                               Status::from_errno(errno, "cannot read", path).message()});
+    return out;
+  }
+  std::stringstream buf;
+  buf << in.rdbuf();
+  if (in.bad()) {
+    ConfigLoad out;
+    out.diagnostics.push_back({ConfigDiagnostic::Severity::kError, "",
+                               Status::from_errno(errno, "cannot read", path).message()});
+    return out;
+  }
+  return load_config_text(buf.str());
+}
+
+std::vector<ConfigKeyDoc> config_key_docs() {
+  std::vector<ConfigKeyDoc> docs;
+  for (const KeySpec& s : schema()) {
+    docs.push_back({s.path, kind_name(s.kind), accepted_text(s), s.default_value.dump(), s.doc});
+  }
+  return docs;
+}
+
+}  // namespace tz
