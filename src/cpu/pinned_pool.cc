@@ -1,0 +1,354 @@
+// PinnedPool: slab mapping (huge pages, pre-fault, mlock) and the first-fit, coalescing
+// sub-allocator that hands out 4 KiB-aligned buffers under the pool's byte budget.
+#include "cpu/pinned_pool.h"
+
+#include <sys/mman.h>
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <iterator>
+#include <map>
+#include <mutex>
+
+#include "core/check.h"
+#include "core/log.h"
+#include "core/units.h"
+
+namespace tz {
+
+namespace {
+constexpr std::uint64_t kAlign = 4096;
+constexpr std::uint64_t kHugePage = 2ull << 20;
+constexpr std::uint64_t kMaxSlab = 1ull << 30;
+
+std::uint64_t round_up(std::uint64_t v, std::uint64_t a) { return (v + a - 1) / a * a; }
+
+std::string memlock_limit_text() {
+  rlimit lim{};
+  if (getrlimit(RLIMIT_MEMLOCK, &lim) != 0) return "unknown";
+  if (lim.rlim_cur == RLIM_INFINITY) return "unlimited";
+  return format_bytes(static_cast<double>(lim.rlim_cur));
+}
+}  // namespace
+
+namespace detail {
+
+struct SlabState {
+  PinnedSlab slab;
+  std::byte* map_base = nullptr;  // what munmap gets (may precede slab.data for alignment)
+  std::uint64_t map_bytes = 0;
+  std::map<std::uint64_t, std::uint64_t> free;  // offset -> length, coalesced
+};
+
+struct PinnedPoolState {
+  PinnedPoolOptions options;
+  mutable std::mutex mu;
+  std::vector<SlabState> slabs;
+  std::vector<PinnedSlabHook> hooks;
+  std::uint64_t in_use = 0;
+  std::uint64_t peak = 0;
+  std::uint64_t live = 0;
+  std::uint64_t allocations = 0;
+  std::uint64_t failed = 0;
+
+  void release(std::byte* data, std::uint64_t reserved, std::size_t slab_index) {
+    std::lock_guard<std::mutex> lock(mu);
+    TZ_ASSERT(slab_index < slabs.size());
+    SlabState& s = slabs[slab_index];
+    const auto offset = static_cast<std::uint64_t>(data - static_cast<std::byte*>(s.slab.data));
+    TZ_ASSERT(offset + reserved <= s.slab.bytes, "pinned buffer outside its slab");
+    auto next = s.free.lower_bound(offset);
+    TZ_ASSERT(next == s.free.end() || next->first >= offset + reserved, "double free");
+    std::uint64_t start = offset;
+    std::uint64_t len = reserved;
+    if (next != s.free.begin()) {
+      auto prev = std::prev(next);
+      TZ_ASSERT(prev->first + prev->second <= offset, "double free of a pinned buffer");
+      if (prev->first + prev->second == offset) {
+        start = prev->first;
+        len += prev->second;
+        s.free.erase(prev);
+      }
+    }
+    if (next != s.free.end() && next->first == offset + reserved) {
+      len += next->second;
+      s.free.erase(next);
+    }
+    s.free.emplace(start, len);
+    in_use -= reserved;
+    --live;
+  }
+
+  void unmap_all() {
+    for (auto it = hooks.rbegin(); it != hooks.rend(); ++it) {
+      if (!it->on_remove) continue;
+      for (const SlabState& s : slabs) it->on_remove(s.slab);
+    }
+    hooks.clear();
+    for (SlabState& s : slabs) {
+      if (s.slab.locked && munlock(s.slab.data, s.slab.bytes) != 0) {
+        TZ_LOG_WARN("pinned pool: munlock of slab %zu failed: %s", s.slab.index,
+                    std::strerror(errno));
+      }
+      if (munmap(s.map_base, s.map_bytes) != 0) {
+        TZ_LOG_WARN("pinned pool: munmap of slab %zu failed: %s", s.slab.index,
+                    std::strerror(errno));
+      }
+    }
+    slabs.clear();
+  }
+};
+
+}  // namespace detail
+
+// --- PinnedBuffer ---------------------------------------------------------------------------
+
+PinnedBuffer::PinnedBuffer(PinnedBuffer&& other) noexcept
+    : pool_(other.pool_),
+      data_(other.data_),
+      size_(other.size_),
+      reserved_(other.reserved_),
+      slab_(other.slab_) {
+  other.pool_ = nullptr;
+  other.data_ = nullptr;
+  other.size_ = other.reserved_ = 0;
+}
+
+PinnedBuffer& PinnedBuffer::operator=(PinnedBuffer&& other) noexcept {
+  if (this != &other) {
+    reset();
+    pool_ = other.pool_;
+    data_ = other.data_;
+    size_ = other.size_;
+    reserved_ = other.reserved_;
+    slab_ = other.slab_;
+    other.pool_ = nullptr;
+    other.data_ = nullptr;
+    other.size_ = other.reserved_ = 0;
+  }
+  return *this;
+}
+
+PinnedBuffer::~PinnedBuffer() { reset(); }
+
+void PinnedBuffer::reset() {
+  if (pool_ != nullptr && data_ != nullptr) pool_->release(data_, reserved_, slab_);
+  pool_ = nullptr;
+  data_ = nullptr;
+  size_ = reserved_ = 0;
+}
+
+// --- PinnedPool -----------------------------------------------------------------------------
+
+namespace {
+
+// Maps one slab of `bytes` (a multiple of 2 MiB). Tries reserved huge pages, then transparent
+// huge pages on a 2 MiB-aligned anonymous mapping.
+Result<detail::SlabState> map_slab(std::size_t index, std::uint64_t bytes,
+                                   const PinnedPoolOptions& options) {
+  detail::SlabState s;
+  s.slab.index = index;
+  s.slab.bytes = bytes;
+  if (options.huge_pages) {
+    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_HUGETLB, -1, 0);
+    if (p != MAP_FAILED) {
+      s.map_base = static_cast<std::byte*>(p);
+      s.map_bytes = bytes;
+      s.slab.data = p;
+      s.slab.hugetlb = true;
+    }
+  }
+  if (s.slab.data == nullptr) {
+    // Over-map by one huge page so the slab can start on a 2 MiB boundary (THP needs it).
+    const std::uint64_t map_bytes = bytes + (options.huge_pages ? kHugePage : 0);
+    void* p = mmap(nullptr, map_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) {
+      return Status(ErrorCode::kOutOfMemory, errno,
+                    "pinned pool: mmap of a " + format_bytes(static_cast<double>(bytes)) +
+                        " slab failed: " + std::strerror(errno));
+    }
+    s.map_base = static_cast<std::byte*>(p);
+    s.map_bytes = map_bytes;
+    const auto addr = reinterpret_cast<std::uintptr_t>(p);
+    const std::uintptr_t aligned = options.huge_pages ? round_up(addr, kHugePage) : addr;
+    s.slab.data = s.map_base + (aligned - addr);
+    if (options.huge_pages && madvise(s.slab.data, bytes, MADV_HUGEPAGE) != 0) {
+      // THP disabled ("never") is not an error: the slab works with 4 KiB pages.
+      TZ_LOG_DEBUG("pinned pool: madvise(MADV_HUGEPAGE) refused: %s", std::strerror(errno));
+    }
+  }
+  if (options.prefault) {
+    if (madvise(s.slab.data, bytes, MADV_POPULATE_WRITE) != 0) {
+      // Kernels before 5.14: touch one byte per page.
+      auto* bytes_ptr = static_cast<volatile std::byte*>(s.slab.data);
+      for (std::uint64_t off = 0; off < bytes; off += kAlign) bytes_ptr[off] = std::byte{0};
+    }
+  }
+  if (options.lock != MemlockPolicy::kOff) {
+    if (mlock(s.slab.data, bytes) == 0) {
+      s.slab.locked = true;
+    } else {
+      const int err = errno;
+      std::string msg = "pinned pool: mlock of " + format_bytes(static_cast<double>(bytes)) +
+                        " refused (" + std::strerror(err) + "); the memlock limit is " +
+                        memlock_limit_text() +
+                        ": raise it with `ulimit -l unlimited`, LimitMEMLOCK= in systemd or "
+                        "--ulimit memlock=-1 in docker, or run with CAP_IPC_LOCK";
+      if (options.lock == MemlockPolicy::kRequired) {
+        if (munmap(s.map_base, s.map_bytes) != 0) {
+          TZ_LOG_WARN("pinned pool: munmap failed: %s", std::strerror(errno));
+        }
+        return Status(ErrorCode::kPermission, err, std::move(msg));
+      }
+      static std::once_flag warned;
+      std::call_once(warned, [&] { TZ_LOG_WARN("%s; continuing with unlocked memory", msg.c_str()); });
+    }
+  }
+  s.free.emplace(0, bytes);
+  return s;
+}
+
+}  // namespace
+
+Result<PinnedPool> PinnedPool::create(const PinnedPoolOptions& options) {
+  if (options.budget_bytes == 0) return Status::invalid_argument("pinned pool: budget is 0 bytes");
+  const std::uint64_t slab_bytes = round_up(std::max<std::uint64_t>(options.slab_bytes, 1), kHugePage);
+  if (slab_bytes > kMaxSlab) {
+    return Status::invalid_argument("pinned pool: slab_bytes " +
+                                    format_bytes(static_cast<double>(options.slab_bytes)) +
+                                    " exceeds 1 GiB (io_uring's limit per registered buffer)");
+  }
+  auto state = std::make_unique<detail::PinnedPoolState>();
+  state->options = options;
+  state->options.budget_bytes = round_up(options.budget_bytes, kAlign);
+  state->options.slab_bytes = slab_bytes;
+  std::uint64_t left = round_up(state->options.budget_bytes, kHugePage);
+  while (left > 0) {
+    const std::uint64_t bytes = std::min(left, slab_bytes);
+    auto slab = map_slab(state->slabs.size(), bytes, state->options);
+    if (!slab.is_ok()) {
+      state->unmap_all();
+      return std::move(slab).take_status();
+    }
+    state->slabs.push_back(std::move(slab).value());
+    left -= bytes;
+  }
+  return PinnedPool(std::move(state));
+}
+
+PinnedPool::PinnedPool(std::unique_ptr<detail::PinnedPoolState> state) : state_(std::move(state)) {}
+PinnedPool::PinnedPool(PinnedPool&&) noexcept = default;
+PinnedPool& PinnedPool::operator=(PinnedPool&& other) noexcept {
+  if (this != &other) {
+    if (state_) {
+      TZ_ASSERT(state_->live == 0, "pinned pool replaced while buffers are live");
+      state_->unmap_all();
+    }
+    state_ = std::move(other.state_);
+  }
+  return *this;
+}
+
+PinnedPool::~PinnedPool() {
+  if (!state_) return;
+  TZ_ASSERT(state_->live == 0, "pinned pool destroyed while buffers are live");
+  state_->unmap_all();
+}
+
+Result<PinnedBuffer> PinnedPool::allocate(std::uint64_t bytes) {
+  TZ_ASSERT(state_ != nullptr, "use of a moved-from PinnedPool");
+  if (bytes == 0) return Status::invalid_argument("pinned pool: allocation of 0 bytes");
+  const std::uint64_t reserved = round_up(bytes, kAlign);
+  std::lock_guard<std::mutex> lock(state_->mu);
+  auto& st = *state_;
+  std::uint64_t largest = 0;
+  if (st.in_use + reserved <= st.options.budget_bytes) {
+    for (detail::SlabState& s : st.slabs) {
+      for (auto it = s.free.begin(); it != s.free.end(); ++it) {
+        largest = std::max(largest, it->second);
+        if (it->second < reserved) continue;
+        const std::uint64_t offset = it->first;
+        const std::uint64_t rest = it->second - reserved;
+        s.free.erase(it);
+        if (rest > 0) s.free.emplace(offset + reserved, rest);
+        st.in_use += reserved;
+        st.peak = std::max(st.peak, st.in_use);
+        ++st.live;
+        ++st.allocations;
+        return PinnedBuffer(state_.get(), static_cast<std::byte*>(s.slab.data) + offset, bytes,
+                            reserved, s.slab.index);
+      }
+    }
+  } else {
+    for (const detail::SlabState& s : st.slabs)
+      for (const auto& [off, len] : s.free) largest = std::max(largest, len);
+  }
+  ++st.failed;
+  return Status(ErrorCode::kOutOfMemory, ENOMEM,
+                "pinned pool: cannot allocate " + format_bytes(static_cast<double>(bytes)) +
+                    " (budget " + format_bytes(static_cast<double>(st.options.budget_bytes)) +
+                    ", in use " + format_bytes(static_cast<double>(st.in_use)) +
+                    ", largest free piece " + format_bytes(static_cast<double>(largest)) + ")");
+}
+
+std::vector<PinnedSlab> PinnedPool::slabs() const {
+  TZ_ASSERT(state_ != nullptr, "use of a moved-from PinnedPool");
+  std::lock_guard<std::mutex> lock(state_->mu);
+  std::vector<PinnedSlab> out;
+  out.reserve(state_->slabs.size());
+  for (const auto& s : state_->slabs) out.push_back(s.slab);
+  return out;
+}
+
+Status PinnedPool::add_slab_hook(PinnedSlabHook hook) {
+  TZ_ASSERT(state_ != nullptr, "use of a moved-from PinnedPool");
+  std::lock_guard<std::mutex> lock(state_->mu);
+  if (hook.on_add) {
+    for (std::size_t i = 0; i < state_->slabs.size(); ++i) {
+      Status st = hook.on_add(state_->slabs[i].slab);
+      if (!st.is_ok()) {
+        if (hook.on_remove)
+          for (std::size_t j = 0; j < i; ++j) hook.on_remove(state_->slabs[j].slab);
+        return std::move(st).with_context("pinned pool: registering slabs with " + hook.name);
+      }
+    }
+  }
+  state_->hooks.push_back(std::move(hook));
+  return Status::ok();
+}
+
+bool PinnedPool::contains(const void* data, std::uint64_t bytes, std::size_t* slab) const {
+  TZ_ASSERT(state_ != nullptr, "use of a moved-from PinnedPool");
+  const auto p = reinterpret_cast<std::uintptr_t>(data);
+  for (const auto& s : state_->slabs) {
+    const auto base = reinterpret_cast<std::uintptr_t>(s.slab.data);
+    if (p >= base && p + bytes <= base + s.slab.bytes) {
+      if (slab != nullptr) *slab = s.slab.index;
+      return true;
+    }
+  }
+  return false;
+}
+
+PinnedPoolStats PinnedPool::stats() const {
+  TZ_ASSERT(state_ != nullptr, "use of a moved-from PinnedPool");
+  std::lock_guard<std::mutex> lock(state_->mu);
+  PinnedPoolStats s;
+  s.budget_bytes = state_->options.budget_bytes;
+  s.in_use_bytes = state_->in_use;
+  s.peak_bytes = state_->peak;
+  s.live_buffers = state_->live;
+  s.allocations = state_->allocations;
+  s.failed_allocations = state_->failed;
+  s.locked = !state_->slabs.empty();
+  for (const auto& slab : state_->slabs) {
+    s.mapped_bytes += slab.slab.bytes;
+    s.locked = s.locked && slab.slab.locked;
+  }
+  return s;
+}
+
+}  // namespace tz
