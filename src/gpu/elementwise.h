@@ -1,0 +1,73 @@
+// Per-element math of the device's typed operations (fill, cast, scale, sum of squares), written
+// once as TZ_HOST_DEVICE functions: HostDevice's loops and the CUDA kernels both call these, so
+// the CPU tests of HostDevice test the kernels' math too. Arithmetic is fp32 (fp64 for the sum of
+// squares); 16-bit results round to nearest even (core/dtype.h).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "core/dtype.h"
+#include "core/host_device.h"
+
+namespace tz::gpu {
+
+// True for +-Inf and NaN (exponent bits all ones), without <cmath>, so it is the same on host and
+// device and unaffected by -ffast-math.
+TZ_HOST_DEVICE inline bool is_nonfinite(float x) {
+  return (f32_bits(x) & 0x7f800000u) == 0x7f800000u;
+}
+
+template <typename T>
+struct FillOp {
+  T value;
+  TZ_HOST_DEVICE explicit FillOp(float v) : value(from_f32<T>(v)) {}
+  TZ_HOST_DEVICE void operator()(T* dst, std::size_t i) const { dst[i] = value; }
+};
+
+template <typename Src, typename Dst>
+struct CastOp {
+  TZ_HOST_DEVICE void operator()(const Src* src, Dst* dst, std::size_t i) const {
+    dst[i] = from_f32<Dst>(to_f32(src[i]));
+  }
+};
+
+template <typename T>
+struct ScaleOp {
+  float factor;
+  TZ_HOST_DEVICE void operator()(T* data, std::size_t i) const {
+    data[i] = from_f32<T>(to_f32(data[i]) * factor);
+  }
+};
+
+// Adds element i's square to `sum` (fp64) when it is finite, otherwise counts it.
+template <typename T>
+struct SumSquaresOp {
+  TZ_HOST_DEVICE void operator()(const T* src, std::size_t i, double& sum,
+                                 std::uint64_t& nonfinite) const {
+    const float x = to_f32(src[i]);
+    if (is_nonfinite(x)) {
+      ++nonfinite;
+    } else {
+      sum += static_cast<double>(x) * static_cast<double>(x);
+    }
+  }
+};
+
+// Calls f(T{}) with T the C++ type of `dtype` (float, bf16 or fp16).
+template <typename F>
+inline void dispatch_dtype(DType dtype, F&& f) {
+  switch (dtype) {
+    case DType::kF32:
+      f(float{});
+      return;
+    case DType::kBF16:
+      f(bf16{});
+      return;
+    case DType::kF16:
+      f(fp16{});
+      return;
+  }
+}
+
+}  // namespace tz::gpu

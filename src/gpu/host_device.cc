@@ -1,0 +1,320 @@
+// HostDevice: streams as ordered worker threads, events as generation counters, the budgeted
+// pool as aligned host memory, typed operations as loops over gpu/elementwise.h.
+#include "gpu/host_device.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <system_error>
+#include <utility>
+
+#include "core/trace.h"
+#include "gpu/elementwise.h"
+
+namespace tz::gpu {
+namespace {
+
+constexpr std::size_t kAlignment = 256;
+
+// What a HostEvent shares with the tasks that complete and wait on it, so that the event may be
+// destroyed while they are still queued.
+struct EventState {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::uint64_t recorded = 0;   // generation of the most recent record()
+  std::uint64_t completed = 0;  // highest generation whose work has completed
+};
+
+class HostEvent final : public Event {
+ public:
+  explicit HostEvent(HostDevice* device) : device_(device), state_(std::make_shared<EventState>()) {}
+
+  Status record(Stream& stream) override {
+    TZ_ASSERT(&stream.device() == device_, "event recorded on a stream of another device");
+    std::uint64_t generation;
+    {
+      std::lock_guard lock(state_->mu);
+      generation = ++state_->recorded;
+    }
+    static_cast<HostStream&>(stream).enqueue("event", [state = state_, generation] {
+      std::lock_guard lock(state->mu);
+      state->completed = std::max(state->completed, generation);
+      state->cv.notify_all();
+    });
+    return Status::ok();
+  }
+
+  Result<bool> query() override {
+    std::lock_guard lock(state_->mu);
+    return state_->completed >= state_->recorded;
+  }
+
+  Status synchronize() override {
+    std::unique_lock lock(state_->mu);
+    const std::uint64_t target = state_->recorded;
+    state_->cv.wait(lock, [&] { return state_->completed >= target; });
+    return Status::ok();
+  }
+
+  // The generation a waiter must see completed (the most recent record so far).
+  std::shared_ptr<EventState> state() const { return state_; }
+  HostDevice* device() const { return device_; }
+
+ private:
+  HostDevice* device_;
+  std::shared_ptr<EventState> state_;
+};
+
+}  // namespace
+
+// ---- HostStream --------------------------------------------------------------------------------
+
+Result<std::unique_ptr<HostStream>> HostStream::create(HostDevice* device, std::string name) {
+  std::unique_ptr<HostStream> stream(new HostStream(device, std::move(name)));
+  try {
+    stream->worker_ = std::thread([s = stream.get()] { s->run(); });
+  } catch (const std::system_error& e) {
+    return Status::unavailable("host stream '" + stream->name_ +
+                               "': cannot start its worker thread: " + e.what());
+  }
+  device->add_stream(stream.get());
+  return stream;
+}
+
+HostStream::~HostStream() {
+  device_->remove_stream(this);
+  {
+    std::lock_guard lock(mu_);
+    stopping_ = true;
+    work_cv_.notify_all();
+  }
+  if (worker_.joinable()) worker_.join();
+}
+
+Device& HostStream::device() { return *device_; }
+
+void HostStream::enqueue(const char* op, std::function<void()> task) {
+  std::unique_lock lock(mu_);
+  space_cv_.wait(lock, [&] { return queue_.size() < kMaxQueued; });
+  TZ_ASSERT(!stopping_, "work enqueued on a stream being destroyed");
+  queue_.push_back(Task{op, std::move(task)});
+  ++enqueued_;
+  work_cv_.notify_one();
+}
+
+void HostStream::run() {
+  std::unique_lock lock(mu_);
+  for (;;) {
+    // Drain before stopping: the destructor's contract is to wait for enqueued work.
+    work_cv_.wait(lock, [&] { return !queue_.empty() || stopping_; });
+    if (queue_.empty()) return;
+    Task task = std::move(queue_.front());
+    queue_.pop_front();
+    space_cv_.notify_one();
+    lock.unlock();
+    {
+      Trace& trace = Trace::global();
+      const bool traced = trace.enabled();
+      const double start_us = traced ? trace.now_us() : 0;
+      task.fn();
+      if (traced) trace.span(name_, task.op, start_us, trace.now_us());
+    }
+    task.fn = nullptr;  // destroy captured state outside the lock, before signalling completion
+    lock.lock();
+    ++completed_;
+    done_cv_.notify_all();
+  }
+}
+
+Status HostStream::synchronize() {
+  std::unique_lock lock(mu_);
+  const std::uint64_t target = enqueued_;
+  done_cv_.wait(lock, [&] { return completed_ >= target; });
+  return Status::ok();
+}
+
+Status HostStream::wait(const Event& event) {
+  const auto& host_event = static_cast<const HostEvent&>(event);
+  TZ_ASSERT(host_event.device() == device_, "stream waits on an event of another device");
+  std::shared_ptr<EventState> state = host_event.state();
+  std::uint64_t target;
+  {
+    std::lock_guard lock(state->mu);
+    target = state->recorded;
+    if (state->completed >= target) return Status::ok();  // nothing to wait for
+  }
+  enqueue("wait", [state = std::move(state), target] {
+    std::unique_lock lock(state->mu);
+    state->cv.wait(lock, [&] { return state->completed >= target; });
+  });
+  return Status::ok();
+}
+
+// ---- HostDevice --------------------------------------------------------------------------------
+
+Result<std::unique_ptr<HostDevice>> HostDevice::create(std::uint64_t budget_bytes) {
+  std::unique_ptr<HostDevice> device(new HostDevice(budget_bytes));
+  TZ_ASSIGN_OR_RETURN(auto compute, HostStream::create(device.get(), "host:compute"));
+  TZ_ASSIGN_OR_RETURN(auto h2d, HostStream::create(device.get(), "host:h2d"));
+  TZ_ASSIGN_OR_RETURN(auto d2h, HostStream::create(device.get(), "host:d2h"));
+  device->set_default_streams(std::move(compute), std::move(h2d), std::move(d2h));
+  return device;
+}
+
+HostDevice::~HostDevice() {
+  release_default_streams();  // joins their threads while this object is still whole
+  const MemoryStats stats = memory_stats();
+  TZ_ASSERT(stats.live_allocations == 0, "HostDevice destroyed while buffers are alive");
+  std::lock_guard lock(mu_);
+  TZ_ASSERT(streams_.empty(), "HostDevice destroyed while streams created on it are alive");
+}
+
+Result<void*> HostDevice::allocate_raw(std::size_t bytes) {
+  const std::size_t rounded = (bytes + kAlignment - 1) / kAlignment * kAlignment;
+  void* ptr = std::aligned_alloc(kAlignment, rounded);
+  if (ptr == nullptr) {
+    return Status::out_of_memory("HostDevice: aligned_alloc of " + std::to_string(rounded) +
+                                 " B failed (host memory exhausted)");
+  }
+  return ptr;
+}
+
+void HostDevice::free_raw(void* ptr, std::size_t /*bytes*/) { std::free(ptr); }
+
+void HostDevice::add_stream(HostStream* stream) {
+  std::lock_guard lock(mu_);
+  streams_.push_back(stream);
+}
+
+void HostDevice::remove_stream(HostStream* stream) {
+  std::lock_guard lock(mu_);
+  streams_.erase(std::remove(streams_.begin(), streams_.end(), stream), streams_.end());
+}
+
+HostStream& HostDevice::host_stream(Stream& stream) {
+  TZ_ASSERT(&stream.device() == this, "operation enqueued on a stream of another device");
+  return static_cast<HostStream&>(stream);
+}
+
+Result<std::unique_ptr<Stream>> HostDevice::create_stream(std::string name) {
+  TZ_ASSIGN_OR_RETURN(auto stream, HostStream::create(this, "host:" + name));
+  return std::unique_ptr<Stream>(std::move(stream));
+}
+
+Result<std::unique_ptr<Event>> HostDevice::create_event() {
+  return std::unique_ptr<Event>(std::make_unique<HostEvent>(this));
+}
+
+Status HostDevice::synchronize() {
+  std::lock_guard lock(mu_);
+  for (HostStream* stream : streams_) TZ_RETURN_IF_ERROR(stream->synchronize());
+  return Status::ok();
+}
+
+Status HostDevice::register_host_memory(void* ptr, std::size_t bytes) {
+  if (ptr == nullptr || bytes == 0) {
+    return Status::invalid_argument("register_host_memory: empty range");
+  }
+  std::lock_guard lock(mu_);
+  auto next = registered_.lower_bound(ptr);
+  const auto* begin = static_cast<const char*>(ptr);
+  const bool overlaps_next = next != registered_.end() && static_cast<char*>(next->first) < begin + bytes;
+  bool overlaps_prev = false;
+  if (next != registered_.begin()) {
+    auto prev = std::prev(next);
+    overlaps_prev = static_cast<char*>(prev->first) + prev->second > begin;
+  }
+  if (overlaps_next || overlaps_prev) {
+    return Status::invalid_argument("register_host_memory: range overlaps one already registered");
+  }
+  registered_.emplace(ptr, bytes);
+  return Status::ok();
+}
+
+Status HostDevice::unregister_host_memory(void* ptr) {
+  std::lock_guard lock(mu_);
+  if (registered_.erase(ptr) == 0) {
+    return Status::invalid_argument("unregister_host_memory: pointer was not registered");
+  }
+  return Status::ok();
+}
+
+std::size_t HostDevice::registered_host_ranges() const {
+  std::lock_guard lock(mu_);
+  return registered_.size();
+}
+
+Status HostDevice::copy_async(void* dst, const void* src, std::size_t bytes, CopyKind /*kind*/,
+                              Stream& stream) {
+  if (bytes == 0) return Status::ok();
+  host_stream(stream).enqueue("copy", [dst, src, bytes] { std::memcpy(dst, src, bytes); });
+  return Status::ok();
+}
+
+Status HostDevice::memset_async(void* dst, int value, std::size_t bytes, Stream& stream) {
+  if (bytes == 0) return Status::ok();
+  host_stream(stream).enqueue("memset", [dst, value, bytes] { std::memset(dst, value, bytes); });
+  return Status::ok();
+}
+
+Status HostDevice::host_callback(Stream& stream, std::function<void()> fn) {
+  host_stream(stream).enqueue("host_callback", std::move(fn));
+  return Status::ok();
+}
+
+Status HostDevice::fill(void* dst, DType dtype, std::size_t n, float value, Stream& stream) {
+  dispatch_dtype(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    host_stream(stream).enqueue("fill", [p = static_cast<T*>(dst), n, value] {
+      const FillOp<T> op(value);
+      for (std::size_t i = 0; i < n; ++i) op(p, i);
+    });
+  });
+  return Status::ok();
+}
+
+Status HostDevice::cast(const void* src, DType src_dtype, void* dst, DType dst_dtype,
+                        std::size_t n, Stream& stream) {
+  dispatch_dtype(src_dtype, [&](auto src_tag) {
+    dispatch_dtype(dst_dtype, [&](auto dst_tag) {
+      using S = decltype(src_tag);
+      using D = decltype(dst_tag);
+      host_stream(stream).enqueue(
+          "cast", [s = static_cast<const S*>(src), d = static_cast<D*>(dst), n] {
+            const CastOp<S, D> op;
+            for (std::size_t i = 0; i < n; ++i) op(s, d, i);
+          });
+    });
+  });
+  return Status::ok();
+}
+
+Status HostDevice::scale(void* data, DType dtype, std::size_t n, float factor, Stream& stream) {
+  dispatch_dtype(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    host_stream(stream).enqueue("scale", [p = static_cast<T*>(data), n, factor] {
+      const ScaleOp<T> op{factor};
+      for (std::size_t i = 0; i < n; ++i) op(p, i);
+    });
+  });
+  return Status::ok();
+}
+
+Status HostDevice::sum_squares(const void* src, DType dtype, std::size_t n, NormAccumulator* acc,
+                               Stream& stream) {
+  TZ_ASSERT(acc != nullptr);
+  dispatch_dtype(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    host_stream(stream).enqueue("sum_squares", [s = static_cast<const T*>(src), n, acc] {
+      const SumSquaresOp<T> op;
+      double sum = 0;
+      std::uint64_t nonfinite = 0;
+      for (std::size_t i = 0; i < n; ++i) op(s, i, sum, nonfinite);
+      acc->sum_squares += sum;
+      acc->nonfinite_count += nonfinite;
+    });
+  });
+  return Status::ok();
+}
+
+}  // namespace tz::gpu

@@ -1,0 +1,112 @@
+// HostDevice: the Device interface on the CPU, the real backend of machines without a GPU. Its
+// pool is host memory under a byte budget (standing in for HBM), each stream is one worker thread
+// that runs its operations in order, events and host callbacks behave as on CUDA, copies are
+// memcpy. Device pointers are host pointers, so host code may also touch them directly once the
+// work that writes them is known to be complete.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "gpu/device.h"
+
+namespace tz::gpu {
+
+class HostDevice;
+
+// One ordered worker thread. Its queue holds at most kMaxQueued operations; enqueueing into a
+// full queue blocks until the worker catches up (the bound every queue needs).
+class HostStream final : public Stream {
+ public:
+  static constexpr std::size_t kMaxQueued = 4096;
+
+  // Starts the worker thread; fails with kUnavailable when the thread cannot be created.
+  static Result<std::unique_ptr<HostStream>> create(HostDevice* device, std::string name);
+  // Waits for the enqueued work, then stops the worker.
+  ~HostStream() override;
+
+  Device& device() override;
+  const std::string& name() const override { return name_; }
+  Status synchronize() override;
+  Status wait(const Event& event) override;
+  void* native_handle() override { return nullptr; }
+
+  // Appends `task` (labelled `op` in the trace); it runs after every task enqueued before it.
+  void enqueue(const char* op, std::function<void()> task);
+
+ private:
+  HostStream(HostDevice* device, std::string name) : device_(device), name_(std::move(name)) {}
+  void run();
+
+  HostDevice* device_;
+  std::string name_;
+  std::mutex mu_;
+  std::condition_variable work_cv_;   // the worker waits for tasks
+  std::condition_variable space_cv_;  // enqueue waits for room
+  std::condition_variable done_cv_;   // synchronize waits for completions
+  struct Task {
+    const char* op;
+    std::function<void()> fn;
+  };
+  std::deque<Task> queue_;       // guarded by mu_
+  std::uint64_t enqueued_ = 0;   // guarded by mu_
+  std::uint64_t completed_ = 0;  // guarded by mu_
+  bool stopping_ = false;        // guarded by mu_
+  std::thread worker_;
+};
+
+class HostDevice final : public Device {
+ public:
+  // A device whose pool may hold at most `budget_bytes` at once. Starts the three default
+  // streams' threads.
+  static Result<std::unique_ptr<HostDevice>> create(std::uint64_t budget_bytes);
+  // Waits for all streams, then stops them. Buffers must be gone (asserted).
+  ~HostDevice() override;
+
+  DeviceKind kind() const override { return DeviceKind::kHost; }
+  std::string name() const override { return "host (HostDevice)"; }
+  bool host_accessible() const override { return true; }
+
+  Result<std::unique_ptr<Stream>> create_stream(std::string name) override;
+  Result<std::unique_ptr<Event>> create_event() override;
+  Status synchronize() override;
+
+  Status register_host_memory(void* ptr, std::size_t bytes) override;
+  Status unregister_host_memory(void* ptr) override;
+  // Number of registered host ranges (tests check that pool slabs were registered).
+  std::size_t registered_host_ranges() const;
+
+  Status copy_async(void* dst, const void* src, std::size_t bytes, CopyKind kind,
+                    Stream& stream) override;
+  Status memset_async(void* dst, int value, std::size_t bytes, Stream& stream) override;
+  Status host_callback(Stream& stream, std::function<void()> fn) override;
+  Status fill(void* dst, DType dtype, std::size_t n, float value, Stream& stream) override;
+  Status cast(const void* src, DType src_dtype, void* dst, DType dst_dtype, std::size_t n,
+              Stream& stream) override;
+  Status scale(void* data, DType dtype, std::size_t n, float factor, Stream& stream) override;
+  Status sum_squares(const void* src, DType dtype, std::size_t n, NormAccumulator* acc,
+                     Stream& stream) override;
+
+ private:
+  friend class HostStream;
+  explicit HostDevice(std::uint64_t budget_bytes) : Device(budget_bytes) {}
+  Result<void*> allocate_raw(std::size_t bytes) override;
+  void free_raw(void* ptr, std::size_t bytes) override;
+  HostStream& host_stream(Stream& stream);
+  // Streams alive on this device (default ones and created ones), for synchronize().
+  void add_stream(HostStream* stream);
+  void remove_stream(HostStream* stream);
+
+  mutable std::mutex mu_;
+  std::map<void*, std::size_t> registered_;  // guarded by mu_
+  std::vector<HostStream*> streams_;          // guarded by mu_
+};
+
+}  // namespace tz::gpu

@@ -1,0 +1,138 @@
+// CUDA kernels of CudaDevice's typed operations: grid-stride loops over the per-element functors
+// of gpu/elementwise.h (shared with HostDevice, so the CPU tests cover their math), and a block
+// reduction for the sum of squares. Built for sm_80 and sm_90 (CMAKE_CUDA_ARCHITECTURES).
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "gpu/cuda_kernels.h"
+#include "gpu/elementwise.h"
+
+namespace tz::gpu::kernels {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr std::size_t kMaxBlocks = 4096;
+
+unsigned grid_for(std::size_t n) {
+  std::size_t blocks = (n + kThreads - 1) / kThreads;
+  if (blocks > kMaxBlocks) blocks = kMaxBlocks;
+  return static_cast<unsigned>(blocks);
+}
+
+cudaStream_t as_stream(void* stream) { return static_cast<cudaStream_t>(stream); }
+
+template <typename T>
+__global__ void fill_kernel(T* dst, std::size_t n, FillOp<T> op) {
+  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
+    op(dst, i);
+  }
+}
+
+template <typename S, typename D>
+__global__ void cast_kernel(const S* src, D* dst, std::size_t n) {
+  const CastOp<S, D> op;
+  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
+    op(src, dst, i);
+  }
+}
+
+template <typename T>
+__global__ void scale_kernel(T* data, std::size_t n, ScaleOp<T> op) {
+  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
+    op(data, i);
+  }
+}
+
+template <typename T>
+__global__ void sum_squares_kernel(const T* src, std::size_t n, NormAccumulator* acc) {
+  __shared__ double sums[kThreads];
+  __shared__ unsigned long long counts[kThreads];
+  const SumSquaresOp<T> op;
+  double sum = 0;
+  std::uint64_t nonfinite = 0;
+  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
+    op(src, i, sum, nonfinite);
+  }
+  sums[threadIdx.x] = sum;
+  counts[threadIdx.x] = nonfinite;
+  __syncthreads();
+  for (unsigned stride = kThreads / 2; stride > 0; stride /= 2) {
+    if (threadIdx.x < stride) {
+      sums[threadIdx.x] += sums[threadIdx.x + stride];
+      counts[threadIdx.x] += counts[threadIdx.x + stride];
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) {
+    atomicAdd(&acc->sum_squares, sums[0]);
+    atomicAdd(reinterpret_cast<unsigned long long*>(&acc->nonfinite_count), counts[0]);
+  }
+}
+
+template <typename F>
+void dispatch(DType dtype, F&& f) {
+  switch (dtype) {
+    case DType::kF32:
+      f(float{});
+      return;
+    case DType::kBF16:
+      f(bf16{});
+      return;
+    case DType::kF16:
+      f(fp16{});
+      return;
+  }
+}
+
+}  // namespace
+
+int fill(void* dst, DType dtype, std::size_t n, float value, void* stream) {
+  if (n == 0) return 0;
+  dispatch(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    fill_kernel<T><<<grid_for(n), kThreads, 0, as_stream(stream)>>>(static_cast<T*>(dst), n,
+                                                                     FillOp<T>(value));
+  });
+  return static_cast<int>(cudaGetLastError());
+}
+
+int cast(const void* src, DType src_dtype, void* dst, DType dst_dtype, std::size_t n,
+         void* stream) {
+  if (n == 0) return 0;
+  dispatch(src_dtype, [&](auto src_tag) {
+    dispatch(dst_dtype, [&](auto dst_tag) {
+      using S = decltype(src_tag);
+      using D = decltype(dst_tag);
+      cast_kernel<S, D><<<grid_for(n), kThreads, 0, as_stream(stream)>>>(
+          static_cast<const S*>(src), static_cast<D*>(dst), n);
+    });
+  });
+  return static_cast<int>(cudaGetLastError());
+}
+
+int scale(void* data, DType dtype, std::size_t n, float factor, void* stream) {
+  if (n == 0) return 0;
+  dispatch(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    scale_kernel<T><<<grid_for(n), kThreads, 0, as_stream(stream)>>>(static_cast<T*>(data), n,
+                                                                      ScaleOp<T>{factor});
+  });
+  return static_cast<int>(cudaGetLastError());
+}
+
+int sum_squares(const void* src, DType dtype, std::size_t n, NormAccumulator* acc, void* stream) {
+  if (n == 0) return 0;
+  dispatch(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    sum_squares_kernel<T><<<grid_for(n), kThreads, 0, as_stream(stream)>>>(
+        static_cast<const T*>(src), n, acc);
+  });
+  return static_cast<int>(cudaGetLastError());
+}
+
+}  // namespace tz::gpu::kernels
