@@ -1,0 +1,157 @@
+// `tierzero info [--path DIR]... [--json]`: what this machine offers the engine, in the spirit of
+// DeepSpeed's ds_report. Every probe reports failure as data ("no GPU: <reason>"), never a crash.
+#include <sys/resource.h>
+#include <sys/utsname.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "cli/command.h"
+#include "core/units.h"
+
+namespace tz::cli {
+namespace {
+
+using json = nlohmann::ordered_json;
+
+std::string read_first_line(const std::string& path) {
+  std::ifstream in(path);
+  std::string line;
+  std::getline(in, line);
+  return line;
+}
+
+// Value of "key: value" lines in /proc files (cpuinfo, meminfo).
+std::string proc_field(const std::string& path, const std::string& key) {
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind(key, 0) == 0) {
+      const auto colon = line.find(':');
+      if (colon == std::string::npos) continue;
+      std::string v = line.substr(colon + 1);
+      v.erase(0, v.find_first_not_of(" \t"));
+      return v;
+    }
+  }
+  return "";
+}
+
+std::uint64_t meminfo_bytes(const std::string& key) {
+  const std::string v = proc_field("/proc/meminfo", key + ":");
+  if (v.empty()) return 0;
+  return std::stoull(v) * (v.find("kB") != std::string::npos ? 1024 : 1);
+}
+
+json cpu_report() {
+  json j;
+  j["model"] = proc_field("/proc/cpuinfo", "model name");
+  j["logical_cpus"] = sysconf(_SC_NPROCESSORS_ONLN);
+  json flags = json::array();
+  __builtin_cpu_init();
+#define TZ_FLAG(name) \
+  if (__builtin_cpu_supports(name)) flags.push_back(name);
+  TZ_FLAG("sse4.2") TZ_FLAG("avx") TZ_FLAG("avx2") TZ_FLAG("fma") TZ_FLAG("f16c")
+  TZ_FLAG("avx512f") TZ_FLAG("avx512bw") TZ_FLAG("avx512vl") TZ_FLAG("avx512dq")
+  TZ_FLAG("avx512bf16") TZ_FLAG("avx512fp16") TZ_FLAG("avx512vnni")
+#undef TZ_FLAG
+  j["simd_flags"] = flags;
+  return j;
+}
+
+json memory_report() {
+  json j;
+  j["total_bytes"] = meminfo_bytes("MemTotal");
+  j["available_bytes"] = meminfo_bytes("MemAvailable");
+  rlimit rl{};
+  if (getrlimit(RLIMIT_MEMLOCK, &rl) == 0) {
+    j["memlock_limit_bytes"] =
+        rl.rlim_cur == RLIM_INFINITY ? json("unlimited") : json(static_cast<std::uint64_t>(rl.rlim_cur));
+  }
+  j["can_lock_any_amount"] = geteuid() == 0;  // root holds CAP_IPC_LOCK in the usual setups
+  j["hugepages_total"] = std::stoull("0" + proc_field("/proc/meminfo", "HugePages_Total:"));
+  j["hugepages_free"] = std::stoull("0" + proc_field("/proc/meminfo", "HugePages_Free:"));
+  j["hugepage_bytes"] = meminfo_bytes("Hugepagesize");
+  j["transparent_hugepages"] = read_first_line("/sys/kernel/mm/transparent_hugepage/enabled");
+  return j;
+}
+
+json kernel_report() {
+  utsname u{};
+  json j;
+  if (uname(&u) == 0) {
+    j["release"] = u.release;
+    j["machine"] = u.machine;
+  }
+  j["io_uring_disabled"] = read_first_line("/proc/sys/kernel/io_uring_disabled");
+  return j;
+}
+
+struct InfoOptions {
+  std::vector<std::string> paths;
+  bool as_json = false;
+};
+
+json collect(const InfoOptions& o) {
+  json j;
+  j["tierzero_version"] = "0.1.0";
+  j["cpu"] = cpu_report();
+  j["memory"] = memory_report();
+  j["kernel"] = kernel_report();
+  json paths = json::array();
+  for (const auto& p : o.paths) paths.push_back({{"path", p}});
+  j["paths"] = paths;
+  return j;
+}
+
+std::string scalar(const json& v) {
+  if (v.is_string()) return v.get<std::string>();
+  return v.dump();
+}
+
+// Human form: one "section.key: value" line per leaf, bytes shown with units.
+void print_human(const json& j, const std::string& prefix) {
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    const std::string key = j.is_array() ? prefix + "[" + std::to_string(std::distance(j.begin(), it)) + "]"
+                                         : (prefix.empty() ? it.key() : prefix + "." + it.key());
+    const json& v = it.value();
+    if (v.is_object() || (v.is_array() && !v.empty() && v[0].is_object())) {
+      print_human(v, key);
+    } else if (v.is_array()) {
+      std::string s;
+      for (const auto& x : v) s += (s.empty() ? "" : " ") + scalar(x);
+      std::printf("%-40s %s\n", key.c_str(), s.c_str());
+    } else if (v.is_number_unsigned() && key.find("bytes") != std::string::npos) {
+      std::printf("%-40s %s\n", key.c_str(), format_bytes(static_cast<double>(v.get<std::uint64_t>())).c_str());
+    } else {
+      std::printf("%-40s %s\n", key.c_str(), scalar(v).c_str());
+    }
+  }
+}
+
+TZ_REGISTER_COMMAND([](CommandTree& tree) {
+  auto opts = std::make_shared<InfoOptions>();
+  CLI::App* info = tree.root->add_subcommand(
+      "info", "Report CPU SIMD, NUMA, memory and memlock, GPUs, NCCL/MPI, and per --path: "
+              "filesystem, free space, O_DIRECT, io_uring and libaio support");
+  info->add_option("--path", opts->paths, "Directory to probe for swap files (repeatable)");
+  info->add_flag("--json", opts->as_json, "Print one JSON object");
+  info->callback([opts] {
+    const json j = collect(*opts);
+    if (opts->as_json) {
+      std::printf("%s\n", j.dump(2).c_str());
+    } else {
+      print_human(j, "");
+    }
+    exit_code() = 0;
+  });
+});
+
+}  // namespace
+}  // namespace tz::cli
