@@ -65,7 +65,7 @@ const std::vector<KeySpec>& schema() {
       {"steps_per_print", Kind::kCount, 1, kU64, kNone, 10, "Log a progress line every N steps.",
        TZ_BIND(steps_per_print)},
       {"wall_clock_breakdown", Kind::kBool, 0, 0, kNone, false,
-       "Accepted for DeepSpeed compatibility; tierzero always reports the step breakdown.", nullptr},
+       "Accepted for DeepSpeed compatibility; no effect.", nullptr},
       {"zero_allow_untested_optimizer", Kind::kBool, 0, 0, kNone, false,
        "Accepted for DeepSpeed compatibility; no effect.", nullptr},
       {"prescale_gradients", Kind::kBool, 0, 0, kNone, false,
@@ -284,7 +284,7 @@ std::string accepted_text(const KeySpec& s) {
     case Kind::kInt:
     case Kind::kFloat: {
       std::string unit = s.kind == Kind::kSize ? " bytes" : "";
-      std::string hi = s.max >= kU64 ? "2^64-1" : format_number(s.max);
+      std::string hi = (s.kind != Kind::kFloat && s.max >= kU64) ? "2^64-1" : format_number(s.max);
       return format_number(s.min) + " to " + hi + unit;
     }
   }
