@@ -1,0 +1,93 @@
+// Device selection (TZ_DEVICE, fallback) and the GPU probe on a machine without a usable GPU.
+#include "gpu/select.h"
+
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include "gpu/probe.h"
+
+namespace tz::gpu {
+namespace {
+
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* old = getenv(name)) old_ = old, had_ = true;
+    if (value) setenv(name, value, 1); else unsetenv(name);
+  }
+  ~ScopedEnv() {
+    if (had_) setenv(name_, old_.c_str(), 1); else unsetenv(name_);
+  }
+
+ private:
+  const char* name_;
+  std::string old_;
+  bool had_ = false;
+};
+
+bool cuda_usable() { return create_cuda_device(0, 1 << 20).is_ok(); }
+
+TEST(DeviceSelect, ParseChoice) {
+  EXPECT_EQ(*parse_device_choice("host"), DeviceChoice::kHost);
+  EXPECT_EQ(*parse_device_choice("cuda"), DeviceChoice::kCuda);
+  EXPECT_EQ(*parse_device_choice("auto"), DeviceChoice::kAuto);
+  auto bad = parse_device_choice("tpu");
+  ASSERT_FALSE(bad.is_ok());
+  EXPECT_NE(bad.status().message().find("auto, host, cuda"), std::string::npos);
+}
+
+TEST(DeviceSelect, ForcedHost) {
+  ScopedEnv env("TZ_DEVICE", "host");
+  auto d = open_device({.budget_bytes = 1 << 20});
+  ASSERT_TRUE(d.is_ok()) << d.status().to_string();
+  EXPECT_EQ((*d)->kind(), DeviceKind::kHost);
+  EXPECT_EQ((*d)->memory_stats().budget_bytes, 1u << 20);
+}
+
+TEST(DeviceSelect, ForcedCudaFailsClearlyWithoutGpu) {
+  if (cuda_usable()) GTEST_SKIP() << "a GPU is present; this test is for machines without one";
+  ScopedEnv env("TZ_DEVICE", "cuda");
+  auto d = open_device({});
+  ASSERT_FALSE(d.is_ok());
+  EXPECT_EQ(d.status().code(), ErrorCode::kUnavailable);
+  EXPECT_NE(d.status().message().find("TZ_DEVICE=cuda"), std::string::npos) << d.status().message();
+  EXPECT_NE(d.status().message().find("no GPU: "), std::string::npos) << d.status().message();
+}
+
+TEST(DeviceSelect, OptionOverridesEnvironment) {
+  ScopedEnv env("TZ_DEVICE", "cuda");
+  auto d = open_device({.choice = DeviceChoice::kHost, .budget_bytes = 1 << 20});
+  ASSERT_TRUE(d.is_ok()) << d.status().to_string();
+  EXPECT_EQ((*d)->kind(), DeviceKind::kHost);
+}
+
+TEST(DeviceSelect, BadEnvironmentValueIsAnError) {
+  ScopedEnv env("TZ_DEVICE", "gpu0");
+  auto d = open_device({});
+  ASSERT_FALSE(d.is_ok());
+  EXPECT_EQ(d.status().code(), ErrorCode::kInvalidArgument);
+  EXPECT_NE(d.status().message().find("TZ_DEVICE"), std::string::npos);
+}
+
+TEST(DeviceSelect, AutoFallsBackToHost) {
+  ScopedEnv env("TZ_DEVICE", nullptr);
+  auto d = open_device({.budget_bytes = 1 << 20});
+  ASSERT_TRUE(d.is_ok()) << d.status().to_string();
+  EXPECT_EQ((*d)->kind(), cuda_usable() ? DeviceKind::kCuda : DeviceKind::kHost);
+}
+
+TEST(GpuProbe, ReportsWithoutCrashing) {
+  const nlohmann::json j = probe_gpus();
+  ASSERT_TRUE(j.contains("cuda_built"));
+  ASSERT_TRUE(j.contains("driver_version"));
+  ASSERT_TRUE(j.contains("runtime_version"));
+  ASSERT_TRUE(j["gpus"].is_array());
+  if (j["gpus"].empty()) {
+    ASSERT_TRUE(j.contains("error"));
+    EXPECT_EQ(j["error"].get<std::string>().rfind("no GPU: ", 0), 0u) << j.dump();
+  }
+  std::printf("probe_gpus: %s\n", j.dump().c_str());
+}
+
+}  // namespace
+}  // namespace tz::gpu
