@@ -1,0 +1,491 @@
+// Highway SIMD tile kernels for the CPU optimizers, the bandwidth-ceiling stream kernel and the
+// 16-bit conversions, compiled once per x86 target (EMU128, SSE4, AVX2, AVX3) by re-including
+// this file through foreach_target.h; the HWY_ONCE part picks the table the CPU supports.
+//
+// Every kernel mirrors the scalar functors of optimizer_math.h operation for operation (separate
+// Mul and Add, IEEE Div and Sqrt, no FMA; the module is built with -ffp-contract=off), and the
+// 16-bit conversions are integer re-implementations of core/dtype.h's, so all targets produce
+// the same bits as the scalar reference. Tails shorter than a vector go through a zero-padded
+// stack buffer, so there is no scalar tail loop whose rounding could differ.
+
+// Compile the scalar baseline and SSE4 besides AVX2 and AVX-512; skip SSSE3 (no machine we run
+// on stops there) and AVX3_DL (it adds nothing this math uses) to keep the build short.
+#ifndef HWY_COMPILE_ALL_ATTAINABLE
+#define HWY_COMPILE_ALL_ATTAINABLE
+#endif
+#ifndef HWY_DISABLED_TARGETS
+#define HWY_DISABLED_TARGETS (HWY_SSSE3 | HWY_AVX3_DL)
+#endif
+
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "cpu/simd_kernels.cc"
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+#include <hwy/highway.h>
+
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+#include "cpu/simd_kernels.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace tz::cpu::detail {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+using D = hn::ScalableTag<float>;
+using DU = hn::RebindToUnsigned<D>;
+using DI = hn::RebindToSigned<D>;
+using D16 = hn::Rebind<std::uint16_t, D>;
+using V = hn::Vec<D>;
+using VU = hn::Vec<DU>;
+
+// ---- loads and stores with conversion (bit-identical to core/dtype.h) ----
+
+HWY_INLINE V load(D d, const float* p) { return hn::LoadU(d, p); }
+
+HWY_INLINE V load(D d, const bf16* p) {
+  const DU du;
+  const D16 d16;
+  const VU u = hn::PromoteTo(du, hn::LoadU(d16, reinterpret_cast<const std::uint16_t*>(p)));
+  return hn::BitCast(d, hn::ShiftLeft<16>(u));
+}
+
+// Exact fp16 -> fp32 (F. Giesen's half_to_float): normals re-biased, Inf/NaN re-biased twice,
+// subnormals normalized by one float subtraction (exact).
+HWY_INLINE V load(D d, const fp16* p) {
+  const DU du;
+  const D16 d16;
+  const VU h = hn::PromoteTo(du, hn::LoadU(d16, reinterpret_cast<const std::uint16_t*>(p)));
+  const VU o = hn::ShiftLeft<13>(hn::And(h, hn::Set(du, 0x7fffu)));
+  const VU exp = hn::And(o, hn::Set(du, 0x0f800000u));
+  const VU rebias = hn::Set(du, 0x38000000u);  // (127 - 15) << 23
+  const VU normal = hn::Add(o, rebias);
+  const VU inf_nan = hn::Add(normal, rebias);
+  const V sub_f = hn::Sub(hn::BitCast(d, hn::Add(normal, hn::Set(du, 0x00800000u))),
+                          hn::BitCast(d, hn::Set(du, 0x38800000u)));  // - 2^-14
+  VU r = hn::IfThenElse(hn::Eq(exp, hn::Set(du, 0x0f800000u)), inf_nan, normal);
+  r = hn::IfThenElse(hn::Eq(exp, hn::Zero(du)), hn::BitCast(du, sub_f), r);
+  r = hn::Or(r, hn::ShiftLeft<16>(hn::And(h, hn::Set(du, 0x8000u))));
+  return hn::BitCast(d, r);
+}
+
+HWY_INLINE void store_bits16(VU bits, std::uint16_t* p) {
+  // Every lane holds a value <= 0xffff, so the saturating i32 -> u16 demotion is a plain pack.
+  const DI di;
+  const D16 d16;
+  hn::StoreU(hn::DemoteTo(d16, hn::BitCast(di, bits)), d16, p);
+}
+
+HWY_INLINE void store(D /*d*/, V v, float* p) { hn::StoreU(v, D(), p); }
+
+HWY_INLINE VU to_bf16_bits(V v) {
+  const DU du;
+  const DI di;
+  const VU u = hn::BitCast(du, v);
+  const VU hi = hn::ShiftRight<16>(u);
+  const VU rounded =
+      hn::ShiftRight<16>(hn::Add(u, hn::Add(hn::Set(du, 0x7fffu), hn::And(hi, hn::Set(du, 1u)))));
+  const VU quiet_nan = hn::Or(hi, hn::Set(du, 0x0040u));
+  const auto is_nan = hn::Gt(hn::BitCast(di, hn::And(u, hn::Set(du, 0x7fffffffu))),
+                             hn::Set(di, 0x7f800000));
+  return hn::IfThenElse(hn::RebindMask(du, is_nan), quiet_nan, rounded);
+}
+
+HWY_INLINE void store(D /*d*/, V v, bf16* p) {
+  store_bits16(to_bf16_bits(v), reinterpret_cast<std::uint16_t*>(p));
+}
+
+// fp32 -> fp16, round to nearest even (F. Giesen's float_to_half_fast3_rtne): normals round the
+// 13 dropped bits with integer math; subnormals let one float addition of 0.5 do the rounding.
+HWY_INLINE VU to_fp16_bits(V v) {
+  const D d;
+  const DU du;
+  const DI di;
+  const VU u = hn::BitCast(du, v);
+  const VU sign = hn::And(u, hn::Set(du, 0x80000000u));
+  const VU a = hn::Xor(u, sign);
+  const auto ai = hn::BitCast(di, a);
+  const VU odd = hn::And(hn::ShiftRight<13>(a), hn::Set(du, 1u));
+  const VU normal = hn::ShiftRight<13>(
+      hn::Add(hn::Sub(a, hn::Set(du, 0x38000000u)), hn::Add(hn::Set(du, 0x0fffu), odd)));
+  const VU sub = hn::Sub(hn::BitCast(du, hn::Add(hn::BitCast(d, a), hn::Set(d, 0.5f))),
+                         hn::Set(du, 0x3f000000u));
+  VU r = hn::IfThenElse(hn::RebindMask(du, hn::Lt(ai, hn::Set(di, 0x38800000))), sub, normal);
+  r = hn::IfThenElse(hn::RebindMask(du, hn::Gt(ai, hn::Set(di, 0x477fefff))),
+                     hn::Set(du, 0x7c00u), r);
+  const VU nan = hn::Or(hn::Set(du, 0x7e00u), hn::And(hn::ShiftRight<13>(a), hn::Set(du, 0x3ffu)));
+  r = hn::IfThenElse(hn::RebindMask(du, hn::Gt(ai, hn::Set(di, 0x7f800000))), nan, r);
+  return hn::Or(r, hn::ShiftRight<16>(sign));
+}
+
+HWY_INLINE void store(D /*d*/, V v, fp16* p) {
+  store_bits16(to_fp16_bits(v), reinterpret_cast<std::uint16_t*>(p));
+}
+
+HWY_INLINE void store(D /*d*/, V /*v*/, NoCopy* /*p*/) {}
+
+// ---- the tile driver ----
+
+// Calls body(i, param, grad, state0, state1, copy) for every full vector at element offset i,
+// then once more at offset 0 on zero-padded stack copies of the tail (written back after).
+// Absent states and copies are null pointers; the body must not touch them.
+template <class G, class S, class C, class Body>
+HWY_INLINE void for_each_vector(const Tile& t, const Body& body) {
+  const D d;
+  const std::size_t lanes = hn::Lanes(d);
+  float* p = t.param;
+  const G* g = static_cast<const G*>(t.grad);
+  S* s0 = static_cast<S*>(t.state[0]);
+  S* s1 = static_cast<S*>(t.state[1]);
+  C* c = static_cast<C*>(t.copy);
+  std::size_t i = 0;
+  for (; i + lanes <= t.n; i += lanes) body(i, p, g, s0, s1, c);
+  if (i == t.n) return;
+
+  constexpr std::size_t kMax = HWY_MAX_BYTES / sizeof(float);
+  const std::size_t r = t.n - i;
+  HWY_ALIGN float pb[kMax] = {};
+  G gb[kMax] = {};
+  S s0b[kMax] = {};
+  S s1b[kMax] = {};
+  C cb[kMax] = {};
+  std::memcpy(pb, p + i, r * sizeof(float));
+  std::memcpy(gb, g + i, r * sizeof(G));
+  if (s0 != nullptr) std::memcpy(s0b, s0 + i, r * sizeof(S));
+  if (s1 != nullptr) std::memcpy(s1b, s1 + i, r * sizeof(S));
+  body(0, pb, gb, s0 != nullptr ? s0b : nullptr, s1 != nullptr ? s1b : nullptr,
+       c != nullptr ? cb : nullptr);
+  std::memcpy(p + i, pb, r * sizeof(float));
+  if (s0 != nullptr) std::memcpy(s0 + i, s0b, r * sizeof(S));
+  if (s1 != nullptr) std::memcpy(s1 + i, s1b, r * sizeof(S));
+  if constexpr (!std::is_same_v<C, NoCopy>) {
+    if (c != nullptr) std::memcpy(c + i, cb, r * sizeof(C));
+  }
+}
+
+// ---- the optimizers (operation order as in optimizer_math.h) ----
+
+template <class G, class S, class C>
+HWY_NOINLINE void adam_tile(const optim::AdamCoeffs& k, const Tile& t) {
+  const D d;
+  const V scale = hn::Set(d, k.grad_scale);
+  const V b1 = hn::Set(d, k.beta1), omb1 = hn::Set(d, k.one_minus_beta1);
+  const V b2 = hn::Set(d, k.beta2), omb2 = hn::Set(d, k.one_minus_beta2);
+  const V eps = hn::Set(d, k.eps), step = hn::Set(d, k.step_size);
+  const V sbc2 = hn::Set(d, k.sqrt_bias_correction2);
+  const V l2 = hn::Set(d, k.l2_decay), pscale = hn::Set(d, k.param_scale);
+  const bool has_l2 = k.l2_decay != 0.0f;
+  const bool has_scale = k.param_scale != 1.0f;
+  for_each_vector<G, S, C>(t, [&](std::size_t i, float* P, const G* Gr, S* M, S* Vs, C* Cp)
+                                   HWY_ATTR {
+    V g = hn::Mul(load(d, Gr + i), scale);
+    V p = hn::LoadU(d, P + i);
+    if (has_l2) g = hn::Add(g, hn::Mul(l2, p));
+    V m = load(d, M + i);
+    V v = load(d, Vs + i);
+    m = hn::Add(hn::Mul(b1, m), hn::Mul(omb1, g));
+    v = hn::Add(hn::Mul(b2, v), hn::Mul(omb2, hn::Mul(g, g)));
+    const V denom = hn::Add(hn::Div(hn::Sqrt(v), sbc2), eps);
+    if (has_scale) p = hn::Mul(p, pscale);
+    p = hn::Sub(p, hn::Mul(step, hn::Div(m, denom)));
+    hn::StoreU(p, d, P + i);
+    store(d, m, M + i);
+    store(d, v, Vs + i);
+    if constexpr (!std::is_same_v<C, NoCopy>) store(d, p, Cp + i);
+  });
+}
+
+template <class G, class C>
+HWY_NOINLINE void sgd_tile(const optim::SgdCoeffs& k, const Tile& t) {
+  const D d;
+  const V scale = hn::Set(d, k.grad_scale), lr = hn::Set(d, k.lr);
+  const V mom = hn::Set(d, k.momentum), damp_c = hn::Set(d, k.dampening_complement);
+  const V wd = hn::Set(d, k.weight_decay);
+  const bool has_wd = k.weight_decay != 0.0f;
+  const bool has_momentum = k.momentum != 0.0f;
+  for_each_vector<G, float, C>(t, [&](std::size_t i, float* P, const G* Gr, float* B, float*,
+                                      C* Cp) HWY_ATTR {
+    V g = hn::Mul(load(d, Gr + i), scale);
+    V p = hn::LoadU(d, P + i);
+    if (has_wd) g = hn::Add(g, hn::Mul(wd, p));
+    if (has_momentum) {
+      const V buf =
+          k.first_step ? g : hn::Add(hn::Mul(mom, hn::LoadU(d, B + i)), hn::Mul(damp_c, g));
+      hn::StoreU(buf, d, B + i);
+      g = k.nesterov ? hn::Add(g, hn::Mul(mom, buf)) : buf;
+    }
+    p = hn::Sub(p, hn::Mul(lr, g));
+    hn::StoreU(p, d, P + i);
+    if constexpr (!std::is_same_v<C, NoCopy>) store(d, p, Cp + i);
+  });
+}
+
+template <class G, class C>
+HWY_NOINLINE void lion_tile(const optim::LionCoeffs& k, const Tile& t) {
+  const D d;
+  const V scale = hn::Set(d, k.grad_scale), lr = hn::Set(d, k.lr);
+  const V b1 = hn::Set(d, k.beta1), omb1 = hn::Set(d, k.one_minus_beta1);
+  const V b2 = hn::Set(d, k.beta2), omb2 = hn::Set(d, k.one_minus_beta2);
+  const V pscale = hn::Set(d, k.param_scale);
+  const V zero = hn::Zero(d), one = hn::Set(d, 1.0f), minus_one = hn::Set(d, -1.0f);
+  const bool has_scale = k.param_scale != 1.0f;
+  for_each_vector<G, float, C>(t, [&](std::size_t i, float* P, const G* Gr, float* M, float*,
+                                      C* Cp) HWY_ATTR {
+    const V g = hn::Mul(load(d, Gr + i), scale);
+    V p = hn::LoadU(d, P + i);
+    const V m = hn::LoadU(d, M + i);
+    const V x = hn::Add(hn::Mul(b1, m), hn::Mul(omb1, g));
+    const V u = hn::IfThenElse(hn::Gt(x, zero), one,
+                               hn::IfThenElse(hn::Lt(x, zero), minus_one, zero));
+    if (has_scale) p = hn::Mul(p, pscale);
+    p = hn::Sub(p, hn::Mul(lr, u));
+    hn::StoreU(p, d, P + i);
+    hn::StoreU(hn::Add(hn::Mul(b2, m), hn::Mul(omb2, g)), d, M + i);
+    if constexpr (!std::is_same_v<C, NoCopy>) store(d, p, Cp + i);
+  });
+}
+
+template <class G, class C>
+HWY_NOINLINE void adagrad_tile(const optim::AdagradCoeffs& k, const Tile& t) {
+  const D d;
+  const V scale = hn::Set(d, k.grad_scale), clr = hn::Set(d, k.clr);
+  const V eps = hn::Set(d, k.eps), wd = hn::Set(d, k.weight_decay);
+  const bool has_wd = k.weight_decay != 0.0f;
+  for_each_vector<G, float, C>(t, [&](std::size_t i, float* P, const G* Gr, float* Sum, float*,
+                                      C* Cp) HWY_ATTR {
+    V g = hn::Mul(load(d, Gr + i), scale);
+    V p = hn::LoadU(d, P + i);
+    if (has_wd) g = hn::Add(g, hn::Mul(wd, p));
+    const V sum = hn::Add(hn::LoadU(d, Sum + i), hn::Mul(g, g));
+    hn::StoreU(sum, d, Sum + i);
+    p = hn::Sub(p, hn::Mul(clr, hn::Div(g, hn::Add(hn::Sqrt(sum), eps))));
+    hn::StoreU(p, d, P + i);
+    if constexpr (!std::is_same_v<C, NoCopy>) store(d, p, Cp + i);
+  });
+}
+
+void update(const StepKernel& k, const Tile& t) {
+  with_value_type(k.grad_dtype, [&](auto g) {
+    using G = decltype(g);
+    with_copy_type(t.copy, k.copy_dtype, [&](auto c) {
+      using C = decltype(c);
+      switch (k.kind) {
+        case optim::OptimizerKind::kAdam:
+          if (k.state_dtype == DType::kBF16) {
+            adam_tile<G, bf16, C>(k.adam, t);
+          } else {
+            adam_tile<G, float, C>(k.adam, t);
+          }
+          return;
+        case optim::OptimizerKind::kSgd: sgd_tile<G, C>(k.sgd, t); return;
+        case optim::OptimizerKind::kLion: lion_tile<G, C>(k.lion, t); return;
+        case optim::OptimizerKind::kAdagrad: adagrad_tile<G, C>(k.adagrad, t); return;
+      }
+    });
+  });
+}
+
+// ---- the bandwidth ceiling: same loads and stores, trivial math ----
+
+template <class G, class S, class C>
+HWY_NOINLINE void stream_tile(const Tile& t) {
+  const D d;
+  for_each_vector<G, S, C>(t, [&](std::size_t i, float* P, const G* Gr, S* S0, S* S1, C* Cp)
+                                   HWY_ATTR {
+    const V g = load(d, Gr + i);
+    const V p = hn::Add(hn::LoadU(d, P + i), g);
+    hn::StoreU(p, d, P + i);
+    if (S0 != nullptr) store(d, hn::Add(load(d, S0 + i), g), S0 + i);
+    if (S1 != nullptr) store(d, hn::Add(load(d, S1 + i), g), S1 + i);
+    if constexpr (!std::is_same_v<C, NoCopy>) store(d, p, Cp + i);
+  });
+}
+
+void stream(const StreamKernel& k, const Tile& t) {
+  with_value_type(k.grad_dtype, [&](auto g) {
+    with_copy_type(t.copy, k.copy_dtype, [&](auto c) {
+      if (k.state_dtype == DType::kBF16) {
+        stream_tile<decltype(g), bf16, decltype(c)>(t);
+      } else {
+        stream_tile<decltype(g), float, decltype(c)>(t);
+      }
+    });
+  });
+}
+
+// ---- conversions ----
+
+template <class T>
+HWY_NOINLINE void f32_to_16_typed(const float* in, T* out, std::size_t n) {
+  const D d;
+  const std::size_t lanes = hn::Lanes(d);
+  std::size_t i = 0;
+  for (; i + lanes <= n; i += lanes) store(d, hn::LoadU(d, in + i), out + i);
+  if (i == n) return;
+  constexpr std::size_t kMax = HWY_MAX_BYTES / sizeof(float);
+  HWY_ALIGN float ib[kMax] = {};
+  T ob[kMax] = {};
+  std::memcpy(ib, in + i, (n - i) * sizeof(float));
+  store(d, hn::Load(d, ib), ob);
+  std::memcpy(out + i, ob, (n - i) * sizeof(T));
+}
+
+void f32_to_16(const float* in, void* out, DType out_dtype, std::size_t n) {
+  if (out_dtype == DType::kF16) {
+    f32_to_16_typed(in, static_cast<fp16*>(out), n);
+  } else {
+    f32_to_16_typed(in, static_cast<bf16*>(out), n);
+  }
+}
+
+template <class T>
+HWY_NOINLINE void from_16_typed(const T* in, float* out, std::size_t n) {
+  const D d;
+  const std::size_t lanes = hn::Lanes(d);
+  std::size_t i = 0;
+  for (; i + lanes <= n; i += lanes) hn::StoreU(load(d, in + i), d, out + i);
+  if (i == n) return;
+  constexpr std::size_t kMax = HWY_MAX_BYTES / sizeof(float);
+  T ib[kMax] = {};
+  HWY_ALIGN float ob[kMax] = {};
+  std::memcpy(ib, in + i, (n - i) * sizeof(T));
+  hn::Store(load(d, ib), d, ob);
+  std::memcpy(out + i, ob, (n - i) * sizeof(float));
+}
+
+void from_16(const void* in, DType in_dtype, float* out, std::size_t n) {
+  if (in_dtype == DType::kF16) {
+    from_16_typed(static_cast<const fp16*>(in), out, n);
+  } else {
+    from_16_typed(static_cast<const bf16*>(in), out, n);
+  }
+}
+
+const KernelTable& table() {
+  static const KernelTable t{hwy::TargetName(HWY_TARGET), &update, &stream, &f32_to_16,
+                             &from_16};
+  return t;
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace tz::cpu::detail
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+
+#include <atomic>
+#include <string>
+#include <vector>
+
+#include "cpu/simd.h"
+
+namespace tz::cpu {
+namespace detail {
+namespace {
+
+struct CompiledTarget {
+  std::int64_t bit;
+  const KernelTable& (*table)();
+};
+
+// Best first (lower Highway target bits are better on x86).
+constexpr CompiledTarget kCompiled[] = {
+#if HWY_TARGETS & HWY_AVX3
+    {HWY_AVX3, &N_AVX3::table},
+#endif
+#if HWY_TARGETS & HWY_AVX2
+    {HWY_AVX2, &N_AVX2::table},
+#endif
+#if HWY_TARGETS & HWY_SSE4
+    {HWY_SSE4, &N_SSE4::table},
+#endif
+#if HWY_TARGETS & HWY_EMU128
+    {HWY_EMU128, &N_EMU128::table},
+#endif
+#if HWY_TARGETS & HWY_SCALAR
+    {HWY_SCALAR, &N_SCALAR::table},
+#endif
+};
+
+std::atomic<const KernelTable*>& forced_table() {
+  static std::atomic<const KernelTable*> forced{nullptr};
+  return forced;
+}
+
+}  // namespace
+
+std::vector<const KernelTable*> supported_simd_kernels() {
+  const std::int64_t supported = hwy::SupportedTargets();
+  std::vector<const KernelTable*> out;
+  for (const CompiledTarget& c : kCompiled) {
+    if ((supported & c.bit) != 0) out.push_back(&c.table());
+  }
+  return out;
+}
+
+const KernelTable& active_kernels() {
+  if (const KernelTable* forced = forced_table().load(std::memory_order_acquire)) return *forced;
+  static const KernelTable* best = [] {
+    const std::vector<const KernelTable*> tables = supported_simd_kernels();
+    return tables.empty() ? &reference_kernels() : tables.front();
+  }();
+  return *best;
+}
+
+}  // namespace detail
+
+std::vector<std::string> simd_targets_supported() {
+  std::vector<std::string> out;
+  const std::int64_t supported = hwy::SupportedTargets();
+  for (int bit = 0; bit < 64; ++bit) {
+    const std::int64_t target = std::int64_t{1} << bit;
+    if ((supported & target) != 0) out.emplace_back(hwy::TargetName(target));
+  }
+  return out;
+}
+
+std::vector<std::string> simd_targets_compiled() {
+  std::vector<std::string> out;
+  for (const detail::CompiledTarget& c : detail::kCompiled) out.emplace_back(c.table().name);
+  out.emplace_back(detail::reference_kernels().name);
+  return out;
+}
+
+std::string simd_dispatch_target() { return detail::active_kernels().name; }
+
+Status set_simd_target(std::string_view name) {
+  if (name.empty() || name == "auto") {
+    detail::forced_table().store(nullptr, std::memory_order_release);
+    return Status::ok();
+  }
+  if (name == detail::reference_kernels().name) {
+    detail::forced_table().store(&detail::reference_kernels(), std::memory_order_release);
+    return Status::ok();
+  }
+  std::string accepted = "auto, reference";
+  for (const detail::KernelTable* t : detail::supported_simd_kernels()) {
+    if (name == t->name) {
+      detail::forced_table().store(t, std::memory_order_release);
+      return Status::ok();
+    }
+    accepted += std::string(", ") + t->name;
+  }
+  return Status::invalid_argument("SIMD target '" + std::string(name) +
+                                  "' is not compiled in or not supported by this CPU; accepted: " +
+                                  accepted);
+}
+
+void convert_f32_to_16(const float* in, void* out, DType out_dtype, std::size_t n) {
+  TZ_ASSERT(out_dtype != DType::kF32, "convert_f32_to_16 needs a 16-bit output type");
+  detail::active_kernels().f32_to_16(in, out, out_dtype, n);
+}
+
+void convert_16_to_f32(const void* in, DType in_dtype, float* out, std::size_t n) {
+  TZ_ASSERT(in_dtype != DType::kF32, "convert_16_to_f32 needs a 16-bit input type");
+  detail::active_kernels().from_16(in, in_dtype, out, n);
+}
+
+}  // namespace tz::cpu
+
+#endif  // HWY_ONCE
