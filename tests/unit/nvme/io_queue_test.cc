@@ -1,0 +1,258 @@
+// IoQueue rules that need no fault injection: O_DIRECT violations rejected with our message before
+// anything is submitted, reads past the end reported with file/offset/length, requests cut to the
+// block size with the depth bound kept; plus the probe, the engine choice and swap space limits.
+#include "nvme/io_queue.h"
+
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+
+#include <cstdlib>
+#include <cstring>
+
+#include "nvme/file.h"
+#include "nvme/nvme_test_util.h"
+#include "nvme/probe.h"
+#include "nvme/swap_space.h"
+
+namespace tz::nvme {
+namespace {
+
+using testing::TempDir;
+
+struct AlignedBuffer {
+  explicit AlignedBuffer(std::size_t n) {
+    void* p = nullptr;
+    EXPECT_EQ(posix_memalign(&p, 4096, n), 0);
+    data = static_cast<std::byte*>(p);
+    std::memset(data, 0x11, n);
+  }
+  ~AlignedBuffer() { std::free(data); }
+  std::byte* data = nullptr;
+};
+
+class QueueByEngine : public ::testing::TestWithParam<IoEngineKind> {};
+
+TEST_P(QueueByEngine, MisalignedDirectRequestsAreRejectedWithOurMessage) {
+  TempDir dir;
+  FileOpenOptions fo;
+  fo.create = true;
+  fo.direct = DirectMode::kRequire;
+  auto file = IoFileHandle::open(dir.path() + "/f", fo);
+  ASSERT_TRUE(file.is_ok()) << file.status().to_string();
+  ASSERT_TRUE(file->preallocate(1 << 20).is_ok());
+  auto engine = make_io_engine(GetParam(), IoEngineOptions{});
+  ASSERT_TRUE(engine.is_ok());
+  auto q = IoQueue::create(std::move(engine).value(), IoQueueOptions{});
+  ASSERT_TRUE(q.is_ok());
+  auto id = q->add_file(file->io_file());
+  ASSERT_TRUE(id.is_ok());
+  AlignedBuffer buf(1 << 20);
+  const std::uint32_t a = file->align_bytes();
+  struct Bad {
+    std::byte* buf;
+    std::uint64_t offset, len;
+    const char* what;
+  } bad[] = {{buf.data + 1, 0, 4096, "buffer address"},
+             {buf.data, a / 2, 4096, "offset"},
+             {buf.data, 0, 4096 + 100, "length"}};
+  for (const Bad& b : bad) {
+    for (IoOp op : {IoOp::kRead, IoOp::kWrite}) {
+      Transfer t{op, *id, b.offset, b.buf, b.len};
+      Status st = q->run({&t, 1});
+      ASSERT_FALSE(st.is_ok());
+      EXPECT_EQ(st.code(), ErrorCode::kInvalidArgument);
+      EXPECT_NE(st.message().find("O_DIRECT on " + file->path()), std::string::npos) << st.message();
+      EXPECT_NE(st.message().find(b.what), std::string::npos) << st.message();
+    }
+  }
+  EXPECT_EQ(q->stats().requests, 0u) << "a rejected request reached the kernel";
+  // An aligned request on the same queue works.
+  Transfer ok{IoOp::kWrite, *id, 0, buf.data, 1 << 20};
+  EXPECT_TRUE(q->run({&ok, 1}).is_ok());
+}
+
+TEST_P(QueueByEngine, ReadPastEndNamesFileOffsetAndLength) {
+  TempDir dir;
+  FileOpenOptions fo;
+  fo.create = true;
+  auto file = IoFileHandle::open(dir.path() + "/short", fo);
+  ASSERT_TRUE(file.is_ok());
+  ASSERT_TRUE(file->preallocate(64 << 10).is_ok());
+  auto engine = make_io_engine(GetParam(), IoEngineOptions{});
+  ASSERT_TRUE(engine.is_ok());
+  auto q = IoQueue::create(std::move(engine).value(), IoQueueOptions{});
+  ASSERT_TRUE(q.is_ok());
+  auto id = q->add_file(file->io_file());
+  ASSERT_TRUE(id.is_ok());
+  AlignedBuffer buf(256 << 10);
+  Transfer t{IoOp::kRead, *id, 0, buf.data, 256 << 10};
+  Status st = q->run({&t, 1});
+  ASSERT_FALSE(st.is_ok());
+  EXPECT_NE(st.message().find(file->path()), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("offset 0"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("262144 bytes"), std::string::npos) << st.message();
+}
+
+TEST_P(QueueByEngine, TransfersAreCutToBlocksWithinTheDepth) {
+  TempDir dir;
+  FileOpenOptions fo;
+  fo.create = true;
+  auto file = IoFileHandle::open(dir.path() + "/cut", fo);
+  ASSERT_TRUE(file.is_ok());
+  ASSERT_TRUE(file->preallocate(4 << 20).is_ok());
+  IoEngineOptions eo;
+  eo.queue_depth = 8;
+  auto engine = make_io_engine(GetParam(), eo);
+  ASSERT_TRUE(engine.is_ok());
+  IoQueueOptions qo;
+  qo.block_bytes = 64 << 10;
+  qo.depth_per_file = 3;
+  auto q = IoQueue::create(std::move(engine).value(), qo);
+  ASSERT_TRUE(q.is_ok());
+  auto id = q->add_file(file->io_file());
+  ASSERT_TRUE(id.is_ok());
+  AlignedBuffer buf(4 << 20);
+  Transfer t{IoOp::kWrite, *id, 0, buf.data, 4 << 20};
+  ASSERT_TRUE(q->run({&t, 1}).is_ok());
+  EXPECT_EQ(q->stats().requests, 64u);
+  EXPECT_EQ(q->stats().bytes_written, 4u << 20);
+  EXPECT_LE(q->stats().max_in_flight_bytes, 3u * (64 << 10));
+}
+
+INSTANTIATE_TEST_SUITE_P(Engines, QueueByEngine,
+                         ::testing::Values(IoEngineKind::kIoUring, IoEngineKind::kLibaio,
+                                           IoEngineKind::kPsync),
+                         [](const auto& param_info) {
+                           return std::string(io_engine_name(param_info.param));
+                         });
+
+TEST(IoQueue, RejectsBadOptions) {
+  auto engine = make_io_engine(IoEngineKind::kPsync, IoEngineOptions{});
+  ASSERT_TRUE(engine.is_ok());
+  IoQueueOptions qo;
+  qo.block_bytes = 1000;
+  EXPECT_EQ(IoQueue::create(std::move(engine).value(), qo).status().code(),
+            ErrorCode::kInvalidArgument);
+}
+
+TEST(Probe, ReportsCapabilitiesAndLeavesNothingBehind) {
+  TempDir dir;
+  const nlohmann::json j = probe_path(dir.path());
+  std::printf("%s\n", j.dump().c_str());
+  for (const char* key : {"path", "filesystem", "free_bytes", "total_bytes", "o_direct",
+                          "logical_block_bytes", "io_uring", "libaio", "recommended_engine"}) {
+    EXPECT_TRUE(j.contains(key)) << key;
+  }
+  for (const char* key : {"ring", "registered_buffers", "fixed_files"})
+    EXPECT_TRUE(j["io_uring"].contains(key)) << key;
+  EXPECT_GT(j["total_bytes"].get<std::uint64_t>(), 0u);
+  if (j["o_direct"].get<bool>()) {
+    const auto lb = j["logical_block_bytes"].get<std::uint32_t>();
+    EXPECT_TRUE(lb >= 512 && lb <= 4096 && (lb & (lb - 1)) == 0) << lb;
+  }
+  EXPECT_EQ(dir.entry_count(), 0u) << "the probe left a file behind";
+}
+
+TEST(Probe, NeverFailsOnABadPath) {
+  const nlohmann::json j = probe_path("/nonexistent/tierzero/probe");
+  EXPECT_TRUE(j.contains("error"));
+  EXPECT_EQ(j["recommended_engine"], "psync");
+  const nlohmann::json f = probe_path("/proc/self/status");  // not a directory
+  EXPECT_TRUE(f.contains("error"));
+}
+
+TEST(Probe, FilesystemNames) {
+  EXPECT_EQ(filesystem_name(0xEF53), "ext4");
+  EXPECT_EQ(filesystem_name(0x01021994), "tmpfs");
+  EXPECT_EQ(filesystem_name(0x58465342), "xfs");
+  EXPECT_EQ(filesystem_name(0x794c7630), "overlay");
+  EXPECT_EQ(filesystem_name(0x12345), "0x12345");
+}
+
+TEST(EngineChoice, ForcedAndAuto) {
+  TempDir dir;
+  auto forced = choose_io_engine("libaio", {dir.path()});
+  ASSERT_TRUE(forced.is_ok());
+  EXPECT_EQ(forced->kind, IoEngineKind::kLibaio);
+  EXPECT_NE(forced->reason.find("forced"), std::string::npos);
+  auto automatic = choose_io_engine("auto", {dir.path()});
+  ASSERT_TRUE(automatic.is_ok());
+  EXPECT_EQ(io_engine_name(automatic->kind), probe_path(dir.path())["recommended_engine"]);
+  EXPECT_EQ(choose_io_engine("spdk", {dir.path()}).status().code(), ErrorCode::kInvalidArgument);
+}
+
+TEST(SwapSpace, FullSpaceSaysWhatWasAskedAndWhatIsFree) {
+  TempDir dir;
+  SwapOptions so;
+  so.paths = {dir.path()};
+  so.bytes_per_path = 1 << 20;
+  auto engine = make_io_engine(IoEngineKind::kPsync, IoEngineOptions{});
+  ASSERT_TRUE(engine.is_ok());
+  auto swap = SwapSpace::create(so, std::move(engine).value(), IoQueueOptions{});
+  ASSERT_TRUE(swap.is_ok()) << swap.status().to_string();
+  auto a = swap->allocate(768 << 10);
+  ASSERT_TRUE(a.is_ok());
+  auto b = swap->allocate(512 << 10);
+  ASSERT_FALSE(b.is_ok());
+  EXPECT_EQ(b.status().code(), ErrorCode::kNoSpace);
+  EXPECT_NE(b.status().message().find("asked 512 KiB"), std::string::npos) << b.status().message();
+  EXPECT_NE(b.status().message().find("256 KiB free"), std::string::npos) << b.status().message();
+  // Files are 0600 inside a directory we created.
+  for (const std::string& f : swap->file_paths()) {
+    struct stat st {};
+    ASSERT_EQ(::stat(f.c_str(), &st), 0);
+    EXPECT_EQ(st.st_mode & 0777, 0600u);
+    EXPECT_EQ(st.st_size, 1 << 20);
+  }
+}
+
+TEST(SwapSpace, KeepFilesLeavesThemAndDefaultRemovesThem) {
+  TempDir dir;
+  for (bool keep : {false, true}) {
+    SwapOptions so;
+    so.paths = {dir.path(), dir.path()};
+    so.bytes_per_path = 1 << 20;
+    so.keep_files = keep;
+    auto engine = make_io_engine(IoEngineKind::kPsync, IoEngineOptions{});
+    ASSERT_TRUE(engine.is_ok());
+    std::vector<std::string> files;
+    {
+      auto swap = SwapSpace::create(so, std::move(engine).value(), IoQueueOptions{});
+      ASSERT_TRUE(swap.is_ok()) << swap.status().to_string();
+      files = swap->file_paths();
+      EXPECT_EQ(files.size(), 2u);
+    }
+    for (const std::string& f : files) EXPECT_EQ(std::filesystem::exists(f), keep) << f;
+  }
+}
+
+TEST(SwapSpace, StripingSpreadsAnExtentOverEveryPath) {
+  TempDir dir;
+  SwapOptions so;
+  so.paths = {dir.sub("a"), dir.sub("b"), dir.sub("c")};
+  so.bytes_per_path = 1 << 20;
+  so.stripe_bytes = 64 << 10;
+  auto engine = make_io_engine(IoEngineKind::kPsync, IoEngineOptions{});
+  ASSERT_TRUE(engine.is_ok());
+  auto swap = SwapSpace::create(so, std::move(engine).value(), IoQueueOptions{});
+  ASSERT_TRUE(swap.is_ok());
+  auto e = swap->allocate(3 * (64 << 10));
+  ASSERT_TRUE(e.is_ok());
+  std::byte dummy[1];
+  auto t = swap->transfers(IoOp::kRead, *e, 0, dummy, e->bytes);
+  ASSERT_EQ(t.size(), 3u);
+  // Logical stripe unit u lives on file u % 3 at offset (u / 3) * stripe.
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(t[i].file, i);
+    EXPECT_EQ(t[i].offset, 0u);
+    EXPECT_EQ(t[i].len, 64u << 10);
+  }
+  auto mid = swap->transfers(IoOp::kRead, *e, 60 << 10, dummy, 8 << 10);
+  ASSERT_EQ(mid.size(), 2u);
+  EXPECT_EQ(mid[0].offset, 60u << 10);
+  EXPECT_EQ(mid[1].file, 1);
+  EXPECT_EQ(mid[1].offset, 0u);
+}
+
+}  // namespace
+}  // namespace tz::nvme
