@@ -35,6 +35,14 @@ Status FaultEngine::submit(std::span<const IoRequest> requests) {
       ready_.push_back({r.user_data, (rng_() & 1) ? -EINTR : -EAGAIN});
       continue;
     }
+    if (options_.short_rate > 0 && r.len > 4096 && coin(rng_) < options_.short_rate) {
+      const std::uint32_t blocks = r.len / 4096;
+      const auto keep = static_cast<std::uint32_t>(1 + rng_() % std::max<std::uint32_t>(1, blocks - 1));
+      if (keep * 4096u < r.len) {
+        r.len = keep * 4096u;
+        ++counts_.short_transfers;
+      }
+    }
     if (r.op == IoOp::kWrite && options_.enospc_after_write_bytes != UINT64_MAX) {
       const std::uint64_t room =
           written_ >= options_.enospc_after_write_bytes ? 0 : options_.enospc_after_write_bytes - written_;
@@ -55,14 +63,6 @@ Status FaultEngine::submit(std::span<const IoRequest> requests) {
         r.len = fits;
       }
       written_ += r.len;
-    }
-    if (options_.short_rate > 0 && r.len > 4096 && coin(rng_) < options_.short_rate) {
-      const std::uint32_t blocks = r.len / 4096;
-      const auto keep = static_cast<std::uint32_t>(1 + rng_() % std::max<std::uint32_t>(1, blocks - 1));
-      if (keep * 4096u < r.len) {
-        r.len = keep * 4096u;
-        ++counts_.short_transfers;
-      }
     }
     pass_.push_back(r);
   }

@@ -53,6 +53,12 @@ class FaultEngine final : public IoEngine {
   Result<std::size_t> reap(std::span<IoCompletion> out, std::size_t min_complete) override;
 
   const FaultCounts& counts() const { return counts_; }
+  // Faults from now on (FaultOptions{} switches them off, e.g. to verify what was written).
+  // Completions already held back are still delivered; the write-byte count is kept.
+  void set_options(const FaultOptions& options) {
+    options_ = options;
+    rng_.seed(options.seed);
+  }
 
  private:
   std::unique_ptr<IoEngine> inner_;
