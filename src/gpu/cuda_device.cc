@@ -153,6 +153,7 @@ class CudaDevice final : public Device {
     return gpu_name_ + " (cuda:" + std::to_string(ordinal_) + ")";
   }
   bool host_accessible() const override { return false; }
+  int cuda_ordinal() const override { return ordinal_; }
 
   Result<std::unique_ptr<Stream>> create_stream(std::string name) override {
     TZ_ASSIGN_OR_RETURN(auto stream, make_stream("cuda:" + name));

@@ -132,6 +132,8 @@ class Device {
   virtual std::string name() const = 0;
   // True when the host may read and write device pointers directly (HostDevice).
   virtual bool host_accessible() const = 0;
+  // The CUDA device ordinal of a CudaDevice (what NCCL binds to); -1 for other backends.
+  virtual int cuda_ordinal() const { return -1; }
 
   // --- Memory -------------------------------------------------------------------------------
   // A buffer of `bytes` from the device pool. Fails with kOutOfMemory, naming the bytes asked,

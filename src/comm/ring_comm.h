@@ -1,0 +1,75 @@
+// Private to comm/: the ring algorithms that LocalComm and MpiComm share, written against a
+// Transport (send to the right neighbour while receiving from the left one). Operations run on a
+// host-accessible device's stream as host callbacks, so they are asynchronous and stream-ordered
+// like NCCL's; the bytes each rank sends and receives are counted as they move.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "comm/comm.h"
+
+namespace tz::comm {
+
+// A ring of `size` ranks. Calls come from one thread at a time per rank (the stream worker).
+class Transport {
+ public:
+  virtual ~Transport() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // Sends send[0 .. send_bytes) to rank rank()+1 while receiving recv_bytes from rank()-1 into
+  // recv; either side may be 0 bytes (skipped). The left neighbour's matching call sends exactly
+  // recv_bytes. Returns when both are done and `send` may be reused.
+  virtual Status sendrecv(const void* send, std::size_t send_bytes, void* recv,
+                          std::size_t recv_bytes) = 0;
+  virtual Status barrier() = 0;
+};
+
+class RingComm : public Comm {
+ public:
+  RingComm(std::unique_ptr<Transport> transport, std::string backend, int local_rank)
+      : transport_(std::move(transport)), backend_(std::move(backend)), local_rank_(local_rank) {}
+
+  std::string_view backend() const override { return backend_; }
+  int rank() const override { return transport_->rank(); }
+  int world_size() const override { return transport_->size(); }
+  int local_rank() const override { return local_rank_; }
+
+  Status all_gather(const void* send, void* recv, std::size_t count, DType dtype,
+                    gpu::Stream& stream) override;
+  Status reduce_scatter(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op,
+                        gpu::Stream& stream) override;
+  Status all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op,
+                    gpu::Stream& stream) override;
+  Status broadcast(void* buffer, std::size_t count, DType dtype, int root,
+                   gpu::Stream& stream) override;
+  Status barrier(gpu::Stream& stream) override;
+  Status async_error() const override;
+
+  // The same collectives run synchronously on the calling thread (the bodies of the enqueued
+  // operations; public for benchmarks and tests of the algorithms themselves).
+  Status run_all_gather(const void* send, void* recv, std::size_t count, DType dtype);
+  Status run_reduce_scatter(const void* send, void* recv, std::size_t count, DType dtype,
+                            ReduceOp op);
+  Status run_all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op);
+  Status run_broadcast(void* buffer, std::size_t count, DType dtype, int root);
+  Status run_barrier();
+
+ private:
+  // Checks that `stream` belongs to a host-accessible device, then enqueues `body` on it; the
+  // body's error (if any) becomes async_error() and later bodies are skipped.
+  template <typename Body>
+  Status enqueue(gpu::Stream& stream, const char* what, Body body);
+  Status sendrecv(CollectiveOp op, const void* send, std::size_t send_bytes, void* recv,
+                  std::size_t recv_bytes, std::uint64_t& sent, std::uint64_t& received);
+
+  std::unique_ptr<Transport> transport_;
+  std::string backend_;
+  int local_rank_;
+  mutable std::mutex error_mu_;
+  Status first_error_;  // guarded by error_mu_
+};
+
+}  // namespace tz::comm
