@@ -1,0 +1,326 @@
+// `tierzero bench comm`: per collective and message size, time per operation, algorithm
+// bandwidth and bus bandwidth computed as nccl-tests does (busbw = algbw x 2(n-1)/n for
+// all_reduce, x (n-1)/n for all_gather and reduce_scatter, x 1 for broadcast). Runs LocalComm
+// ranks as threads of this process, or one rank per process under mpirun/srun (MPI or NCCL);
+// rank 0 prints.
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cli/command.h"
+#include "comm/launch_env.h"
+#include "comm/local_comm.h"
+#include "comm/select.h"
+#include "core/units.h"
+#include "gpu/select.h"
+
+namespace tz::cli {
+namespace {
+
+using json = nlohmann::ordered_json;
+using Clock = std::chrono::steady_clock;
+
+struct CommOptions {
+  std::string backend = "auto";
+  std::string device = "auto";
+  int ranks = 2;  // LocalComm only
+  std::string min_bytes = "64K";
+  std::string max_bytes = "16M";
+  int factor = 4;
+  int iters = 5;
+  int repeats = 3;
+  std::string ops = "all_reduce,all_gather,reduce_scatter,broadcast";
+  std::string dtype = "fp32";
+  bool json = false;
+};
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+double bus_factor(comm::CollectiveOp op, int n) {
+  const double dn = n;
+  switch (op) {
+    case comm::CollectiveOp::kAllReduce:
+      return 2 * (dn - 1) / dn;
+    case comm::CollectiveOp::kAllGather:
+    case comm::CollectiveOp::kReduceScatter:
+      return (dn - 1) / dn;
+    default:
+      return 1;
+  }
+}
+
+struct Case {
+  comm::CollectiveOp op;
+  std::size_t bytes;  // nccl-tests' size: the full buffer (all_gather's output, reduce_scatter's input)
+};
+
+struct Row {
+  Case c;
+  std::size_t count;
+  double time_us;
+  double algbw_gbps;
+  double busbw_gbps;
+  std::uint64_t bytes_sent_per_op;  // rank 0's counter
+};
+
+// Runs the cases on one rank; returns rank 0's rows (other ranks return an empty vector).
+Result<std::vector<Row>> run_rank(comm::Comm& comm, gpu::Device& device, gpu::Stream& stream,
+                                  const std::vector<Case>& cases, DType dtype,
+                                  const CommOptions& opts) {
+  const int n = comm.world_size();
+  const std::size_t es = dtype_size(dtype);
+  std::size_t max_bytes = 0;
+  for (const Case& c : cases) max_bytes = std::max(max_bytes, c.bytes);
+  TZ_ASSIGN_OR_RETURN(gpu::DeviceBuffer send, device.allocate(max_bytes + 256));
+  TZ_ASSIGN_OR_RETURN(gpu::DeviceBuffer recv, device.allocate(max_bytes + 256));
+  TZ_RETURN_IF_ERROR(device.memset_async(send.data(), 0, max_bytes, stream));
+  TZ_RETURN_IF_ERROR(device.memset_async(recv.data(), 0, max_bytes, stream));
+  std::vector<Row> rows;
+  for (const Case& c : cases) {
+    const bool per_rank = c.op == comm::CollectiveOp::kAllGather ||
+                          c.op == comm::CollectiveOp::kReduceScatter;
+    const std::size_t count = per_rank ? c.bytes / (static_cast<std::size_t>(n) * es) : c.bytes / es;
+    auto issue = [&]() -> Status {
+      switch (c.op) {
+        case comm::CollectiveOp::kAllReduce:
+          return comm.all_reduce(send.data(), recv.data(), count, dtype, comm::ReduceOp::kSum, stream);
+        case comm::CollectiveOp::kAllGather:
+          return comm.all_gather(send.data(), recv.data(), count, dtype, stream);
+        case comm::CollectiveOp::kReduceScatter:
+          return comm.reduce_scatter(send.data(), recv.data(), count, dtype, comm::ReduceOp::kSum, stream);
+        case comm::CollectiveOp::kBroadcast:
+          return comm.broadcast(send.data(), count, dtype, 0, stream);
+        case comm::CollectiveOp::kBarrier:
+          return comm.barrier(stream);
+      }
+      return Status::internal("unknown op");
+    };
+    TZ_RETURN_IF_ERROR(issue());  // warm-up
+    std::vector<double> times_us;
+    comm.reset_counters();
+    for (int rep = 0; rep < opts.repeats; ++rep) {
+      TZ_RETURN_IF_ERROR(comm.barrier(stream));
+      TZ_RETURN_IF_ERROR(stream.synchronize());
+      const auto t0 = Clock::now();
+      for (int i = 0; i < opts.iters; ++i) TZ_RETURN_IF_ERROR(issue());
+      TZ_RETURN_IF_ERROR(stream.synchronize());
+      times_us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count() /
+                         opts.iters);
+    }
+    TZ_RETURN_IF_ERROR(comm.async_error());
+    const double t = median(times_us);
+    const std::size_t moved = per_rank ? count * es * static_cast<std::size_t>(n) : count * es;
+    const double algbw = static_cast<double>(moved) / (t * 1e-6) / 1e9;
+    const comm::OpCounters counters = comm.counters()[c.op];
+    rows.push_back({c, count, t, algbw, algbw * bus_factor(c.op, n),
+                    counters.calls ? counters.bytes_sent / counters.calls : 0});
+  }
+  if (comm.rank() != 0) rows.clear();
+  return rows;
+}
+
+// Single-thread memcpy bandwidth of `bytes` (the in-run ceiling for CPU collectives).
+double memcpy_gbps(std::size_t bytes) {
+  std::vector<char> a(bytes, 1);
+  std::vector<char> b(bytes, 2);
+  std::vector<double> v;
+  for (int i = 0; i < 4; ++i) {
+    const auto t0 = Clock::now();
+    std::memcpy(b.data(), a.data(), bytes);
+    v.push_back(static_cast<double>(bytes) /
+                std::chrono::duration<double>(Clock::now() - t0).count() / 1e9);
+  }
+  return median(v);
+}
+
+int run(const CommOptions& opts) {
+  auto backend = comm::parse_comm_backend(opts.backend);
+  auto choice = gpu::parse_device_choice(opts.device);
+  auto min_b = parse_size(opts.min_bytes);
+  auto max_b = parse_size(opts.max_bytes);
+  auto dtype = parse_dtype(opts.dtype);
+  if (!backend.is_ok() || !choice.is_ok() || !min_b.is_ok() || !max_b.is_ok() || !dtype ||
+      *min_b == 0 || *min_b > *max_b || opts.factor < 2) {
+    std::fprintf(stderr,
+                 "bench comm: bad option (backend auto|local|mpi|nccl, device auto|host|cuda, "
+                 "0 < --min-bytes <= --max-bytes, --factor >= 2, dtype fp32|bf16|fp16)\n");
+    return 2;
+  }
+  std::vector<comm::CollectiveOp> ops;
+  {
+    std::stringstream ss(opts.ops);
+    std::string name;
+    while (std::getline(ss, name, ',')) {
+      bool found = false;
+      for (auto op : {comm::CollectiveOp::kAllReduce, comm::CollectiveOp::kAllGather,
+                      comm::CollectiveOp::kReduceScatter, comm::CollectiveOp::kBroadcast}) {
+        if (comm::collective_op_name(op) == name) ops.push_back(op), found = true;
+      }
+      if (!found) {
+        std::fprintf(stderr, "bench comm: unknown op '%s'\n", name.c_str());
+        return 2;
+      }
+    }
+  }
+  std::vector<Case> cases;
+  for (auto op : ops) {
+    for (std::uint64_t b = *min_b; b <= *max_b; b *= static_cast<std::uint64_t>(opts.factor)) {
+      cases.push_back({op, b});
+    }
+  }
+  gpu::DeviceOptions dopts;
+  dopts.choice = *choice;
+  auto device = gpu::open_device(dopts);
+  if (!device.is_ok()) {
+    std::fprintf(stderr, "bench comm: %s\n", device.status().to_string().c_str());
+    return 1;
+  }
+  gpu::Device& dev = **device;
+
+  std::vector<Row> rows;
+  int world = 1;
+  std::string backend_name;
+  Status failure;
+  const bool local = *backend == comm::CommBackend::kLocal ||
+                     (*backend == comm::CommBackend::kAuto && dev.kind() == gpu::DeviceKind::kHost &&
+                      comm::detect_launch_env().world_size == 1);
+  if (local) {
+    if (opts.ranks < 1 || opts.ranks > 256) {
+      std::fprintf(stderr, "bench comm: --ranks must be in [1, 256]\n");
+      return 2;
+    }
+    auto group = comm::LocalComm::create_group(opts.ranks);
+    if (!group.is_ok()) {
+      std::fprintf(stderr, "bench comm: %s\n", group.status().to_string().c_str());
+      return 1;
+    }
+    world = opts.ranks;
+    backend_name = "local";
+    std::mutex mu;
+    std::vector<std::thread> threads;
+    for (int r = 0; r < opts.ranks; ++r) {
+      threads.emplace_back([&, r] {
+        Status st;
+        auto stream = dev.create_stream("comm" + std::to_string(r));
+        if (stream.is_ok()) {
+          auto out = run_rank(*(*group)[static_cast<std::size_t>(r)], dev, **stream, cases, *dtype, opts);
+          if (out.is_ok() && r == 0) rows = std::move(*out);
+          if (!out.is_ok()) st = std::move(out).take_status();
+        } else {
+          st = stream.status();
+        }
+        if (!st.is_ok()) {
+          std::lock_guard lock(mu);
+          if (failure.is_ok()) failure = st;
+        }
+      });
+    }
+    for (auto& t : threads) t.join();
+  } else {
+    auto c = comm::open_comm(dev, *backend);
+    if (!c.is_ok()) {
+      std::fprintf(stderr, "bench comm: %s\n", c.status().to_string().c_str());
+      return 1;
+    }
+    world = (*c)->world_size();
+    backend_name = std::string((*c)->backend());
+    auto stream = dev.create_stream("comm");
+    if (!stream.is_ok()) {
+      std::fprintf(stderr, "bench comm: %s\n", stream.status().to_string().c_str());
+      return 1;
+    }
+    auto out = run_rank(**c, dev, **stream, cases, *dtype, opts);
+    if (out.is_ok()) rows = std::move(*out); else failure = std::move(out).take_status();
+    if ((*c)->rank() != 0) return failure.is_ok() ? 0 : 1;
+  }
+  if (!failure.is_ok()) {
+    std::fprintf(stderr, "bench comm: %s\n", failure.to_string().c_str());
+    return 1;
+  }
+  const double peer = dev.kind() == gpu::DeviceKind::kHost ? memcpy_gbps(*max_b) : 0;
+  char host[256] = {};
+  if (gethostname(host, sizeof(host) - 1) != 0) std::snprintf(host, sizeof(host), "unknown");
+  if (opts.json) {
+    for (const Row& r : rows) {
+      json j;
+      j["bench"] = "comm";
+      j["backend"] = backend_name;
+      j["device"] = dev.name();
+      j["op"] = comm::collective_op_name(r.c.op);
+      j["ranks"] = world;
+      j["dtype"] = dtype_name(*dtype);
+      j["bytes"] = r.c.bytes;
+      j["count"] = r.count;
+      j["iters"] = opts.iters;
+      j["repeats"] = opts.repeats;
+      j["time_us_median"] = r.time_us;
+      j["algbw_gbps"] = r.algbw_gbps;
+      j["busbw_gbps"] = r.busbw_gbps;
+      j["bytes_sent_per_op_rank0"] = r.bytes_sent_per_op;
+      if (peer > 0) {
+        j["peer"] = "single-thread memcpy";
+        j["peer_gbps"] = peer;
+        j["busbw_fraction_of_peer"] = r.busbw_gbps / peer;
+      }
+      j["machine"] = {{"host", host}, {"cpus", sysconf(_SC_NPROCESSORS_ONLN)}};
+      std::printf("%s\n", j.dump().c_str());
+    }
+    return 0;
+  }
+  std::printf("bench comm: backend %s, %d ranks, %s, %s; median of %d x %d iterations\n",
+              backend_name.c_str(), world, dev.name().c_str(), std::string(dtype_name(*dtype)).c_str(),
+              opts.repeats, opts.iters);
+  std::printf("%-15s %12s %12s %12s %12s %12s\n", "op", "bytes", "count", "time_us", "algbw GB/s",
+              "busbw GB/s");
+  for (const Row& r : rows) {
+    std::printf("%-15s %12zu %12zu %12.1f %12.3f %12.3f\n",
+                std::string(comm::collective_op_name(r.c.op)).c_str(), r.c.bytes, r.count,
+                r.time_us, r.algbw_gbps, r.busbw_gbps);
+  }
+  if (peer > 0) std::printf("peer: single-thread memcpy %.2f GB/s\n", peer);
+  return 0;
+}
+
+}  // namespace
+
+TZ_REGISTER_COMMAND([](CommandTree& tree) {
+  CLI::App* bench = tree.group("bench", "Measure the offload path");
+  CLI::App* cmd = bench->add_subcommand(
+      "comm", "Collective time, algorithm and bus bandwidth per op and size (nccl-tests style)");
+  auto opts = std::make_shared<CommOptions>();
+  cmd->add_option("--backend", opts->backend,
+                  "auto, local (ranks as threads), mpi or nccl (one rank per process)")
+      ->capture_default_str();
+  cmd->add_option("--device", opts->device, "auto, host or cuda")->capture_default_str();
+  cmd->add_option("--ranks", opts->ranks, "Ranks (threads) for the local backend")
+      ->capture_default_str();
+  cmd->add_option("--min-bytes", opts->min_bytes, "Smallest message")->capture_default_str();
+  cmd->add_option("--max-bytes", opts->max_bytes, "Largest message")->capture_default_str();
+  cmd->add_option("--factor", opts->factor, "Size multiplier between steps")->capture_default_str();
+  cmd->add_option("--iters", opts->iters, "Operations per timed repeat")
+      ->check(CLI::Range(1, 100000))
+      ->capture_default_str();
+  cmd->add_option("--repeats", opts->repeats, "Timed repeats (median reported)")
+      ->check(CLI::Range(1, 1000))
+      ->capture_default_str();
+  cmd->add_option("--ops", opts->ops, "Comma-separated collectives")->capture_default_str();
+  cmd->add_option("--dtype", opts->dtype, "fp32, bf16 or fp16")->capture_default_str();
+  cmd->add_flag("--json", opts->json, "One JSON object per result");
+  cmd->callback([opts] { exit_code() = run(*opts); });
+});
+
+}  // namespace tz::cli
