@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# Runs fio and `tierzero bench nvme` on the same file with the same engine, rw, block size and
+# queue depth, alternating them, over read/write x 1M/8M x depth 8/32 x io_uring/libaio, and
+# prints one row per case with the medians and the ratio tierzero/fio (throughput and CPU s/GB).
+#
+# Usage: bench/nvme_vs_fio.sh [DIR]    (DIR defaults to /tmp; the file is removed at the end)
+# Environment: SIZE (bytes per pass, default 4G), REPEAT (alternations per case, default 3),
+#   TIERZERO (the binary; default: first of build/release, build/dev, build/*), JSON_OUT (also
+#   write every measurement as JSON lines there), FIO_URING_OPTS (default
+#   "--fixedbufs --registerfiles": fio registers buffers and files as tierzero does),
+#   ENGINES, RWS, BSS, QDS (space-separated lists to narrow the sweep).
+set -euo pipefail
+
+DIR="${1:-/tmp}"
+SIZE="${SIZE:-4G}"
+REPEAT="${REPEAT:-3}"
+ENGINES="${ENGINES:-io_uring libaio}"
+RWS="${RWS:-read write}"
+BSS="${BSS:-1M 8M}"
+QDS="${QDS:-8 32}"
+FIO_URING_OPTS="${FIO_URING_OPTS:---fixedbufs --registerfiles}"
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+if [ -z "${TIERZERO:-}" ]; then
+  for cand in "$ROOT"/build/release/src/cli/tierzero "$ROOT"/build/dev/src/cli/tierzero \
+              "$ROOT"/build/*/src/cli/tierzero; do
+    if [ -x "$cand" ]; then TIERZERO="$cand"; break; fi
+  done
+fi
+if [ -z "${TIERZERO:-}" ] || [ ! -x "$TIERZERO" ]; then
+  echo "nvme_vs_fio: tierzero binary not found; build it or set TIERZERO" >&2
+  exit 1
+fi
+command -v fio >/dev/null || { echo "nvme_vs_fio: fio not installed" >&2; exit 1; }
+command -v python3 >/dev/null || { echo "nvme_vs_fio: python3 needed to parse fio's JSON" >&2; exit 1; }
+
+NAME="tierzero-nvme-vs-fio.dat"
+FILE="$DIR/$NAME"
+RAW="$(mktemp)"
+cleanup() { rm -f "$FILE" "$RAW"; }
+trap cleanup EXIT
+
+echo "# nvme_vs_fio: $(date -u) on $(hostname), $(nproc) cpus, linux $(uname -r)" >&2
+echo "# file $FILE, size $SIZE, repeat $REPEAT, tierzero $TIERZERO, $(fio --version)" >&2
+# Create and fill the file once (tierzero writes it through; fio then reuses it).
+"$TIERZERO" --log-level warn bench nvme --path "$DIR" --file-name "$NAME" --size "$SIZE" \
+  --rw write --bs 8M --qd 32 --repeat 1 --keep-file --json >/dev/null
+
+for engine in $ENGINES; do
+  for rw in $RWS; do
+    for bs in $BSS; do
+      for qd in $QDS; do
+        extra=""
+        if [ "$engine" = io_uring ]; then extra="$FIO_URING_OPTS"; fi
+        for r in $(seq 1 "$REPEAT"); do
+          # shellcheck disable=SC2086
+          fio --name=nvme_vs_fio --filename="$FILE" --direct=1 --rw="$rw" --bs="$bs" \
+              --iodepth="$qd" --ioengine="$engine" --size="$SIZE" --numjobs=1 \
+              --output-format=json $extra 2>/dev/null |
+            python3 -c '
+import json, sys
+j = json.load(sys.stdin)["jobs"][0]
+rw = sys.argv[1]
+d = j[rw]
+secs = d["runtime"] / 1000.0
+gb = d["io_bytes"] / 1e9
+print(json.dumps({"tool": "fio", "engine": sys.argv[2], "rw": rw, "bs": sys.argv[3],
+                  "qd": int(sys.argv[4]), "gbps": d["bw_bytes"] / 1e9,
+                  "cpu_s_per_gb": (j["usr_cpu"] + j["sys_cpu"]) / 100.0 * secs / gb}))
+' "$rw" "$engine" "$bs" "$qd" >>"$RAW"
+          "$TIERZERO" --log-level warn bench nvme --path "$DIR" --file-name "$NAME" \
+              --size "$SIZE" --engine "$engine" --rw "$rw" --bs "$bs" --qd "$qd" --repeat 1 \
+              --keep-file --json |
+            python3 -c '
+import json, sys
+j = json.loads(sys.stdin.read())
+print(json.dumps({"tool": "tierzero", "engine": j["engine"], "rw": j["rw"], "bs": sys.argv[1],
+                  "qd": j["qd"], "gbps": j["gbps_median"], "cpu_s_per_gb": j["cpu_s_per_gb"]}))
+' "$bs" >>"$RAW"
+        done
+      done
+    done
+  done
+done
+
+if [ -n "${JSON_OUT:-}" ]; then cp "$RAW" "$JSON_OUT"; fi
+python3 - "$RAW" <<'PY'
+import json, statistics, sys
+rows = {}
+for line in open(sys.argv[1]):
+    m = json.loads(line)
+    key = (m["engine"], m["rw"], m["bs"], m["qd"])
+    rows.setdefault(key, {"fio": [], "tierzero": [], "fio_cpu": [], "tierzero_cpu": []})
+    rows[key][m["tool"]].append(m["gbps"])
+    rows[key][m["tool"] + "_cpu"].append(m["cpu_s_per_gb"])
+print("| engine | rw | bs | qd | fio GB/s (min-max) | tierzero GB/s (min-max) | tierzero/fio | fio cpu s/GB | tierzero cpu s/GB |")
+print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+for key in sorted(rows, key=lambda k: (k[0], k[1], int(k[2].rstrip("MK")) * (1024 if k[2].endswith("M") else 1), k[3])):
+    r = rows[key]
+    f, t = statistics.median(r["fio"]), statistics.median(r["tierzero"])
+    print(f"| {key[0]} | {key[1]} | {key[2]} | {key[3]} | {f:.3f} ({min(r['fio']):.3f}-{max(r['fio']):.3f}) "
+          f"| {t:.3f} ({min(r['tierzero']):.3f}-{max(r['tierzero']):.3f}) | {t / f:.3f} "
+          f"| {statistics.median(r['fio_cpu']):.4f} | {statistics.median(r['tierzero_cpu']):.4f} |")
+PY
