@@ -217,6 +217,11 @@ class CudaDevice final : public Device {
     TZ_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_));
     return launched(kernels::sum_squares(src, dtype, n, acc, raw(stream)), "sum_squares kernel");
   }
+  Status optimizer_step(const OptimizerStepArgs& args, Stream& stream) override {
+    TZ_RETURN_IF_ERROR(validate_optimizer_step(args));
+    TZ_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_));
+    return launched(kernels::optimizer_step(args, raw(stream)), "optimizer_step kernel");
+  }
 
  private:
   CudaDevice(int ordinal, std::uint64_t budget_bytes, std::string gpu_name)

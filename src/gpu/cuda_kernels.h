@@ -16,5 +16,6 @@ int cast(const void* src, DType src_dtype, void* dst, DType dst_dtype, std::size
          void* stream);
 int scale(void* data, DType dtype, std::size_t n, float factor, void* stream);
 int sum_squares(const void* src, DType dtype, std::size_t n, NormAccumulator* acc, void* stream);
+int optimizer_step(const OptimizerStepArgs& args, void* stream);
 
 }  // namespace tz::gpu::kernels

@@ -18,6 +18,7 @@
 
 #include "core/dtype.h"
 #include "core/status.h"
+#include "gpu/optimizer_step.h"
 
 namespace tz::gpu {
 
@@ -187,6 +188,9 @@ class Device {
   // number of Inf/NaN elements. `acc` points to device memory.
   virtual Status sum_squares(const void* src, DType dtype, std::size_t n, NormAccumulator* acc,
                              Stream& stream) = 0;
+  // One optimizer update of a shard (gpu/optimizer_step.h): the per-element functors of
+  // cpu/optimizer_math.h applied to every element. kInvalidArgument when a needed buffer is null.
+  virtual Status optimizer_step(const OptimizerStepArgs& args, Stream& stream) = 0;
 
  protected:
   explicit Device(std::uint64_t budget_bytes) { stats_.budget_bytes = budget_bytes; }

@@ -317,4 +317,19 @@ Status HostDevice::sum_squares(const void* src, DType dtype, std::size_t n, Norm
   return Status::ok();
 }
 
+Status HostDevice::optimizer_step(const OptimizerStepArgs& args, Stream& stream) {
+  TZ_RETURN_IF_ERROR(validate_optimizer_step(args));
+  if (args.n == 0) return Status::ok();
+  dispatch_dtype(args.grad_dtype, [&](auto grad_tag) {
+    dispatch_dtype(args.param_copy != nullptr ? args.copy_dtype : DType::kF32, [&](auto copy_tag) {
+      using G = decltype(grad_tag);
+      using C = decltype(copy_tag);
+      host_stream(stream).enqueue("optimizer_step", [args] {
+        for (std::size_t i = 0; i < args.n; ++i) optimizer_element<G, C>(args, i);
+      });
+    });
+  });
+  return Status::ok();
+}
+
 }  // namespace tz::gpu

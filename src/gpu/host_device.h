@@ -93,6 +93,7 @@ class HostDevice final : public Device {
   Status scale(void* data, DType dtype, std::size_t n, float factor, Stream& stream) override;
   Status sum_squares(const void* src, DType dtype, std::size_t n, NormAccumulator* acc,
                      Stream& stream) override;
+  Status optimizer_step(const OptimizerStepArgs& args, Stream& stream) override;
 
  private:
   friend class HostStream;

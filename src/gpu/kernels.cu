@@ -74,6 +74,14 @@ __global__ void sum_squares_kernel(const T* src, std::size_t n, NormAccumulator*
   }
 }
 
+template <typename G, typename C>
+__global__ void optimizer_step_kernel(OptimizerStepArgs args) {
+  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < args.n;
+       i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
+    optimizer_element<G, C>(args, i);
+  }
+}
+
 template <typename F>
 void dispatch(DType dtype, F&& f) {
   switch (dtype) {
@@ -131,6 +139,18 @@ int sum_squares(const void* src, DType dtype, std::size_t n, NormAccumulator* ac
     using T = decltype(tag);
     sum_squares_kernel<T><<<grid_for(n), kThreads, 0, as_stream(stream)>>>(
         static_cast<const T*>(src), n, acc);
+  });
+  return static_cast<int>(cudaGetLastError());
+}
+
+int optimizer_step(const OptimizerStepArgs& args, void* stream) {
+  if (args.n == 0) return 0;
+  dispatch(args.grad_dtype, [&](auto grad_tag) {
+    dispatch(args.param_copy != nullptr ? args.copy_dtype : DType::kF32, [&](auto copy_tag) {
+      using G = decltype(grad_tag);
+      using C = decltype(copy_tag);
+      optimizer_step_kernel<G, C><<<grid_for(args.n), kThreads, 0, as_stream(stream)>>>(args);
+    });
   });
   return static_cast<int>(cudaGetLastError());
 }

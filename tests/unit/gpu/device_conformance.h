@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "cpu/optimizer_math.h"
 #include "gpu/device.h"
 
 namespace tz::gpu::testing {
@@ -344,6 +345,96 @@ inline void check_callback_order(Device& device) {
   ASSERT_TRUE((*s)->synchronize().is_ok());
   ASSERT_EQ(order.size(), 200u);
   for (int i = 0; i < 200; ++i) EXPECT_EQ(order[static_cast<std::size_t>(i)], i);
+}
+
+
+// The optimizer step gives the same bits as the shared functors of cpu/optimizer_math.h applied
+// on the host (the CPU optimizer's math), for every optimizer, gradient dtype and copy dtype,
+// over three steps.
+inline void check_optimizer_step_matches_shared_functors(Device& device) {
+  const std::size_t n = 2053;
+  std::mt19937 rng(test_seed() + 3);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (auto kind : {optim::OptimizerKind::kAdam, optim::OptimizerKind::kSgd,
+                    optim::OptimizerKind::kLion, optim::OptimizerKind::kAdagrad}) {
+    for (DType grad_t : {DType::kF32, DType::kBF16, DType::kF16}) {
+      for (int copy_mode = 0; copy_mode < 3; ++copy_mode) {  // none, bf16, fp16
+        const DType copy_t = copy_mode == 2 ? DType::kF16 : DType::kBF16;
+        std::vector<float> p(n), s0(n, 0.0f), s1(n, 0.0f);
+        for (auto& x : p) x = normal(rng);
+        if (kind == optim::OptimizerKind::kAdagrad) std::fill(s0.begin(), s0.end(), 0.1f);
+        OptimizerStepArgs args;
+        args.kind = kind;
+        args.adam.step_size = 1e-2f;
+        args.adam.sqrt_bias_correction2 = 0.0316f;
+        args.adam.param_scale = 0.999f;
+        args.sgd.lr = 0.05f;
+        args.sgd.momentum = 0.9f;
+        args.sgd.weight_decay = 1e-3f;
+        args.lion.lr = 1e-3f;
+        args.lion.param_scale = 0.9999f;
+        args.adagrad.clr = 0.05f;
+        args.grad_dtype = grad_t;
+        args.copy_dtype = copy_t;
+        args.n = n;
+        auto dp = device.allocate(n * 4), d0 = device.allocate(n * 4), d1 = device.allocate(n * 4);
+        auto dg = device.allocate(n * 4), dc = device.allocate(n * 2);
+        ASSERT_TRUE(dp.is_ok() && d0.is_ok() && d1.is_ok() && dg.is_ok() && dc.is_ok());
+        Stream& st = device.compute_stream();
+        ASSERT_TRUE(device.copy_async(dp->data(), p.data(), n * 4, CopyKind::kHostToDevice, st).is_ok());
+        ASSERT_TRUE(device.copy_async(d0->data(), s0.data(), n * 4, CopyKind::kHostToDevice, st).is_ok());
+        ASSERT_TRUE(device.copy_async(d1->data(), s1.data(), n * 4, CopyKind::kHostToDevice, st).is_ok());
+        args.param = dp->as<float>();
+        args.grad = dg->data();
+        args.state[0] = d0->as<float>();
+        args.state[1] = d1->as<float>();
+        args.param_copy = copy_mode == 0 ? nullptr : dc->data();
+        std::vector<std::uint8_t> ref_copy(n * 2);
+        for (int step = 1; step <= 3; ++step) {
+          std::vector<float> g(n);
+          for (auto& x : g) x = normal(rng) * 0.1f;
+          if (step == 2) g[7] = 0.0f;
+          const std::vector<std::uint8_t> genc = encode(g, grad_t);
+          ASSERT_TRUE(device.copy_async(dg->data(), genc.data(), genc.size(), CopyKind::kHostToDevice, st).is_ok());
+          args.sgd.first_step = step == 1;
+          ASSERT_TRUE(device.optimizer_step(args, st).is_ok());
+          ASSERT_TRUE(st.synchronize().is_ok());  // genc and the next upload must not race
+          for (std::size_t i = 0; i < n; ++i) {
+            const float gi = decode_one(&genc[i * dtype_size(grad_t)], grad_t);
+            optim::SgdCoeffs sgd = args.sgd;
+            switch (kind) {
+              case optim::OptimizerKind::kAdam: optim::adam_update(args.adam, gi, p[i], s0[i], s1[i]); break;
+              case optim::OptimizerKind::kSgd: optim::sgd_update(sgd, gi, p[i], s0[i]); break;
+              case optim::OptimizerKind::kLion: optim::lion_update(args.lion, gi, p[i], s0[i]); break;
+              case optim::OptimizerKind::kAdagrad: optim::adagrad_update(args.adagrad, gi, p[i], s0[i]); break;
+            }
+          }
+        }
+        std::vector<float> got_p(n), got_s0(n);
+        std::vector<std::uint8_t> got_c(n * 2);
+        ASSERT_TRUE(device.copy_async(got_p.data(), dp->data(), n * 4, CopyKind::kDeviceToHost, st).is_ok());
+        ASSERT_TRUE(device.copy_async(got_s0.data(), d0->data(), n * 4, CopyKind::kDeviceToHost, st).is_ok());
+        ASSERT_TRUE(device.copy_async(got_c.data(), dc->data(), n * 2, CopyKind::kDeviceToHost, st).is_ok());
+        ASSERT_TRUE(st.synchronize().is_ok());
+        for (std::size_t i = 0; i < n; ++i) {
+          ASSERT_TRUE(same_float(got_p[i], p[i]))
+              << "optimizer " << static_cast<int>(kind) << " grad " << dtype_name(grad_t) << " i=" << i
+              << " got " << got_p[i] << " want " << p[i] << " seed " << test_seed();
+          ASSERT_TRUE(same_float(got_s0[i], s0[i])) << "state0 i=" << i;
+        }
+        if (copy_mode != 0) {
+          EXPECT_EQ(got_c, encode(p, copy_t)) << "16-bit copy of the new parameters";
+        }
+      }
+    }
+  }
+  OptimizerStepArgs missing;
+  missing.n = 4;
+  float x = 0;
+  missing.param = &x;
+  missing.grad = &x;
+  EXPECT_EQ(device.optimizer_step(missing, device.compute_stream()).code(),
+            ErrorCode::kInvalidArgument) << "Adam without states accepted";
 }
 
 }  // namespace tz::gpu::testing
