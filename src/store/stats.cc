@@ -1,0 +1,64 @@
+// Names of tiers and links, and the JSON form of the store's counters.
+#include "store/stats.h"
+
+#include <nlohmann/json.hpp>
+
+namespace tz::store {
+
+const char* tier_name(Tier tier) {
+  switch (tier) {
+    case Tier::kDevice: return "device";
+    case Tier::kHost: return "host";
+    case Tier::kNvme: return "nvme";
+  }
+  return "?";
+}
+
+Result<Tier> parse_tier(std::string_view name) {
+  if (name == "device") return Tier::kDevice;
+  if (name == "host") return Tier::kHost;
+  if (name == "nvme") return Tier::kNvme;
+  return Status::invalid_argument("unknown tier '" + std::string(name) +
+                                  "' (accepted: device, host, nvme)");
+}
+
+const char* link_name(Link link) {
+  switch (link) {
+    case Link::kNvmeToHost: return "nvme_to_host";
+    case Link::kHostToNvme: return "host_to_nvme";
+    case Link::kNvmeToDevice: return "nvme_to_device";
+    case Link::kDeviceToNvme: return "device_to_nvme";
+    case Link::kHostToDevice: return "host_to_device";
+    case Link::kDeviceToHost: return "device_to_host";
+  }
+  return "?";
+}
+
+std::string StoreStats::to_json() const {
+  nlohmann::json j;
+  for (std::size_t i = 0; i < kTierCount; ++i) {
+    const TierStats& t = tiers[i];
+    j["tiers"][tier_name(static_cast<Tier>(i))] = {
+        {"budget_bytes", t.budget_bytes}, {"used_bytes", t.used_bytes},
+        {"peak_bytes", t.peak_bytes},     {"bytes_in", t.bytes_in},
+        {"bytes_out", t.bytes_out},       {"hits", t.hits},
+        {"misses", t.misses},             {"prefetch_hits", t.prefetch_hits},
+        {"prefetches", t.prefetches},     {"evictions", t.evictions},
+        {"write_backs", t.write_backs},   {"stall_s", t.stall_s}};
+  }
+  for (std::size_t i = 0; i < kLinkCount; ++i) {
+    const LinkStats& l = links[i];
+    const double gbps = l.busy_s > 0 ? static_cast<double>(l.bytes) / l.busy_s / 1e9 : 0.0;
+    j["links"][link_name(static_cast<Link>(i))] = {
+        {"bytes", l.bytes}, {"moves", l.moves}, {"busy_s", l.busy_s}, {"busy_gbps", gbps}};
+  }
+  j["nvme_read_bytes"] = nvme_read_bytes();
+  j["nvme_write_bytes"] = nvme_write_bytes();
+  j["checksum_failures"] = checksum_failures;
+  j["io_errors"] = io_errors;
+  j["trace_deviations"] = trace_deviations;
+  j["steps"] = steps;
+  return j.dump();
+}
+
+}  // namespace tz::store

@@ -1,0 +1,79 @@
+// The store's vocabulary (tiers, links) and its counters: bytes per tier and per link, hits,
+// misses, prefetch hits, stall time and peaks, exported as JSON for benches and logs.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "core/status.h"
+
+namespace tz::store {
+
+// Ordered from fastest to slowest: a lower value is an upper tier.
+enum class Tier : std::uint8_t { kDevice = 0, kHost = 1, kNvme = 2 };
+inline constexpr std::size_t kTierCount = 3;
+const char* tier_name(Tier tier);
+Result<Tier> parse_tier(std::string_view name);  // "device", "host" or "nvme"
+
+// The directions bytes move in. NVMe <-> device goes through staging buffers but is one link:
+// it costs disk and PCIe bandwidth, never host-tier space.
+enum class Link : std::uint8_t {
+  kNvmeToHost = 0,
+  kHostToNvme,
+  kNvmeToDevice,
+  kDeviceToNvme,
+  kHostToDevice,
+  kDeviceToHost,
+};
+inline constexpr std::size_t kLinkCount = 6;
+const char* link_name(Link link);  // "nvme_to_host", ...
+
+struct TierStats {
+  std::uint64_t budget_bytes = 0;
+  std::uint64_t used_bytes = 0;       // physical bytes held now
+  std::uint64_t peak_bytes = 0;       // largest used_bytes
+  std::uint64_t bytes_in = 0;         // bytes copied into this tier
+  std::uint64_t bytes_out = 0;        // bytes copied out of this tier
+  std::uint64_t hits = 0;             // pins that found a current copy (or one being loaded)
+  std::uint64_t misses = 0;           // pins that had to start a load
+  std::uint64_t prefetch_hits = 0;    // hits on a copy a prefetch brought
+  std::uint64_t prefetches = 0;       // loads started by prefetch
+  std::uint64_t evictions = 0;
+  std::uint64_t write_backs = 0;      // evictions that had to copy dirty bytes down
+  double stall_s = 0;                 // time pins of this tier waited
+};
+
+struct LinkStats {
+  std::uint64_t bytes = 0;
+  std::uint64_t moves = 0;
+  double busy_s = 0;  // time with at least one move of this link in flight
+};
+
+struct StoreStats {
+  std::array<TierStats, kTierCount> tiers{};
+  std::array<LinkStats, kLinkCount> links{};
+  std::uint64_t checksum_failures = 0;
+  std::uint64_t io_errors = 0;
+  std::uint64_t trace_deviations = 0;  // steps (or parts) that fell back to LRU
+  std::uint64_t steps = 0;
+
+  const TierStats& tier(Tier t) const { return tiers[static_cast<std::size_t>(t)]; }
+  const LinkStats& link(Link l) const { return links[static_cast<std::size_t>(l)]; }
+  std::uint64_t nvme_read_bytes() const {
+    return link(Link::kNvmeToHost).bytes + link(Link::kNvmeToDevice).bytes;
+  }
+  std::uint64_t nvme_write_bytes() const {
+    return link(Link::kHostToNvme).bytes + link(Link::kDeviceToNvme).bytes;
+  }
+  std::uint64_t total_moved_bytes() const {
+    std::uint64_t sum = 0;
+    for (const LinkStats& l : links) sum += l.bytes;
+    return sum;
+  }
+  // {"tiers": {"device": {...}}, "links": {"nvme_to_host": {...}}, ...}
+  std::string to_json() const;
+};
+
+}  // namespace tz::store

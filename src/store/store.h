@@ -1,0 +1,179 @@
+// Store: the hierarchical tiered store of DESIGN.md ("The store"). It owns every block's copies in
+// three tiers (device memory, pinned host memory, NVMe swap extents), keeps each tier under a byte
+// budget, moves copies asynchronously (NVMe <-> pinned through the swap space's IoQueue, pinned
+// <-> device on the Device's copy streams, NVMe <-> device pipelined through pinned staging
+// buffers), and decides what to prefetch and evict from the access trace of the previous step
+// (Belady's rule) or, without a trace, by LRU.
+//
+// Threads: any number of caller threads may call the Store and its Leases; one mover thread owned
+// by the store drives the I/O queue and starts copies. Every placement decision (what to load,
+// what to evict, what to prefetch) is taken synchronously inside pin()/mark_step(), so the bytes a
+// sequence of calls moves do not depend on timing; only when the moves finish does.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "core/status.h"
+#include "cpu/pinned_pool.h"
+#include "gpu/device.h"
+#include "nvme/swap_space.h"
+#include "store/stats.h"
+
+namespace tz::store {
+
+enum class Access : std::uint8_t {
+  kRead,       // load the bytes, do not change them
+  kReadWrite,  // load the bytes; the copy pinned becomes the only up-to-date one
+  kWrite,      // no load: the caller overwrites every byte; the copy becomes the only current one
+};
+const char* access_name(Access access);
+
+enum class Policy : std::uint8_t {
+  kTrace,  // record the step's pin order; from the next step prefetch ahead and evict by Belady
+  kLru,    // no prefetch, evict the least recently used copy
+};
+const char* policy_name(Policy policy);
+Result<Policy> parse_policy(std::string_view name);  // "trace" or "lru"
+
+using BlockId = std::uint32_t;
+
+// How NVMe reads and writes share the disk.
+enum class IoGrouping : std::uint8_t {
+  kMixed,    // issue reads and writes as they come
+  kGrouped,  // never mix directions in flight; reads first, writes in runs of `write_run_bytes`
+};
+
+struct StoreOptions {
+  std::uint64_t device_budget_bytes = 1ull << 30;
+  std::uint64_t host_budget_bytes = 2ull << 30;  // host-tier copies; staging is extra
+  Policy policy = Policy::kTrace;
+  // Unit of NVMe transfers and of checksums (a multiple of 4 KiB), and the size of one staging
+  // buffer of the NVMe <-> device pipeline.
+  std::uint64_t chunk_bytes = 8ull << 20;
+  // Staging buffers allocated once from the pinned pool at create (staging_buffers * chunk_bytes).
+  std::uint32_t staging_buffers = 8;
+  // NVMe bytes in flight at most (enough to saturate the disk; each direction counted together).
+  std::uint64_t max_io_in_flight_bytes = 64ull << 20;
+  IoGrouping io_grouping = IoGrouping::kGrouped;
+  std::uint64_t write_run_bytes = 256ull << 20;  // kGrouped: writes issued per run while reads wait
+  bool trace_spans = true;  // emit Chrome trace spans when the global Trace is enabled
+};
+
+class Store;
+
+// A pin of one block in one tier. Move-only; while alive the block cannot move or be evicted.
+// Destroying (or release()-ing) it unpins. A lease must not outlive its store.
+class Lease {
+ public:
+  Lease() = default;
+  Lease(Lease&& other) noexcept;
+  Lease& operator=(Lease&& other) noexcept;
+  Lease(const Lease&) = delete;
+  Lease& operator=(const Lease&) = delete;
+  ~Lease() { release(); }
+
+  // Blocks until the bytes are resident in the tier (for kWrite: until the space is allocated and
+  // earlier moves of the block are done). Errors: kCorrupt when a checksum did not match (naming
+  // the block and chunk), kIoError from the disk, kOutOfMemory when a physical allocation failed.
+  // The time spent here is counted as stall. Idempotent.
+  Status wait();
+  // Device pins: an event a stream can wait on before using the bytes. Blocks only until the last
+  // copy of the load is enqueued (not completed), so a stream can overlap with the rest.
+  Result<gpu::Event*> ready_event();
+  // The pinned copy: a device pointer for kDevice, a host pointer for kHost. Valid after wait()
+  // (or ready_event()) succeeded, until release. Not available for kNvme pins.
+  void* data() const;
+  std::uint64_t bytes() const { return bytes_; }
+  Tier tier() const { return tier_; }
+  Access access() const { return access_; }
+  BlockId block() const { return block_; }
+  bool valid() const { return store_ != nullptr; }
+
+  // Unpins. `writer`: a device stream that used the bytes (read or wrote them); the store records
+  // an event on it and orders its own copies and frees of the block after that work. Without it,
+  // the caller guarantees its device work on the bytes has completed.
+  void release(gpu::Stream* writer = nullptr);
+
+ private:
+  friend class Store;
+  Store* store_ = nullptr;
+  BlockId block_ = 0;
+  Tier tier_ = Tier::kHost;
+  Access access_ = Access::kRead;
+  std::uint64_t bytes_ = 0;
+  std::uint64_t ready_seq_ = 0;  // the block's move count that makes this pin ready
+  bool waited_ok_ = false;
+};
+
+class Store {
+ public:
+  // The store uses `device` and `pool` (which must outlive it) and takes the swap space (may be
+  // null when no block lives on NVMe). The pool must hold host_budget_bytes plus
+  // staging_buffers * chunk_bytes plus slack for fragmentation. Errors: kInvalidArgument for a
+  // chunk size that is not a positive multiple of 4 KiB, or zero staging buffers; kOutOfMemory
+  // when the staging buffers cannot be allocated.
+  static Result<std::unique_ptr<Store>> create(const StoreOptions& options, gpu::Device& device,
+                                               PinnedPool& pool,
+                                               std::unique_ptr<nvme::SwapSpace> swap);
+  // Waits for every move, frees every copy and extent. Live leases are a programmer error.
+  ~Store();
+  Store(const Store&) = delete;
+  Store& operator=(const Store&) = delete;
+
+  // Registers a block of `bytes` (> 0) whose durable copy lives in `home`; reads as zeros until
+  // written. The home copy is allocated now and counts against that tier's budget (NVMe: the swap
+  // space). Errors: kOutOfMemory / kNoSpace naming the tier and budget; kInvalidArgument.
+  Result<BlockId> create_block(std::uint64_t bytes, Tier home, std::string name);
+  // Drops a block and its copies (after its moves finish). Errors: kInvalidArgument for an
+  // unknown block or one with live leases.
+  Status destroy_block(BlockId id);
+
+  // Pins `id` in `tier` (at or above its home tier). The returned lease is ready once the bytes
+  // are there (Lease::wait). Loads and evictions are started now; if the tier cannot make room
+  // even after evicting every unpinned copy, fails with kOutOfMemory naming the tier, its budget
+  // and what is pinned. kWrite pins skip the load. A block whose last move failed returns that
+  // error to kRead/kReadWrite pins until a kWrite pin overwrites it. Write pins conflict with
+  // leases of the block in another tier (kInvalidArgument).
+  Result<Lease> pin(BlockId id, Tier tier, Access access);
+  // Best effort: starts loading `id` into `tier` if that fits without evicting a pinned copy.
+  // Not recorded in the trace. Errors only for bad arguments.
+  Status prefetch(BlockId id, Tier tier);
+  // Ends a step: the pins recorded since the previous mark become the trace the next step follows
+  // (Policy::kTrace), and the trace position is reset. Starts the next step's first prefetches.
+  void mark_step();
+  // Blocks until no move is queued or in flight (write-backs included).
+  Status drain();
+
+  // Counters so far (a consistent snapshot).
+  StoreStats stats() const;
+  void reset_stats();  // zeroes the counters (peaks restart at the current use)
+  const StoreOptions& options() const { return options_; }
+  // Bytes each tier holds now by its budget (logical: decided placements).
+  std::uint64_t used_bytes(Tier tier) const;
+  std::uint64_t budget_bytes(Tier tier) const;
+  // True when the current step follows the recorded trace so far.
+  bool following_trace() const;
+
+ private:
+  friend class Lease;
+  struct Impl;
+  explicit Store(std::unique_ptr<Impl> impl, const StoreOptions& options);
+  void unpin(Lease& lease, gpu::Stream* writer);
+  Status wait_lease(Lease& lease);
+  Result<gpu::Event*> lease_event(Lease& lease);
+  void* lease_data(const Lease& lease) const;
+
+  std::unique_ptr<Impl> impl_;
+  StoreOptions options_;
+};
+
+}  // namespace tz::store
