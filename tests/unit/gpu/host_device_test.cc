@@ -186,3 +186,42 @@ TEST(HostDevice, ZeroByteAllocationIsEmpty) {
 
 }  // namespace
 }  // namespace tz::gpu
+
+// Registration of the pinned pool's slabs (cpu/pinned_pool.h) with a device.
+#include "gpu/pinned_registration.h"
+
+namespace tz::gpu {
+namespace {
+
+TEST(PinnedRegistration, EverySlabRegisteredAndReleased) {
+  auto d = make_device();
+  {
+    PinnedPoolOptions o;
+    o.budget_bytes = 6ull << 20;
+    o.slab_bytes = 2ull << 20;
+    o.huge_pages = false;
+    o.prefault = false;
+    o.lock = MemlockPolicy::kOff;
+    auto pool = PinnedPool::create(o);
+    ASSERT_TRUE(pool.is_ok()) << pool.status().to_string();
+    ASSERT_TRUE(register_pinned_pool(*d, *pool).is_ok());
+    EXPECT_EQ(d->registered_host_ranges(), pool->slabs().size());
+    EXPECT_GE(pool->slabs().size(), 3u);
+    // A copy from a pinned buffer into device memory and back.
+    auto pinned = pool->allocate(1 << 20);
+    auto dev = d->allocate(1 << 20);
+    ASSERT_TRUE(pinned.is_ok() && dev.is_ok());
+    std::memset(pinned->data(), 0x42, 1 << 20);
+    ASSERT_TRUE(d->copy_async(dev->data(), pinned->data(), 1 << 20, CopyKind::kHostToDevice,
+                              d->h2d_stream()).is_ok());
+    ASSERT_TRUE(d->h2d_stream().synchronize().is_ok());
+    EXPECT_EQ(dev->as<unsigned char>()[(1 << 20) - 1], 0x42);
+    // Registering twice fails (the ranges are already registered) and leaves nothing behind.
+    EXPECT_FALSE(register_pinned_pool(*d, *pool).is_ok());
+    EXPECT_EQ(d->registered_host_ranges(), pool->slabs().size());
+  }
+  EXPECT_EQ(d->registered_host_ranges(), 0u) << "slabs still registered after the pool died";
+}
+
+}  // namespace
+}  // namespace tz::gpu
