@@ -314,15 +314,36 @@ CpuOptimizer::~CpuOptimizer() = default;
 const OptimizerSpec& CpuOptimizer::spec() const { return impl_->spec; }
 int CpuOptimizer::threads() const { return impl_->arena.threads(); }
 
-Status CpuOptimizer::step(std::span<const Shard> shards, const StepArgs& args) {
-  Impl& im = *impl_;
-  TZ_RETURN_IF_ERROR(validate_step(im.spec, shards, args));
-  const detail::StepKernel kernel = make_kernel(im.spec, args);
-  const detail::KernelTable& table = detail::active_kernels();
+// Tiles the shards, groups the tiles into chunks and runs tile_fn on every tile in the arena.
+template <class TileFn>
+static void run_tiled(CpuOptimizer::Impl& im, std::span<const Shard> shards, const StepArgs& args,
+                      const TileFn& tile_fn);
 
+Status CpuOptimizer::step(std::span<const Shard> shards, const StepArgs& args) {
+  TZ_RETURN_IF_ERROR(validate_step(impl_->spec, shards, args));
+  const detail::StepKernel kernel = make_kernel(impl_->spec, args);
+  const detail::KernelTable& table = detail::active_kernels();
+  run_tiled(*impl_, shards, args, [&](const detail::Tile& t) { table.update(kernel, t); });
+  return Status::ok();
+}
+
+Status CpuOptimizer::stream(std::span<const Shard> shards, const StepArgs& args) {
+  TZ_RETURN_IF_ERROR(validate_step(impl_->spec, shards, args));
+  detail::StreamKernel kernel;
+  kernel.grad_dtype = args.grad_dtype;
+  kernel.state_dtype = impl_->spec.state_dtype;
+  kernel.copy_dtype = args.copy_dtype;
+  const detail::KernelTable& table = detail::active_kernels();
+  run_tiled(*impl_, shards, args, [&](const detail::Tile& t) { table.stream(kernel, t); });
+  return Status::ok();
+}
+
+template <class TileFn>
+static void run_tiled(CpuOptimizer::Impl& im, std::span<const Shard> shards, const StepArgs& args,
+                      const TileFn& tile_fn) {
   im.tiles.clear();
   build_tiles(shards, args, im.spec, im.options.tile_elems, im.tiles);
-  if (im.tiles.empty()) return Status::ok();
+  if (im.tiles.empty()) return;
 
   // Chunks of roughly equal element counts (several per thread, so a thread slowed by a noisy
   // neighbour sheds work), each a run of consecutive tiles. Small shards share a chunk, so
@@ -343,9 +364,7 @@ Status CpuOptimizer::step(std::span<const Shard> shards, const StepArgs& args) {
   const std::size_t chunks = im.chunk_begin.size() - 1;
 
   auto run_chunk = [&](std::size_t c) {
-    for (std::size_t i = im.chunk_begin[c]; i < im.chunk_begin[c + 1]; ++i) {
-      table.update(kernel, im.tiles[i]);
-    }
+    for (std::size_t i = im.chunk_begin[c]; i < im.chunk_begin[c + 1]; ++i) tile_fn(im.tiles[i]);
   };
   im.arena.execute([&] {
     if (chunks == 1) {
@@ -359,7 +378,6 @@ Status CpuOptimizer::step(std::span<const Shard> shards, const StepArgs& args) {
         },
         tbb::simple_partitioner());
   });
-  return Status::ok();
 }
 
 Status reference_step(const OptimizerSpec& spec, std::span<const Shard> shards,

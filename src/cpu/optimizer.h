@@ -104,11 +104,17 @@ class CpuOptimizer {
   // tiling: the update is element-wise.
   Status step(std::span<const Shard> shards, const StepArgs& args);
 
+  // The bandwidth ceiling for benchmarks: the same tiling, threads, loads and stores as step()
+  // (grad read; param and each state read and written; the copy written), with trivial math
+  // (every stream += grad). Overwrites the buffers; same validation as step().
+  Status stream(std::span<const Shard> shards, const StepArgs& args);
+
   const OptimizerSpec& spec() const;
   int threads() const;
 
+  struct Impl;  // opaque; named here so optimizer.cc's helpers can take it
+
  private:
-  struct Impl;
   explicit CpuOptimizer(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
