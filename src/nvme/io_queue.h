@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "core/status.h"
+#include "cpu/pinned_pool.h"
 #include "nvme/io_engine.h"
 
 namespace tz::nvme {
@@ -54,6 +55,11 @@ struct IoQueueStats {
 };
 
 using IoOpId = std::uint64_t;
+
+class IoQueue;
+// Registers every slab of `pool` with the queue's engine (io_uring fixed buffers; a no-op for
+// libaio and psync). The pool must outlive the queue's requests.
+Status register_pinned_pool(IoQueue& queue, const PinnedPool& pool);
 
 class IoQueue {
  public:

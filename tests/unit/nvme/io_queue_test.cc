@@ -8,6 +8,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <random>
 
 #include "nvme/file.h"
 #include "nvme/nvme_test_util.h"
@@ -125,6 +126,44 @@ INSTANTIATE_TEST_SUITE_P(Engines, QueueByEngine,
                          [](const auto& param_info) {
                            return std::string(io_engine_name(param_info.param));
                          });
+
+TEST(IoQueue, SqpollRingMovesDataExactly) {
+  TempDir dir;
+  FileOpenOptions fo;
+  fo.create = true;
+  auto file = IoFileHandle::open(dir.path() + "/sqpoll", fo);
+  ASSERT_TRUE(file.is_ok());
+  ASSERT_TRUE(file->preallocate(2 << 20).is_ok());
+  IoEngineOptions eo;
+  eo.queue_depth = 8;
+  eo.sqpoll = true;
+  auto engine = make_io_engine(IoEngineKind::kIoUring, eo);
+  if (!engine.is_ok()) GTEST_SKIP() << "SQPOLL refused: " << engine.status().to_string();
+  IoQueueOptions qo;
+  qo.block_bytes = 128 << 10;
+  auto q = IoQueue::create(std::move(engine).value(), qo);
+  ASSERT_TRUE(q.is_ok());
+  PinnedPoolOptions po;
+  po.budget_bytes = 4 << 20;
+  po.slab_bytes = 4 << 20;
+  auto pool = PinnedPool::create(po);
+  ASSERT_TRUE(pool.is_ok());
+  ASSERT_TRUE(register_pinned_pool(*q, *pool).is_ok());
+  EXPECT_TRUE(q->engine().buffers_registered());
+  auto id = q->add_file(file->io_file());
+  ASSERT_TRUE(id.is_ok());
+  auto out = pool->allocate(2 << 20);
+  auto in = pool->allocate(2 << 20);
+  ASSERT_TRUE(out.is_ok() && in.is_ok());
+  std::mt19937_64 rng(61);
+  std::printf("seed 61\n");
+  testing::fill_random(out->data(), out->size(), rng);
+  Transfer w{IoOp::kWrite, *id, 0, out->data(), out->size()};
+  ASSERT_TRUE(q->run({&w, 1}).is_ok());
+  Transfer r{IoOp::kRead, *id, 0, in->data(), in->size()};
+  ASSERT_TRUE(q->run({&r, 1}).is_ok());
+  EXPECT_EQ(std::memcmp(in->data(), out->data(), out->size()), 0);
+}
 
 TEST(IoQueue, RejectsBadOptions) {
   auto engine = make_io_engine(IoEngineKind::kPsync, IoEngineOptions{});
