@@ -20,6 +20,7 @@
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "cpu/simd_kernels.cc"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
+#include <hwy/cache_control.h>
 #include <hwy/highway.h>
 
 #include <cstdint>
@@ -125,6 +126,30 @@ HWY_INLINE void store(D /*d*/, V v, fp16* p) {
 
 HWY_INLINE void store(D /*d*/, V /*v*/, NoCopy* /*p*/) {}
 
+// The 16-bit parameter copy is written and not read again by the CPU: where the target's 16-bit
+// vector is a full register (AVX2, AVX3) and the address is aligned to it, a non-temporal store
+// skips the read-for-ownership of the destination line (2 of the 30 bytes per element).
+// Narrower targets would round the partial vector up to 16 bytes and write past it, so they use
+// ordinary stores. The tile driver fences (sfence) after each tile that streamed.
+template <class T>
+HWY_INLINE void store_copy(D d, V v, T* p) {
+  if constexpr (std::is_same_v<T, NoCopy>) {
+    return;
+  } else {
+#if HWY_MAX_BYTES >= 32
+    const D16 d16;
+    const DI di;
+    if ((reinterpret_cast<std::uintptr_t>(p) % (hn::Lanes(d16) * sizeof(T))) == 0) {
+      const VU bits = std::is_same_v<T, fp16> ? to_fp16_bits(v) : to_bf16_bits(v);
+      hn::Stream(hn::DemoteTo(d16, hn::BitCast(di, bits)), d16,
+                 reinterpret_cast<std::uint16_t*>(p));
+      return;
+    }
+#endif
+    store(d, v, p);
+  }
+}
+
 // ---- the tile driver ----
 
 // Calls body(i, param, grad, state0, state1, copy) for every full vector at element offset i,
@@ -141,6 +166,9 @@ HWY_INLINE void for_each_vector(const Tile& t, const Body& body) {
   C* c = static_cast<C*>(t.copy);
   std::size_t i = 0;
   for (; i + lanes <= t.n; i += lanes) body(i, p, g, s0, s1, c);
+  if constexpr (!std::is_same_v<C, NoCopy>) {
+    if (c != nullptr) hwy::FlushStream();  // order the copy's non-temporal stores
+  }
   if (i == t.n) return;
 
   constexpr std::size_t kMax = HWY_MAX_BYTES / sizeof(float);
@@ -192,7 +220,7 @@ HWY_NOINLINE void adam_tile(const optim::AdamCoeffs& k, const Tile& t) {
     hn::StoreU(p, d, P + i);
     store(d, m, M + i);
     store(d, v, Vs + i);
-    if constexpr (!std::is_same_v<C, NoCopy>) store(d, p, Cp + i);
+    if constexpr (!std::is_same_v<C, NoCopy>) store_copy(d, p, Cp + i);
   });
 }
 
@@ -217,7 +245,7 @@ HWY_NOINLINE void sgd_tile(const optim::SgdCoeffs& k, const Tile& t) {
     }
     p = hn::Sub(p, hn::Mul(lr, g));
     hn::StoreU(p, d, P + i);
-    if constexpr (!std::is_same_v<C, NoCopy>) store(d, p, Cp + i);
+    if constexpr (!std::is_same_v<C, NoCopy>) store_copy(d, p, Cp + i);
   });
 }
 
@@ -242,7 +270,7 @@ HWY_NOINLINE void lion_tile(const optim::LionCoeffs& k, const Tile& t) {
     p = hn::Sub(p, hn::Mul(lr, u));
     hn::StoreU(p, d, P + i);
     hn::StoreU(hn::Add(hn::Mul(b2, m), hn::Mul(omb2, g)), d, M + i);
-    if constexpr (!std::is_same_v<C, NoCopy>) store(d, p, Cp + i);
+    if constexpr (!std::is_same_v<C, NoCopy>) store_copy(d, p, Cp + i);
   });
 }
 
@@ -261,7 +289,7 @@ HWY_NOINLINE void adagrad_tile(const optim::AdagradCoeffs& k, const Tile& t) {
     hn::StoreU(sum, d, Sum + i);
     p = hn::Sub(p, hn::Mul(clr, hn::Div(g, hn::Add(hn::Sqrt(sum), eps))));
     hn::StoreU(p, d, P + i);
-    if constexpr (!std::is_same_v<C, NoCopy>) store(d, p, Cp + i);
+    if constexpr (!std::is_same_v<C, NoCopy>) store_copy(d, p, Cp + i);
   });
 }
 
@@ -298,7 +326,7 @@ HWY_NOINLINE void stream_tile(const Tile& t) {
     hn::StoreU(p, d, P + i);
     if (S0 != nullptr) store(d, hn::Add(load(d, S0 + i), g), S0 + i);
     if (S1 != nullptr) store(d, hn::Add(load(d, S1 + i), g), S1 + i);
-    if constexpr (!std::is_same_v<C, NoCopy>) store(d, p, Cp + i);
+    if constexpr (!std::is_same_v<C, NoCopy>) store_copy(d, p, Cp + i);
   });
 }
 

@@ -65,15 +65,16 @@ TEST(AdamReference, OneStepWithinTwoUlp) {
   double worst_p = 0;
   double worst_update = 0;  // fraction of the update-dominated bound used
   for (const AdamCase& ac : kAdamCases) {
+    OptimizerSpec spec =
+        ac.decoupled ? OptimizerSpec::adamw(1e-3, ac.wd) : OptimizerSpec::adam(1e-3, ac.wd);
+    spec.bias_correction = ac.bias_correction;
+    CpuOptimizer opt = make(spec);
     for (DType gd : {DType::kF32, DType::kBF16, DType::kF16}) {
       for (int fresh = 0; fresh < 2; ++fresh) {
         for (int gc = 0; gc <= static_cast<int>(GradClass::kMixed); ++gc) {
           const GradClass cls = static_cast<GradClass>(gc);
           SCOPED_TRACE(std::string(ac.name) + " grad=" + std::string(dtype_name(gd)) +
                        " class=" + grad_class_name(cls) + (fresh ? " fresh" : " mid-training"));
-          OptimizerSpec spec = ac.decoupled ? OptimizerSpec::adamw(1e-3, ac.wd)
-                                            : OptimizerSpec::adam(1e-3, ac.wd);
-          spec.bias_correction = ac.bias_correction;
           const int t = fresh ? 1 : 37;
           const float multiplier = gc % 2 == 0 ? 1.0f : 0.37f;
           ShardBuffers b(kN, gd, DType::kF32, DType::kBF16);
@@ -86,7 +87,6 @@ TEST(AdamReference, OneStepWithinTwoUlp) {
             m[i] = fresh ? 0.0f : b.set_state(0, i, normal(rng) * 0.1f);
             v[i] = fresh ? 0.0f : b.set_state(1, i, std::fabs(normal(rng)) * 0.01f);
           }
-          CpuOptimizer opt = make(spec);
           Shard s = b.shard(true);
           StepArgs a;
           a.step = t;

@@ -177,6 +177,12 @@ TEST(SimdOptimizers, EveryTargetMatchesScalarReferenceBitwise) {
   const std::vector<std::string> targets = targets_to_test();
   int compared = 0;
   for (const SpecCase& sc : spec_cases()) {
+    // One optimizer per spec: the SIMD table is looked up at each step, so it follows
+    // set_simd_target (creating an arena per combination would dominate the test's time).
+    OptimizerOptions o;
+    o.threads = 1;
+    Result<CpuOptimizer> opt = CpuOptimizer::create(sc.spec, o);
+    ASSERT_TRUE(opt.is_ok());
     for (DType gd : {DType::kF32, DType::kBF16, DType::kF16}) {
       for (int copy = 0; copy < 3; ++copy) {
         for (std::size_t n : {std::size_t{1}, std::size_t{15}, std::size_t{33},
@@ -196,10 +202,6 @@ TEST(SimdOptimizers, EveryTargetMatchesScalarReferenceBitwise) {
             SCOPED_TRACE(target);
             ShardBuffers got = ref;
             ASSERT_TRUE(set_simd_target(target).is_ok());
-            OptimizerOptions o;
-            o.threads = 1;
-            Result<CpuOptimizer> opt = CpuOptimizer::create(sc.spec, o);
-            ASSERT_TRUE(opt.is_ok());
             Shard s = got.shard(copy != 0);
             ASSERT_TRUE(opt->step({&s, 1}, a).is_ok());
             ShardBuffers want = ref;
