@@ -9,6 +9,7 @@
 
 #include "core/assert.h"
 #include "core/log.h"
+#include "core/trace.h"
 
 namespace tz::nvme {
 
@@ -106,6 +107,15 @@ Result<IoOpId> IoQueue::start(std::span<const Transfer> transfers) {
   }
   const IoOpId id = next_op_++;
   OpState& op = ops_[id];
+  if (Trace::global().enabled()) {
+    op.start_us = Trace::global().now_us();
+    bool reads = false, writes = false;
+    for (const Transfer& t : transfers) {
+      op.bytes += t.len;
+      (t.op == IoOp::kRead ? reads : writes) = true;
+    }
+    op.name = reads && writes ? "nvme read+write" : reads ? "nvme read" : "nvme write";
+  }
   for (const Transfer& t : transfers) {
     FileState& f = files_[static_cast<std::size_t>(t.file)];
     for (std::uint64_t done = 0; done < t.len; done += options_.block_bytes) {
@@ -146,6 +156,7 @@ void IoQueue::fill() {
       if (it->second.failed) {
         // The operation already failed: drop the rest of its work.
         --it->second.chunks_left;
+        trace_if_done(it->second);
         progress = true;
         continue;
       }
@@ -186,6 +197,15 @@ void IoQueue::finish_chunk(const Chunk& c, Status status) {
   }
   TZ_ASSERT(op.chunks_left > 0);
   --op.chunks_left;
+  trace_if_done(op);
+}
+
+void IoQueue::trace_if_done(const OpState& op) const {
+  if (op.chunks_left != 0 || op.start_us < 0) return;
+  Trace& trace = Trace::global();
+  const std::string args = "{\"bytes\": " + std::to_string(op.bytes) +
+                           ", \"ok\": " + (op.failed ? "false" : "true") + "}";
+  trace.span("nvme", op.name, op.start_us, trace.now_us(), args);
 }
 
 void IoQueue::complete(std::size_t slot, std::int64_t result) {

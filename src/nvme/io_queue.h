@@ -124,6 +124,9 @@ class IoQueue {
     std::uint64_t chunks_left = 0;  // pending or in flight
     Status status;
     bool failed = false;
+    double start_us = -1;  // trace start (-1: tracing was off at start())
+    std::uint64_t bytes = 0;
+    const char* name = "io";
   };
 
   IoQueue(std::unique_ptr<IoEngine> engine, const IoQueueOptions& options);
@@ -131,6 +134,7 @@ class IoQueue {
   void fill();
   void complete(std::size_t slot, std::int64_t result);
   void finish_chunk(const Chunk& c, Status status);
+  void trace_if_done(const OpState& op) const;
 
   std::unique_ptr<IoEngine> engine_;
   IoQueueOptions options_;

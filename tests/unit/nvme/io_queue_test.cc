@@ -10,6 +10,7 @@
 #include <cstring>
 #include <random>
 
+#include "core/trace.h"
 #include "nvme/file.h"
 #include "nvme/nvme_test_util.h"
 #include "nvme/probe.h"
@@ -163,6 +164,28 @@ TEST(IoQueue, SqpollRingMovesDataExactly) {
   Transfer r{IoOp::kRead, *id, 0, in->data(), in->size()};
   ASSERT_TRUE(q->run({&r, 1}).is_ok());
   EXPECT_EQ(std::memcmp(in->data(), out->data(), out->size()), 0);
+}
+
+TEST(IoQueue, OperationsAppearOnTheNvmeTraceTrack) {
+  TempDir dir;
+  FileOpenOptions fo;
+  fo.create = true;
+  auto file = IoFileHandle::open(dir.path() + "/traced", fo);
+  ASSERT_TRUE(file.is_ok());
+  ASSERT_TRUE(file->preallocate(1 << 20).is_ok());
+  auto engine = make_io_engine(IoEngineKind::kPsync, IoEngineOptions{});
+  ASSERT_TRUE(engine.is_ok());
+  auto q = IoQueue::create(std::move(engine).value(), IoQueueOptions{});
+  ASSERT_TRUE(q.is_ok());
+  auto id = q->add_file(file->io_file());
+  ASSERT_TRUE(id.is_ok());
+  AlignedBuffer buf(1 << 20);
+  Trace::global().enable();
+  const std::size_t before = Trace::global().event_count();
+  Transfer t{IoOp::kWrite, *id, 0, buf.data, 1 << 20};
+  ASSERT_TRUE(q->run({&t, 1}).is_ok());
+  EXPECT_EQ(Trace::global().event_count(), before + 1);
+  EXPECT_NE(Trace::global().to_json().find("nvme write"), std::string::npos);
 }
 
 TEST(IoQueue, RejectsBadOptions) {
