@@ -13,12 +13,17 @@
 #include <vector>
 
 #include "cli/command.h"
+#include "comm/probe.h"
 #include "core/units.h"
+#include "cpu/simd.h"
+#include "cpu/topology.h"
+#include "gpu/probe.h"
+#include "nvme/probe.h"
 
 namespace tz::cli {
 namespace {
 
-using json = nlohmann::ordered_json;
+using nlohmann::json;
 
 std::string read_first_line(const std::string& path) {
   std::ifstream in(path);
@@ -62,6 +67,10 @@ json cpu_report() {
   TZ_FLAG("avx512bf16") TZ_FLAG("avx512fp16") TZ_FLAG("avx512vnni")
 #undef TZ_FLAG
   j["simd_flags"] = flags;
+  json targets = json::array();
+  for (const auto& t : cpu::simd_targets_supported()) targets.push_back(t);
+  j["simd_targets_supported"] = targets;
+  j["optimizer_dispatch_target"] = cpu::simd_dispatch_target();
   return j;
 }
 
@@ -102,10 +111,13 @@ json collect(const InfoOptions& o) {
   json j;
   j["tierzero_version"] = "0.1.0";
   j["cpu"] = cpu_report();
+  j["topology"] = cpu::topology_report();
   j["memory"] = memory_report();
   j["kernel"] = kernel_report();
+  j["gpu"] = gpu::probe_gpus();
+  j["comm"] = comm::probe_comm();
   json paths = json::array();
-  for (const auto& p : o.paths) paths.push_back({{"path", p}});
+  for (const auto& p : o.paths) paths.push_back(nvme::probe_path(p));
   j["paths"] = paths;
   return j;
 }
