@@ -236,6 +236,36 @@ TEST(AdamReference, Bf16StatesMatchRoundedReference) {
   }
 }
 
+// The documented bf16-state trade-off (docs/optimizers.md): with beta2 = 0.999 a zero gradient
+// cannot lower v (0.1 % is below half a bf16 spacing), with beta2 = 0.99 it can.
+TEST(AdamReference, Bf16StatesCannotDecayVAtBeta2_0999) {
+  for (double beta2 : {0.999, 0.99}) {
+    OptimizerSpec spec = OptimizerSpec::adamw(1e-3, 0.0);
+    spec.beta2 = beta2;
+    spec.state_dtype = DType::kBF16;
+    ShardBuffers b(64, DType::kF32, DType::kBF16, DType::kBF16);
+    for (std::size_t i = 0; i < 64; ++i) {
+      b.param[i] = 1.0f;
+      b.set_grad(i, 0.0f);
+      b.set_state(0, i, 0.0f);
+      b.set_state(1, i, 1.0f + static_cast<float>(i) / 64.0f);
+    }
+    const ShardBuffers before = b;
+    CpuOptimizer opt = make(spec);
+    Shard s = b.shard(false);
+    StepArgs a;
+    a.step = 10;
+    ASSERT_TRUE(opt.step({&s, 1}, a).is_ok());
+    int lowered = 0;
+    for (std::size_t i = 0; i < 64; ++i) lowered += b.state_at(1, i) < before.state_at(1, i);
+    if (beta2 == 0.999) {
+      EXPECT_EQ(lowered, 0) << "bf16 v decayed at beta2 = 0.999";
+    } else {
+      EXPECT_EQ(lowered, 64) << "bf16 v did not decay at beta2 = 0.99";
+    }
+  }
+}
+
 // SGD per PyTorch's definition: buf = g on the first step, then momentum * buf + (1 - damp) * g;
 // Nesterov uses g + momentum * buf.
 TEST(SgdReference, MomentumNesterovDampeningWeightDecay) {
