@@ -221,6 +221,7 @@ struct Store::Impl {
   std::unordered_map<BlockId, std::vector<std::uint32_t>> dev_uses;
   std::unordered_map<BlockId, std::vector<std::uint32_t>> host_uses;
   std::unordered_map<BlockId, std::vector<std::uint32_t>> any_uses;
+  std::unordered_map<BlockId, std::vector<std::uint32_t>> overwrites;  // write-only pins
 
   // Statistics.
   StoreStats stats;
@@ -278,12 +279,19 @@ struct Store::Impl {
     return len - pos + v.front();
   }
   // Distance (in pins) from the current trace position to the next use of b's copy in `t`.
+  // A copy whose block is overwritten (write-only pin) before it is next read holds dead bytes.
   std::uint64_t next_use(const Block& b, Tier t) const {
     const std::size_t len = trace.size();
-    if (t == Tier::kDevice) return next_in(dev_uses, b.id, trace_pos, len);
-    // A host copy serves host pins, and device pins while the block is not on the device.
-    if (b.copies[ti(Tier::kDevice)].valid) return next_in(host_uses, b.id, trace_pos, len);
-    return next_in(any_uses, b.id, trace_pos, len);
+    std::uint64_t nu;
+    if (t == Tier::kDevice) {
+      nu = next_in(dev_uses, b.id, trace_pos, len);
+    } else if (b.copies[ti(Tier::kDevice)].valid) {
+      // A host copy serves host pins, and device pins while the block is not on the device.
+      nu = next_in(host_uses, b.id, trace_pos, len);
+    } else {
+      nu = next_in(any_uses, b.id, trace_pos, len);
+    }
+    return next_in(overwrites, b.id, trace_pos, len) < nu ? kNever : nu;
   }
   bool belady() const { return options.policy == Policy::kTrace && following; }
 
@@ -337,7 +345,8 @@ struct Store::Impl {
     if (b.home != Tier::kNvme) return false;
     std::optional<std::uint64_t> beyond;
     if (belady()) {
-      const std::uint64_t nu = next_in(any_uses, b.id, trace_pos, trace.size());
+      std::uint64_t nu = next_in(any_uses, b.id, trace_pos, trace.size());
+      if (next_in(overwrites, b.id, trace_pos, trace.size()) < nu) nu = kNever;
       if (nu == kNever) return false;
       beyond = nu;
     }
@@ -350,11 +359,26 @@ struct Store::Impl {
     }
     if (!victims) return false;
     for (BlockId v : *victims) evict(*find(v), Tier::kHost);
+    TZ_LOG_DEBUG("store: admit '%s' to host", b.name.c_str());
     push_alloc(b, Tier::kHost);
     b.copies[ti(Tier::kHost)].present = true;
     b.copies[ti(Tier::kHost)].lru_tick = ++tick;
     logical_used[ti(Tier::kHost)] += b.bytes;
     return true;
+  }
+
+  // The failure that spoiled a lease's bytes, if any. A read needs every move up to its own to
+  // have worked; a write-only pin only its own allocation.
+  static Status lease_failure(const Block& b, Access access, std::uint64_t first_seq,
+                              std::uint64_t ready_seq) {
+    for (const Failure& f : b.failures) {
+      if (access == Access::kWrite) {
+        if (f.first_seq >= first_seq && f.first_seq <= ready_seq) return f.status;
+      } else if (f.first_seq <= ready_seq && ready_seq <= f.last_seq) {
+        return f.status;
+      }
+    }
+    return Status::ok();
   }
 
   bool only_valid(const Block& b, Tier t) const {
@@ -371,6 +395,8 @@ struct Store::Impl {
     TZ_ASSERT(b.copies[ti(t)].present && b.home != t && b.total_leases == 0);
     TierStats& ts = stats.tiers[ti(t)];
     ++ts.evictions;
+    TZ_LOG_DEBUG("store: evict '%s' from %s at trace pos %zu%s", b.name.c_str(), tier_name(t),
+                 trace_pos, only_valid(b, t) ? " (dirty)" : "");
     const bool dirty = only_valid(b, t) && b.error.is_ok();
     if (t == Tier::kDevice) {
       Copy& host = b.copies[ti(Tier::kHost)];
@@ -471,12 +497,24 @@ struct Store::Impl {
     }
     auto src = load_source(b, t);
     TZ_ASSERT(src.has_value(), "a block without a current copy");
+    TZ_LOG_DEBUG("store: prefetch '%s' %s -> %s at trace pos %zu", b.name.c_str(),
+                 tier_name(*src), tier_name(t), trace_pos);
     push_copy(b, *src, t, true);
     b.copies[ti(t)].valid = true;
     b.copies[ti(t)].by_prefetch = true;
     b.copies[ti(t)].lru_tick = ++tick;
     ++stats.tiers[ti(t)].prefetches;
     return true;
+  }
+
+  // A write makes the block's other upper copies stale: free them now rather than hold space.
+  void drop_stale_copies(Block& b, Tier written) {
+    for (Tier u : {Tier::kDevice, Tier::kHost}) {
+      if (u == written || u == b.home || !b.copies[ti(u)].present || b.leases[ti(u)] > 0) continue;
+      push_free(b, u);
+      b.copies[ti(u)] = Copy{};
+      logical_used[ti(u)] -= b.bytes;
+    }
   }
 
   // Prefetches along the trace from the current position as far as the budgets allow.
@@ -489,6 +527,8 @@ struct Store::Impl {
       const TraceEntry& e = trace[(trace_pos + d) % len];
       Block* b = find(e.block);
       if (b == nullptr || e.access == Access::kWrite || !b->error.is_ok()) continue;
+      // Loading bytes that a write-only pin replaces before this use would be wasted.
+      if (next_in(overwrites, b->id, trace_pos, len) < d) continue;
       if (b->total_leases > 0 && b->copies[ti(e.tier)].valid) continue;
       bool has_writer = false;
       for (std::size_t i = 0; i < kTierCount; ++i) has_writer |= b->write_leases[i] > 0;
@@ -496,11 +536,7 @@ struct Store::Impl {
       if (e.tier == Tier::kDevice) {
         if (b->copies[ti(Tier::kDevice)].valid) continue;
         if (!dev_stop && b->home != Tier::kDevice) {
-          if (try_prefetch(*b, Tier::kDevice, d)) continue;
-          dev_stop = true;
-        }
-        if (!host_stop && b->home == Tier::kNvme && !b->copies[ti(Tier::kHost)].valid) {
-          if (!try_prefetch(*b, Tier::kHost, d)) host_stop = true;
+          if (!try_prefetch(*b, Tier::kDevice, d)) dev_stop = true;
         }
       } else if (e.tier == Tier::kHost && !host_stop && b->home == Tier::kNvme) {
         if (!try_prefetch(*b, Tier::kHost, d)) host_stop = true;
@@ -524,10 +560,16 @@ struct Store::Impl {
   void build_index() {
     dev_uses.clear();
     host_uses.clear();
+    overwrites.clear();
     any_uses.clear();
     for (std::size_t i = 0; i < trace.size(); ++i) {
       const TraceEntry& e = trace[i];
       const auto pos = static_cast<std::uint32_t>(i);
+      // A write-only pin needs space, not the bytes: it is no reason to keep a copy.
+      if (e.access == Access::kWrite) {
+        overwrites[e.block].push_back(pos);
+        continue;
+      }
       if (e.tier == Tier::kDevice) dev_uses[e.block].push_back(pos);
       if (e.tier == Tier::kHost) host_uses[e.block].push_back(pos);
       any_uses[e.block].push_back(pos);
@@ -1245,6 +1287,7 @@ Result<Lease> Store::pin(BlockId id, Tier tier, Access access) {
     ++ts.misses;
   }
   c.by_prefetch = false;
+  const std::uint64_t first_seq = b.next_seq;  // the first op this pin enqueues
   m.protect = id;
   Status placed = m.make_resident(b, tier);
   m.protect = 0;
@@ -1252,12 +1295,15 @@ Result<Lease> Store::pin(BlockId id, Tier tier, Access access) {
   if (access != Access::kWrite && !c.valid) {
     auto src = m.load_source(b, tier);
     TZ_ASSERT(src.has_value(), "a block without a current copy");
+    TZ_LOG_DEBUG("store: load '%s' %s -> %s on demand", b.name.c_str(), tier_name(*src),
+                 tier_name(tier));
     m.push_copy(b, *src, tier, false);
     c.valid = true;
   }
   if (access != Access::kRead) {
     for (std::size_t i = 0; i < kTierCount; ++i) b.copies[i].valid = false;
     c.valid = true;
+    m.drop_stale_copies(b, tier);
     if (access == Access::kWrite) b.error = Status::ok();
     ++b.write_leases[ti(tier)];
   }
@@ -1271,6 +1317,7 @@ Result<Lease> Store::pin(BlockId id, Tier tier, Access access) {
   lease.access_ = access;
   lease.bytes_ = b.bytes;
   lease.ready_seq_ = b.next_seq - 1;
+  lease.first_seq_ = first_seq;
   m.prefetch_ahead();
   return lease;
 }
@@ -1387,8 +1434,9 @@ Status Store::wait_lease(Lease& lease) {
   m.cv.wait(lock, [&] { return b.done_seq >= lease.ready_seq_; });
   const double waited = now_s() - t0;
   m.stats.tiers[ti(lease.tier_)].stall_s += waited;
-  for (const Failure& f : b.failures) {
-    if (f.first_seq <= lease.ready_seq_ && lease.ready_seq_ <= f.last_seq) return f.status;
+  if (Status st = Impl::lease_failure(b, lease.access_, lease.first_seq_, lease.ready_seq_);
+      !st.is_ok()) {
+    return st;
   }
   lease.waited_ok_ = true;
   return Status::ok();
@@ -1403,8 +1451,9 @@ Result<gpu::Event*> Store::lease_event(Lease& lease) {
     return b.done_seq >= lease.ready_seq_ || b.issued_seq >= lease.ready_seq_;
   });
   m.stats.tiers[ti(lease.tier_)].stall_s += now_s() - t0;
-  for (const Failure& f : b.failures) {
-    if (f.first_seq <= lease.ready_seq_ && lease.ready_seq_ <= f.last_seq) return f.status;
+  if (Status st = Impl::lease_failure(b, lease.access_, lease.first_seq_, lease.ready_seq_);
+      !st.is_ok()) {
+    return st;
   }
   return b.ready_event.get();
 }
@@ -1428,6 +1477,7 @@ Lease& Lease::operator=(Lease&& other) noexcept {
     access_ = other.access_;
     bytes_ = other.bytes_;
     ready_seq_ = other.ready_seq_;
+    first_seq_ = other.first_seq_;
     waited_ok_ = other.waited_ok_;
   }
   return *this;

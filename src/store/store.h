@@ -111,6 +111,7 @@ class Lease {
   Access access_ = Access::kRead;
   std::uint64_t bytes_ = 0;
   std::uint64_t ready_seq_ = 0;  // the block's move count that makes this pin ready
+  std::uint64_t first_seq_ = 0;  // the first move this pin started
   bool waited_ok_ = false;
 };
 

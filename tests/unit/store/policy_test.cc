@@ -1,0 +1,177 @@
+// The trace-driven policy against LRU on the stage-3 training access pattern, in exact byte
+// counts: every placement is decided inside pin()/mark_step(), so the bytes a call sequence moves
+// are the same on every run whatever the timing. Belady's rule must never move more bytes than
+// LRU, and strictly fewer when the host tier holds only part of the model.
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+#include "store/store.h"
+#include "store_harness.h"
+
+namespace tz::store {
+namespace {
+
+using testing::Harness;
+using testing::HarnessOptions;
+
+struct Pattern {
+  bool optimizer = true;  // add the offloaded optimizer's pass over NVMe-resident states
+  int layers = 12;
+  std::uint64_t block_bytes = 64 << 10;
+  int device_blocks = 3;  // device budget in blocks
+  int host_blocks = 4;    // host budget in blocks
+  int steps = 4;
+};
+
+struct Moved {
+  std::uint64_t nvme_read = 0;
+  std::uint64_t nvme_write = 0;
+  std::uint64_t total = 0;
+};
+
+// Forward 0..L-1 reads each layer's parameters on the device; backward L-1..0 pins them
+// read-write (gradient and update written in place, so every layer goes home dirty); a step mark
+// after each pass pair. Counts the bytes of steps 2.. (step 1 records the trace).
+Moved run(const Pattern& p, Policy policy) {
+  Harness h;
+  HarnessOptions o;
+  o.store.policy = policy;
+  o.store.device_budget_bytes = p.device_blocks * p.block_bytes;
+  o.store.host_budget_bytes = p.host_blocks * p.block_bytes;
+  o.store.chunk_bytes = 32 << 10;
+  o.store.staging_buffers = 4;
+  o.swap_bytes = 16ull << 20;
+  h.init(o);
+  if (::testing::Test::HasFatalFailure()) return {};
+  std::vector<BlockId> ids;
+  std::vector<BlockId> opt;
+  for (int i = 0; i < p.layers; ++i) {
+    auto id = h.store->create_block(p.block_bytes, Tier::kNvme, "p" + std::to_string(i));
+    EXPECT_TRUE(id.is_ok());
+    ids.push_back(*id);
+    if (!p.optimizer) continue;
+    auto os = h.store->create_block(2 * p.block_bytes, Tier::kNvme, "opt" + std::to_string(i));
+    EXPECT_TRUE(os.is_ok());
+    opt.push_back(*os);
+  }
+  auto pin = [&](BlockId id, Tier t, Access a) {
+    auto l = h.store->pin(id, t, a);
+    EXPECT_TRUE(l.is_ok()) << l.status().to_string();
+    if (!l.is_ok()) return;
+    EXPECT_TRUE(l->wait().is_ok());
+  };
+  auto touch = [&](int i, Access a) { pin(ids[static_cast<std::size_t>(i)], Tier::kDevice, a); };
+  // Step 0 writes every block once (write-only pins) so every block has real bytes on NVMe.
+  for (int i = 0; i < p.layers; ++i) {
+    touch(i, Access::kWrite);
+    if (p.optimizer) pin(opt[static_cast<std::size_t>(i)], Tier::kHost, Access::kWrite);
+  }
+  h.store->mark_step();
+  Moved m;
+  for (int s = 0; s < p.steps; ++s) {
+    if (s == 1) {
+      EXPECT_TRUE(h.store->drain().is_ok());
+      h.store->reset_stats();
+    }
+    for (int i = 0; i < p.layers; ++i) touch(i, Access::kRead);
+    if (p.optimizer) {
+      // Backward reads the parameters again; the CPU optimizer then updates each layer's
+      // states in host memory and writes the new parameters home, in the next forward's order.
+      for (int i = p.layers - 1; i >= 0; --i) touch(i, Access::kRead);
+      for (int i = 0; i < p.layers; ++i) {
+        pin(opt[static_cast<std::size_t>(i)], Tier::kHost, Access::kReadWrite);
+        pin(ids[static_cast<std::size_t>(i)], Tier::kHost, Access::kWrite);
+      }
+    } else {
+      for (int i = p.layers - 1; i >= 0; --i) touch(i, Access::kReadWrite);
+    }
+    h.store->mark_step();
+  }
+  EXPECT_TRUE(h.store->drain().is_ok());
+  const StoreStats st = h.store->stats();
+  m.nvme_read = st.nvme_read_bytes();
+  m.nvme_write = st.nvme_write_bytes();
+  m.total = st.total_moved_bytes();
+  h.finish();
+  return m;
+}
+
+void compare(const Pattern& p, bool expect_strict) {
+  const Moved t = run(p, Policy::kTrace);
+  const Moved l = run(p, Policy::kLru);
+  std::printf("%s layers %d, device %d blocks, host %d blocks: trace nvme r/w %llu/%llu total %llu;"
+              " lru nvme r/w %llu/%llu total %llu\n",
+              p.optimizer ? "with optimizer" : "read-write backward", p.layers, p.device_blocks, p.host_blocks,
+              static_cast<unsigned long long>(t.nvme_read),
+              static_cast<unsigned long long>(t.nvme_write),
+              static_cast<unsigned long long>(t.total),
+              static_cast<unsigned long long>(l.nvme_read),
+              static_cast<unsigned long long>(l.nvme_write),
+              static_cast<unsigned long long>(l.total));
+  EXPECT_LE(t.nvme_read + t.nvme_write, l.nvme_read + l.nvme_write);
+  EXPECT_LE(t.total, l.total);
+  if (expect_strict) {
+    EXPECT_LT(t.nvme_read + t.nvme_write, l.nvme_read + l.nvme_write);
+  }
+}
+
+TEST(StorePolicy, TraceMovesStrictlyFewerBytesWhenHostHoldsPartOfTheModel) {
+  compare(Pattern{false, 12, 64 << 10, 3, 4, 4}, true);
+  compare(Pattern{false, 16, 64 << 10, 2, 6, 3}, true);
+  compare(Pattern{false, 10, 96 << 10, 2, 3, 3}, true);
+  compare(Pattern{false, 6, 64 << 10, 1, 4, 3}, true);
+}
+
+TEST(StorePolicy, TraceNeverMovesMoreThanLru) {
+  compare(Pattern{false, 8, 64 << 10, 2, 8, 3}, false);   // host holds the whole model
+  compare(Pattern{false, 8, 64 << 10, 8, 1, 3}, false);   // device holds the whole model
+  compare(Pattern{false, 10, 64 << 10, 2, 0, 3}, false);  // no host tier
+  compare(Pattern{false, 10, 64 << 10, 1, 1, 3}, false);  // almost nothing fits
+}
+
+TEST(StorePolicy, ByteCountsAreDeterministic) {
+  const Pattern p{false, 12, 64 << 10, 3, 4, 3};
+  const Moved a = run(p, Policy::kTrace);
+  const Moved b = run(p, Policy::kTrace);
+  EXPECT_EQ(a.nvme_read, b.nvme_read);
+  EXPECT_EQ(a.nvme_write, b.nvme_write);
+  EXPECT_EQ(a.total, b.total);
+}
+
+TEST(StorePolicy, DeviationFallsBackAndReRecords) {
+  Harness h;
+  HarnessOptions o;
+  o.store.device_budget_bytes = 2 * (64 << 10);
+  o.store.host_budget_bytes = 2 * (64 << 10);
+  o.store.chunk_bytes = 32 << 10;
+  h.init(o);
+  std::vector<BlockId> ids;
+  for (int i = 0; i < 6; ++i) ids.push_back(*h.store->create_block(64 << 10, Tier::kNvme, "b"));
+  auto walk = [&](const std::vector<int>& order) {
+    for (int i : order) {
+      auto l = h.store->pin(ids[static_cast<std::size_t>(i)], Tier::kDevice, Access::kRead);
+      ASSERT_TRUE(l.is_ok());
+      ASSERT_TRUE(l->wait().is_ok());
+    }
+    h.store->mark_step();
+  };
+  walk({0, 1, 2, 3, 4, 5});
+  EXPECT_TRUE(h.store->following_trace());
+  walk({0, 1, 2, 3, 4, 5});
+  EXPECT_EQ(h.store->stats().trace_deviations, 0u);
+  {
+    auto l = h.store->pin(ids[5], Tier::kDevice, Access::kRead);  // not what the trace says
+    ASSERT_TRUE(l.is_ok());
+  }
+  EXPECT_FALSE(h.store->following_trace());
+  EXPECT_EQ(h.store->stats().trace_deviations, 1u);
+  walk({4, 3, 2, 1, 0});
+  EXPECT_TRUE(h.store->following_trace());  // the new order became the trace
+  walk({5, 4, 3, 2, 1, 0});
+  EXPECT_EQ(h.store->stats().trace_deviations, 1u);
+  h.finish();
+}
+
+}  // namespace
+}  // namespace tz::store

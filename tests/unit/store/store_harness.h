@@ -1,0 +1,122 @@
+// A store over HostDevice, a small pinned pool and a swap file in a temporary directory (optionally
+// behind the seeded fault-injecting engine), shared by the store's unit, policy and fault tests.
+#pragma once
+
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "cpu/pinned_pool.h"
+#include "gpu/host_device.h"
+#include "nvme/fault_engine.h"
+#include "nvme/io_engine.h"
+#include "nvme/swap_space.h"
+#include "store/store.h"
+
+namespace tz::store::testing {
+
+class ScratchDir {
+ public:
+  ScratchDir() {
+    const char* base = std::getenv("TZ_TEST_DIR");
+    std::string tmpl = std::string(base ? base : ::testing::TempDir().c_str());
+    if (tmpl.empty() || tmpl.back() != '/') tmpl += '/';
+    tmpl += "tz-store-test-XXXXXX";
+    char* p = mkdtemp(tmpl.data());
+    EXPECT_NE(p, nullptr) << "mkdtemp " << tmpl;
+    path_ = tmpl;
+  }
+  ~ScratchDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  ScratchDir(const ScratchDir&) = delete;
+  ScratchDir& operator=(const ScratchDir&) = delete;
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+struct HarnessOptions {
+  StoreOptions store;
+  std::uint64_t swap_bytes = 64ull << 20;
+  std::optional<nvme::FaultOptions> faults;  // wrap the engine in FaultEngine
+  nvme::IoEngineKind engine = nvme::IoEngineKind::kPsync;
+};
+
+struct Harness {
+  ScratchDir dir;
+  std::unique_ptr<gpu::HostDevice> device;
+  std::optional<PinnedPool> pool;
+  std::unique_ptr<Store> store;
+  nvme::FaultEngine* fault = nullptr;  // owned by the swap space inside the store
+  std::vector<std::string> swap_files;
+  std::uint64_t pool_budget = 0;
+
+  // Builds everything; failures are test failures.
+  void init(const HarnessOptions& o) {
+    auto dev = gpu::HostDevice::create(o.store.device_budget_bytes);
+    ASSERT_TRUE(dev.is_ok()) << dev.status().to_string();
+    device = std::move(dev).value();
+    PinnedPoolOptions po;
+    // Host budget + staging + room for fragmentation (the store enforces the host budget).
+    pool_budget = o.store.host_budget_bytes * 2 + o.store.staging_buffers * o.store.chunk_bytes +
+                  (4ull << 20);
+    po.budget_bytes = pool_budget;
+    po.slab_bytes = 32ull << 20;
+    po.huge_pages = false;
+    po.prefault = false;
+    po.lock = MemlockPolicy::kOff;
+    auto p = PinnedPool::create(po);
+    ASSERT_TRUE(p.is_ok()) << p.status().to_string();
+    pool.emplace(std::move(p).value());
+    nvme::IoEngineOptions eo;
+    eo.queue_depth = 16;
+    auto engine = nvme::make_io_engine(o.engine, eo);
+    ASSERT_TRUE(engine.is_ok()) << engine.status().to_string();
+    std::unique_ptr<nvme::IoEngine> e = std::move(engine).value();
+    if (o.faults) {
+      auto f = std::make_unique<nvme::FaultEngine>(std::move(e), *o.faults);
+      fault = f.get();
+      e = std::move(f);
+    }
+    nvme::SwapOptions so;
+    so.paths = {dir.path()};
+    so.bytes_per_path = o.swap_bytes;
+    so.stripe_bytes = 1ull << 20;
+    nvme::IoQueueOptions qo;
+    qo.block_bytes = 1ull << 20;
+    qo.depth_per_file = 16;
+    auto swap = nvme::SwapSpace::create(so, std::move(e), qo);
+    ASSERT_TRUE(swap.is_ok()) << swap.status().to_string();
+    auto sp = std::make_unique<nvme::SwapSpace>(std::move(swap).value());
+    swap_files = sp->file_paths();
+    auto s = Store::create(o.store, *device, *pool, std::move(sp));
+    ASSERT_TRUE(s.is_ok()) << s.status().to_string();
+    store = std::move(s).value();
+  }
+
+  // Tears down in order and reports leaks: live pinned buffers or device allocations.
+  void finish() {
+    store.reset();
+    if (pool) {
+      EXPECT_EQ(pool->stats().live_buffers, 0u) << "pinned buffers leaked";
+      EXPECT_EQ(pool->stats().in_use_bytes, 0u);
+    }
+    if (device) {
+      EXPECT_EQ(device->memory_stats().live_allocations, 0u) << "device buffers leaked";
+      EXPECT_EQ(device->memory_stats().in_use_bytes, 0u);
+    }
+    pool.reset();
+    device.reset();
+  }
+};
+
+}  // namespace tz::store::testing
