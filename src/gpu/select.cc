@@ -50,7 +50,7 @@ std::uint64_t default_host_budget_bytes() {
 
 Result<std::unique_ptr<Device>> open_device(const DeviceOptions& options) {
   DeviceChoice choice = options.choice;
-  std::string source = "device option";
+  std::string source = "device";
   if (choice == DeviceChoice::kAuto) {
     if (const char* env = std::getenv("TZ_DEVICE"); env != nullptr && *env != '\0') {
       Result<DeviceChoice> parsed = parse_device_choice(env);
