@@ -90,6 +90,8 @@ struct Harness {
       EXPECT_TRUE(device.copy_async(buf->data(), host.data(), host.size(),
                                     gpu::CopyKind::kHostToDevice, stream).is_ok());
     }
+    // `host` may be a temporary: the copy must be done before it goes away.
+    EXPECT_TRUE(stream.synchronize().is_ok());
     return std::move(*buf);
   }
   std::vector<std::uint8_t> download(const gpu::DeviceBuffer& buf, std::size_t bytes) {
