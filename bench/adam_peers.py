@@ -13,6 +13,7 @@ Peers (one flat fp32 tensor of N parameters, fp32 gradients, the layout ZeRO-Off
   ds_step         DeepSpeedCPUAdam.step(): the plain fp32 AdamW step
   ds_full         DeepSpeed's full offloaded update: DeepSpeedCPUAdam.step() followed by the
                   separate fp32 -> bf16 copy of the parameters (bit16 params for the trip back)
+  torch_fused_full  the same offloaded update built from PyTorch's best: fused AdamW + the copy
 """
 import argparse
 import json
@@ -33,7 +34,7 @@ def parse_count(text):
 def bytes_per_param(peer):
     # Reads + writes per parameter: p, g, m, v read (16), p, m, v written (12); ds_full adds the
     # separate copy pass (read p 4, write bf16 2).
-    return 34 if peer == "ds_full" else 28
+    return 34 if peer.endswith("_full") else 28
 
 
 def check():
@@ -72,11 +73,13 @@ def run(peer, n, threads, repeat):
     p16 = None
     if peer.startswith("torch"):
         kw = {"foreach": peer == "torch_foreach"}
-        if peer == "torch_fused":
+        if peer in ("torch_fused", "torch_fused_full"):
             kw = {"fused": True}
         elif peer == "torch_forloop":
             kw = {"foreach": False, "fused": False}
         opt = torch.optim.AdamW([p], lr=1e-3, weight_decay=0.01, **kw)
+        if peer == "torch_fused_full":
+            p16 = torch.empty(n, dtype=torch.bfloat16)
     else:
         from deepspeed.ops.adam import DeepSpeedCPUAdam
         opt = DeepSpeedCPUAdam([p], lr=1e-3, weight_decay=0.01, adamw_mode=True)
@@ -136,12 +139,20 @@ def summarize(path):
         r = med["tierzero_fp32"] / med["ds_step"]
         out["fp32_vs_ds_step"] = r
         print(f"tierzero fp32 AdamW vs DeepSpeedCPUAdam fp32 step: {r:.2f}x")
+    if "tierzero_fused_bf16" in med and "torch_fused_full" in med:
+        r = med["tierzero_fused_bf16"] / med["torch_fused_full"]
+        out["fused_vs_torch_fused_full"] = r
+        print(f"tierzero fused bf16-grad + bf16 copy vs PyTorch fused AdamW + copy: {r:.2f}x")
     torch_best = max((med[k] for k in ("torch_foreach", "torch_fused", "torch_forloop")
                       if k in med), default=None)
     if torch_best and "tierzero_fp32" in med:
         r = med["tierzero_fp32"] / torch_best
         out["fp32_vs_torch_best"] = r
         print(f"tierzero fp32 AdamW vs PyTorch's best CPU AdamW: {r:.2f}x (target >= 3x)")
+    for k in ("torch_forloop", "torch_foreach"):
+        if k in med and "tierzero_fp32" in med:
+            out[f"fp32_vs_{k}"] = med["tierzero_fp32"] / med[k]
+            print(f"tierzero fp32 AdamW vs {k}: {out[f'fp32_vs_{k}']:.2f}x")
     print(json.dumps({"bench": "adam_vs_peers_summary", **out}))
 
 
@@ -151,7 +162,8 @@ def main():
     sub.add_parser("check")
     r = sub.add_parser("run")
     r.add_argument("--peer", required=True,
-                   choices=["torch_foreach", "torch_fused", "torch_forloop", "ds_step", "ds_full"])
+                   choices=["torch_foreach", "torch_fused", "torch_forloop", "torch_fused_full",
+                            "ds_step", "ds_full"])
     r.add_argument("--params", default="256M")
     r.add_argument("--threads", type=int, default=os.cpu_count())
     r.add_argument("--repeat", type=int, default=5)

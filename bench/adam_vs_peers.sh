@@ -58,28 +58,50 @@ export DS_BUILD_OPS=0            # DeepSpeed JIT-builds CPUAdam on first use
 export OMP_NUM_THREADS="$threads" MKL_NUM_THREADS="$threads"
 export THP_MEM_ALLOC_ENABLE=1    # torch: huge pages for large tensors, as tierzero's bench uses
 
-peers=()
+# Runners in the order of a round: each tierzero mode next to the peers it is compared with.
+order=(tz_fp32)
 check="$("$py" "$here/adam_peers.py" check 2>"$out.check.log" || true)"
 echo "peers: ${check:-<check failed, see $out.check.log>}" >&2
 have() { [[ "$check" == *"\"$1\": {\"ok\": true"* ]]; }
-if have torch; then peers+=(torch_foreach torch_forloop); else echo "peer torch: NOT AVAILABLE" >&2; fi
-if have torch_fused; then peers+=(torch_fused); else echo "peer torch fused AdamW: NOT AVAILABLE" >&2; fi
-if have deepspeed; then peers+=(ds_step ds_full); else echo "peer DeepSpeedCPUAdam: NOT AVAILABLE" >&2; fi
+if have torch; then
+  if have torch_fused; then order+=(torch_fused); else
+    echo "peer torch fused AdamW: NOT AVAILABLE ($(echo "$check" | sed 's/.*torch_fused//' | cut -c1-200))" >&2
+  fi
+  order+=(torch_foreach torch_forloop)
+else
+  echo "peer torch: NOT AVAILABLE ($check; see $out.check.log)" >&2
+fi
+if have deepspeed; then order+=(ds_step); else
+  echo "peer DeepSpeedCPUAdam: NOT AVAILABLE ($(echo "$check" | sed 's/.*deepspeed//' | cut -c1-300))" >&2
+fi
+order+=(tz_fused)
+have deepspeed && order+=(ds_full)
+have torch_fused && order+=(torch_fused_full)
 
-# --- alternate tierzero and the peers, round after round ---------------------------------------
+run_one() {
+  case "$1" in
+    tz_fp32) "$tierzero" bench adam --params "$params" --threads "$threads" --repeat "$repeat" --json ;;
+    tz_fused) "$tierzero" bench adam --params "$params" --threads "$threads" --repeat "$repeat" \
+                --grad-dtype bf16 --param-copy bf16 --json ;;
+    *) "$py" "$here/adam_peers.py" run --peer "$1" --params "$params" --threads "$threads" \
+         --repeat "$repeat" 2>> "$out.peers.log" ;;
+  esac
+}
+
+# --- alternate tierzero and the peers; odd rounds forward, even rounds backward ---------------
 echo "# adam_vs_peers params=$params threads=$threads rounds=$rounds repeat=$repeat $(date -u)" >&2
+echo "# order: ${order[*]}" >&2
 echo "# load: $(uptime)" >&2
 : > "$out"
 for ((r = 1; r <= rounds; ++r)); do
-  "$tierzero" bench adam --params "$params" --threads "$threads" --repeat "$repeat" --json >> "$out"
-  for peer in "${peers[@]}"; do
-    if [[ "$peer" == ds_full ]]; then
-      "$tierzero" bench adam --params "$params" --threads "$threads" --repeat "$repeat" \
-        --grad-dtype bf16 --param-copy bf16 --json >> "$out"
-    fi
-    if ! "$py" "$here/adam_peers.py" run --peer "$peer" --params "$params" --threads "$threads" \
-         --repeat "$repeat" >> "$out" 2>> "$out.peers.log"; then
-      echo "peer $peer failed in round $r: $(tail -1 "$out.peers.log")" >&2
+  seq=("${order[@]}")
+  if ((r % 2 == 0)); then
+    seq=()
+    for ((i = ${#order[@]} - 1; i >= 0; --i)); do seq+=("${order[i]}"); done
+  fi
+  for runner in "${seq[@]}"; do
+    if ! run_one "$runner" >> "$out"; then
+      echo "runner $runner failed in round $r (see $out.peers.log)" >&2
     fi
   done
   echo "round $r/$rounds done ($(uptime | sed 's/.*load/load/'))" >&2
