@@ -25,8 +25,9 @@ void add_typed(void* dst, const void* a, const void* b, std::size_t n) {
   for (std::size_t i = 0; i < n; ++i) d[i] = from_f32<T>(to_f32(x[i]) + to_f32(y[i]));
 }
 
-// dst[i] = a[i] + b[i]; dst may alias a or b.
-void add(DType dtype, void* dst, const void* a, const void* b, std::size_t n) {
+}  // namespace
+
+void reduce_add(DType dtype, void* dst, const void* a, const void* b, std::size_t n) {
   switch (dtype) {
     case DType::kF32:
       add_typed<float>(dst, a, b, n);
@@ -39,6 +40,8 @@ void add(DType dtype, void* dst, const void* a, const void* b, std::size_t n) {
       return;
   }
 }
+
+namespace {
 
 template <typename T>
 void divide_typed(void* data, std::size_t n, float divisor) {
@@ -66,6 +69,22 @@ const std::byte* bytes_of(const void* p) { return static_cast<const std::byte*>(
 
 }  // namespace
 
+std::byte* ScratchBuffer::get(std::size_t bytes) {
+  if (bytes > bytes_) {
+    data_ = std::make_unique_for_overwrite<std::byte[]>(bytes);
+    bytes_ = bytes;
+  }
+  return data_.get();
+}
+
+Status Transport::sendrecv_reduce(const void* send, std::size_t send_bytes, void* dst,
+                                  const void* local, std::size_t recv_bytes, DType dtype) {
+  std::byte* incoming = scratch_.get(recv_bytes);
+  TZ_RETURN_IF_ERROR(sendrecv(send, send_bytes, incoming, recv_bytes));
+  reduce_add(dtype, dst, local, incoming, recv_bytes / dtype_size(dtype));
+  return Status::ok();
+}
+
 Status RingComm::sendrecv(CollectiveOp /*op*/, const void* send, std::size_t send_bytes,
                           void* recv, std::size_t recv_bytes, std::uint64_t& sent,
                           std::uint64_t& received) {
@@ -76,6 +95,7 @@ Status RingComm::sendrecv(CollectiveOp /*op*/, const void* send, std::size_t sen
 }
 
 Status RingComm::run_all_gather(const void* send, void* recv, std::size_t count, DType dtype) {
+  std::lock_guard run_lock(run_mu_);
   const int n = world_size();
   const int r = rank();
   const std::size_t s = count * dtype_size(dtype);
@@ -97,6 +117,7 @@ Status RingComm::run_all_gather(const void* send, void* recv, std::size_t count,
 
 Status RingComm::run_reduce_scatter(const void* send, void* recv, std::size_t count,
                                     DType dtype, ReduceOp op) {
+  std::lock_guard run_lock(run_mu_);
   const int n = world_size();
   const int r = rank();
   const std::size_t s = count * dtype_size(dtype);
@@ -106,17 +127,17 @@ Status RingComm::run_reduce_scatter(const void* send, void* recv, std::size_t co
   if (n == 1 || s == 0) {
     if (s > 0 && in != bytes_of(recv)) std::memmove(recv, in, s);
   } else {
-    // partial: the running sum this rank forwards next; scratch: what arrives from the left.
-    std::vector<std::byte> partial(s);
-    std::vector<std::byte> scratch(s);
+    // Running sums alternate between two buffers: step k forwards one while the reduction of
+    // what arrives from the left is written into the other (the outgoing one may still be read).
+    std::byte* partial[2] = {partial_[0].get(s), partial_[1].get(s)};
     for (int k = 0; k + 1 < n; ++k) {
       const void* outgoing =
-          k == 0 ? in + static_cast<std::size_t>(mod(r - 1, n)) * s : partial.data();
-      TZ_RETURN_IF_ERROR(sendrecv(CollectiveOp::kReduceScatter, outgoing, s, scratch.data(), s,
-                                  sent, received));
+          k == 0 ? in + static_cast<std::size_t>(mod(r - 1, n)) * s : partial[k % 2];
       const auto chunk = static_cast<std::size_t>(mod(r - k - 2, n));
-      void* target = k + 2 == n ? recv : partial.data();
-      add(dtype, target, scratch.data(), in + chunk * s, count);
+      void* target = k + 2 == n ? recv : partial[(k + 1) % 2];
+      TZ_RETURN_IF_ERROR(transport_->sendrecv_reduce(outgoing, s, target, in + chunk * s, s, dtype));
+      sent += s;
+      received += s;
     }
   }
   if (op == ReduceOp::kAvg && n > 1) divide(dtype, recv, count, n);
@@ -126,6 +147,7 @@ Status RingComm::run_reduce_scatter(const void* send, void* recv, std::size_t co
 
 Status RingComm::run_all_reduce(const void* send, void* recv, std::size_t count, DType dtype,
                                 ReduceOp op) {
+  std::lock_guard run_lock(run_mu_);
   const int n = world_size();
   const int r = rank();
   const std::size_t es = dtype_size(dtype);
@@ -137,13 +159,14 @@ Status RingComm::run_all_reduce(const void* send, void* recv, std::size_t count,
     const auto n64 = static_cast<std::size_t>(n);
     auto begin = [&](int chunk) { return count * static_cast<std::size_t>(chunk) / n64; };
     auto len = [&](int chunk) { return begin(chunk + 1) - begin(chunk); };
-    std::vector<std::byte> scratch((count / n64 + 1) * es);
     for (int k = 0; k + 1 < n; ++k) {  // reduce-scatter: rank r ends with chunk r reduced
       const int sc = mod(r - k - 1, n);
       const int rc = mod(r - k - 2, n);
-      TZ_RETURN_IF_ERROR(sendrecv(CollectiveOp::kAllReduce, out + begin(sc) * es, len(sc) * es,
-                                  scratch.data(), len(rc) * es, sent, received));
-      add(dtype, out + begin(rc) * es, out + begin(rc) * es, scratch.data(), len(rc));
+      std::byte* target = out + begin(rc) * es;
+      TZ_RETURN_IF_ERROR(transport_->sendrecv_reduce(out + begin(sc) * es, len(sc) * es, target,
+                                                     target, len(rc) * es, dtype));
+      sent += len(sc) * es;
+      received += len(rc) * es;
     }
     if (op == ReduceOp::kAvg) divide(dtype, out + begin(r) * es, len(r), n);
     for (int k = 0; k + 1 < n; ++k) {  // all-gather of the reduced chunks
@@ -158,6 +181,7 @@ Status RingComm::run_all_reduce(const void* send, void* recv, std::size_t count,
 }
 
 Status RingComm::run_broadcast(void* buffer, std::size_t count, DType dtype, int root) {
+  std::lock_guard run_lock(run_mu_);
   const int n = world_size();
   const int pos = mod(rank() - root, n);  // position in the chain that starts at root
   const std::size_t total = count * dtype_size(dtype);
@@ -180,6 +204,7 @@ Status RingComm::run_broadcast(void* buffer, std::size_t count, DType dtype, int
 }
 
 Status RingComm::run_barrier() {
+  std::lock_guard run_lock(run_mu_);
   TZ_RETURN_IF_ERROR(transport_->barrier());
   count(CollectiveOp::kBarrier, 0, 0);
   return Status::ok();

@@ -13,6 +13,16 @@
 
 namespace tz::comm {
 
+// A reusable buffer that grows to the largest size asked (no zeroing).
+class ScratchBuffer {
+ public:
+  std::byte* get(std::size_t bytes);
+
+ private:
+  std::unique_ptr<std::byte[]> data_;
+  std::size_t bytes_ = 0;
+};
+
 // A ring of `size` ranks. Calls come from one thread at a time per rank (the stream worker).
 class Transport {
  public:
@@ -24,8 +34,21 @@ class Transport {
   // recv_bytes. Returns when both are done and `send` may be reused.
   virtual Status sendrecv(const void* send, std::size_t send_bytes, void* recv,
                           std::size_t recv_bytes) = 0;
+  // As sendrecv, but the incoming bytes are reduced instead of stored: dst[i] = local[i] +
+  // incoming[i] in `dtype` (dst may equal local; dst must not overlap `send`). The default
+  // receives into a reusable scratch buffer first; LocalComm reads the sender's buffer directly.
+  virtual Status sendrecv_reduce(const void* send, std::size_t send_bytes, void* dst,
+                                 const void* local, std::size_t recv_bytes, DType dtype);
   virtual Status barrier() = 0;
+
+ private:
+  ScratchBuffer scratch_;
 };
+
+// dst[i] = a[i] + b[i] for n elements of `dtype`, computed in fp32 and rounded to `dtype`; dst
+// may alias a or b.
+void reduce_add(DType dtype, void* dst, const void* a, const void* b, std::size_t n);
+
 
 class RingComm : public Comm {
  public:
@@ -64,6 +87,10 @@ class RingComm : public Comm {
   Status enqueue(gpu::Stream& stream, const char* what, Body body);
   Status sendrecv(CollectiveOp op, const void* send, std::size_t send_bytes, void* recv,
                   std::size_t recv_bytes, std::uint64_t& sent, std::uint64_t& received);
+
+  // Operations of this communicator run one at a time (they share the partial-sum buffers).
+  std::mutex run_mu_;
+  ScratchBuffer partial_[2];
 
   std::unique_ptr<Transport> transport_;
   std::string backend_;
