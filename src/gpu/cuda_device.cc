@@ -144,7 +144,8 @@ class CudaDevice final : public Device {
   }
 
   ~CudaDevice() override {
-    release_default_streams();
+    release_default_streams();  // synchronizes and destroys them
+    TZ_ASSERT(memory_stats().live_allocations == 0, "CudaDevice destroyed while buffers are alive");
     alloc_stream_.reset();
   }
 
@@ -248,7 +249,8 @@ class CudaDevice final : public Device {
     void* ptr = nullptr;
     const cudaError_t err = cudaMallocFromPoolAsync(&ptr, bytes, pool_, alloc_stream_->raw());
     if (err == cudaErrorMemoryAllocation) {
-      cudaGetLastError();  // clear the sticky-free allocation error
+      // Allocation failures are not sticky; reading the last error clears it for later calls.
+      static_cast<void>(cudaGetLastError());
       return Status::out_of_memory("CudaDevice " + name() + ": the GPU has no " +
                                    std::to_string(bytes) + " B left (under the budget, but "
                                    "other processes or fragmentation hold the memory)");
