@@ -9,7 +9,10 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <chrono>
+#include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "comm/comm.h"
@@ -291,6 +294,125 @@ inline RankTotals expected_totals(int world) {
   }
   e.broadcast_sent += (n - 1) * ((5u << 20) / 4 + 3) * 4;
   return e;
+}
+
+
+// Many collectives in flight at once: a seeded sequence (the same on every rank) of all_reduce,
+// all_gather, reduce_scatter and broadcast on separate buffers, enqueued back to back with
+// rank-specific random delays (host callbacks) between them, synchronized once at the end and
+// then checked. Catches operations matched out of order or run before their inputs are ready.
+inline void check_pipelined_sequence(Harness& h, std::uint32_t seed, int ops) {
+  std::mt19937 shared(seed);                                  // same on every rank
+  std::mt19937 local(seed * 31u + static_cast<std::uint32_t>(h.r()));  // differs per rank
+  const auto n = static_cast<std::size_t>(h.n());
+  struct Pending {
+    CollectiveOp op;
+    std::size_t count;
+    DType dtype;
+    int root;
+    gpu::DeviceBuffer buf;
+    std::size_t out_offset;  // element offset of the result in buf
+  };
+  std::vector<Pending> pending;
+  for (int k = 0; k < ops; ++k) {
+    const auto op = static_cast<CollectiveOp>(shared() % 4);
+    const std::size_t count = shared() % 3000;
+    const DType t = static_cast<DType>(shared() % 3);
+    const int root = static_cast<int>(shared() % n);
+    const std::size_t es = dtype_size(t);
+    const std::uint32_t salt = seed + static_cast<std::uint32_t>(k) * 7919u;
+    std::vector<std::uint8_t> host;
+    std::size_t out_offset = 0;
+    switch (op) {
+      case CollectiveOp::kAllGather:
+        host.assign(n * count * es, 0);
+        for (std::size_t i = 0; i < count; ++i) {
+          store(t, host, static_cast<std::size_t>(h.r()) * count + i, input_value(salt, h.r(), i));
+        }
+        break;
+      case CollectiveOp::kReduceScatter:
+        host.resize(n * count * es);
+        for (std::size_t i = 0; i < n * count; ++i) store(t, host, i, input_value(salt, h.r(), i));
+        out_offset = static_cast<std::size_t>(h.r()) * count;
+        break;
+      default:
+        host.resize(count * es);
+        for (std::size_t i = 0; i < count; ++i) {
+          store(t, host, i, op == CollectiveOp::kBroadcast && h.r() != root ? 77.0
+                                                                            : input_value(salt, h.r(), i));
+        }
+        break;
+    }
+    pending.push_back({op, count, t, root, h.upload(host), out_offset});
+  }
+  // All inputs are in place; now enqueue every collective without waiting in between.
+  for (Pending& p : pending) {
+    const CollectiveOp op = p.op;
+    const std::size_t count = p.count;
+    const DType t = p.dtype;
+    const int root = p.root;
+    const std::size_t es = dtype_size(t);
+    const std::size_t out_offset = p.out_offset;
+    if (local() % 2) {  // a delay only this rank sees, so ranks reach the op at different times
+      const int us = static_cast<int>(local() % 1500);
+      ASSERT_TRUE(h.device.host_callback(h.stream, [us] {
+        std::this_thread::sleep_for(std::chrono::microseconds(us));
+      }).is_ok());
+    }
+    auto* base = p.buf.as<std::uint8_t>();
+    Status st;
+    switch (op) {
+      case CollectiveOp::kAllGather:
+        st = h.comm.all_gather(base + static_cast<std::size_t>(h.r()) * count * es, base, count, t, h.stream);
+        break;
+      case CollectiveOp::kReduceScatter:
+        st = h.comm.reduce_scatter(base, base + out_offset * es, count, t, ReduceOp::kSum, h.stream);
+        break;
+      case CollectiveOp::kAllReduce:
+        st = h.comm.all_reduce(base, base, count, t, ReduceOp::kSum, h.stream);
+        break;
+      default:
+        st = h.comm.broadcast(base, count, t, root, h.stream);
+        break;
+    }
+    ASSERT_TRUE(st.is_ok()) << st.to_string();
+  }
+  ASSERT_TRUE(h.stream.synchronize().is_ok());
+  ASSERT_TRUE(h.comm.async_error().is_ok());
+  for (std::size_t k = 0; k < pending.size(); ++k) {
+    const Pending& p = pending[k];
+    const std::uint32_t salt = seed + static_cast<std::uint32_t>(k) * 7919u;
+    const std::vector<std::uint8_t> got = h.download(p.buf, p.buf.size_bytes());
+    for (std::size_t i = 0; i < p.count; ++i) {
+      double want = 0;
+      double value = 0;
+      switch (p.op) {
+        case CollectiveOp::kAllGather:
+          for (std::size_t q = 0; q < n; ++q) {
+            ASSERT_EQ(load(p.dtype, got, q * p.count + i), input_value(salt, static_cast<int>(q), i))
+                << "op " << k << " all_gather seed " << seed;
+          }
+          continue;
+        case CollectiveOp::kReduceScatter:
+          for (std::size_t q = 0; q < n; ++q) {
+            want += input_value(salt, static_cast<int>(q), p.out_offset + i);
+          }
+          value = load(p.dtype, got, p.out_offset + i);
+          break;
+        case CollectiveOp::kAllReduce:
+          for (std::size_t q = 0; q < n; ++q) want += input_value(salt, static_cast<int>(q), i);
+          value = load(p.dtype, got, i);
+          break;
+        default:
+          want = input_value(salt, p.root, i);
+          value = load(p.dtype, got, i);
+          break;
+      }
+      ASSERT_EQ(value, want) << "op " << k << " (" << collective_op_name(p.op) << ", count "
+                             << p.count << ", " << dtype_name(p.dtype) << ") i=" << i << " seed "
+                             << seed << " rank " << h.r();
+    }
+  }
 }
 
 }  // namespace tz::comm::testing

@@ -79,6 +79,17 @@ TEST_P(LocalCommWorld, AllCollectivesMatchReferenceAndRingBytes) {
   }
 }
 
+TEST_P(LocalCommWorld, PipelinedRandomSequence) {
+  const int world = GetParam();
+  auto device = make_device();
+  auto comms = LocalComm::create_group(world);
+  ASSERT_TRUE(comms.is_ok());
+  run_ranks(*device, *comms, [&](int, Comm& comm, gpu::Stream& stream) {
+    testing::Harness h{comm, *device, stream, seed()};
+    testing::check_pipelined_sequence(h, seed(), 40);
+  });
+}
+
 INSTANTIATE_TEST_SUITE_P(Worlds, LocalCommWorld, ::testing::Values(1, 2, 3, 4, 8));
 
 // ring_bytes, which NcclComm reports, against the closed forms of DESIGN.md.

@@ -59,5 +59,16 @@ TEST(MpiComm, AllCollectivesMatchReferenceAndRingBytes) {
   buf->reset();
 }
 
+TEST(MpiComm, PipelinedRandomSequence) {
+  auto comm = MpiComm::create();
+  ASSERT_TRUE(comm.is_ok()) << comm.status().to_string();
+  auto device = gpu::HostDevice::create(1ull << 30);
+  ASSERT_TRUE(device.is_ok());
+  auto stream = (*device)->create_stream("pipelined");
+  ASSERT_TRUE(stream.is_ok());
+  testing::Harness h{**comm, **device, **stream, seed()};
+  testing::check_pipelined_sequence(h, seed(), 40);
+}
+
 }  // namespace
 }  // namespace tz::comm
