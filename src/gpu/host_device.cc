@@ -15,6 +15,7 @@ namespace tz::gpu {
 namespace {
 
 constexpr std::size_t kAlignment = 256;
+constexpr int kPoisonByte = 0xa5;
 
 // What a HostEvent shares with the tasks that complete and wait on it, so that the event may be
 // destroyed while they are still queued.
@@ -154,6 +155,12 @@ Status HostStream::wait(const Event& event) {
 
 Result<std::unique_ptr<HostDevice>> HostDevice::create(std::uint64_t budget_bytes) {
   std::unique_ptr<HostDevice> device(new HostDevice(budget_bytes));
+#if !defined(NDEBUG)
+  device->poison_ = true;
+#endif
+  if (const char* env = std::getenv("TZ_DEVICE_POISON"); env != nullptr && *env != '\0') {
+    device->poison_ = std::strcmp(env, "0") != 0;
+  }
   TZ_ASSIGN_OR_RETURN(auto compute, HostStream::create(device.get(), "host:compute"));
   TZ_ASSIGN_OR_RETURN(auto h2d, HostStream::create(device.get(), "host:h2d"));
   TZ_ASSIGN_OR_RETURN(auto d2h, HostStream::create(device.get(), "host:d2h"));
@@ -176,10 +183,14 @@ Result<void*> HostDevice::allocate_raw(std::size_t bytes) {
     return Status::out_of_memory("HostDevice: aligned_alloc of " + std::to_string(rounded) +
                                  " B failed (host memory exhausted)");
   }
+  if (poison_) std::memset(ptr, kPoisonByte, rounded);
   return ptr;
 }
 
-void HostDevice::free_raw(void* ptr, std::size_t /*bytes*/) { std::free(ptr); }
+void HostDevice::free_raw(void* ptr, std::size_t bytes) {
+  if (poison_) std::memset(ptr, kPoisonByte, bytes);
+  std::free(ptr);
+}
 
 void HostDevice::add_stream(HostStream* stream) {
   std::lock_guard lock(mu_);

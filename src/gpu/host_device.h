@@ -65,8 +65,10 @@ class HostStream final : public Stream {
 class HostDevice final : public Device {
  public:
   // A device whose pool may hold at most `budget_bytes` at once. Starts the three default
-  // streams' threads.
+  // streams' threads. In debug builds, or with TZ_DEVICE_POISON=1, new and freed device memory
+  // is filled with 0xa5 so that reads of uninitialized or freed memory show up loudly.
   static Result<std::unique_ptr<HostDevice>> create(std::uint64_t budget_bytes);
+  bool poisons_memory() const { return poison_; }
   // Waits for all streams, then stops them. Buffers must be gone (asserted).
   ~HostDevice() override;
 
@@ -105,6 +107,7 @@ class HostDevice final : public Device {
   void add_stream(HostStream* stream);
   void remove_stream(HostStream* stream);
 
+  bool poison_ = false;
   mutable std::mutex mu_;
   std::map<void*, std::size_t> registered_;  // guarded by mu_
   std::vector<HostStream*> streams_;          // guarded by mu_

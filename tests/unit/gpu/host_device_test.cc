@@ -225,3 +225,20 @@ TEST(PinnedRegistration, EverySlabRegisteredAndReleased) {
 
 }  // namespace
 }  // namespace tz::gpu
+
+namespace tz::gpu {
+namespace {
+
+// TZ_DEVICE_POISON=1 fills new device memory with 0xa5 (debug builds do it by default).
+TEST(HostDevice, PoisonFillsNewMemory) {
+  setenv("TZ_DEVICE_POISON", "1", 1);
+  auto d = make_device();
+  unsetenv("TZ_DEVICE_POISON");
+  ASSERT_TRUE(d->poisons_memory());
+  auto b = d->allocate(1000);
+  ASSERT_TRUE(b.is_ok());
+  for (std::size_t i = 0; i < 1000; ++i) ASSERT_EQ(b->as<unsigned char>()[i], 0xa5) << i;
+}
+
+}  // namespace
+}  // namespace tz::gpu
