@@ -15,6 +15,7 @@
 #include <array>
 #include <chrono>
 #include <cstring>
+#include <future>
 #include <limits>
 #include <optional>
 
@@ -152,6 +153,11 @@ struct IoJob {
   std::uint64_t io_bytes = 0;  // rounded to 4 KiB
   std::uint64_t order = 0;     // arrival, for mixed scheduling
   int staging = -1;
+  // The piece's bytes: hashed by the mover outside the lock (before a write is submitted, after
+  // a read completes); the sum is stored or checked under the lock at completion.
+  const std::byte* data = nullptr;
+  std::uint64_t data_len = 0;
+  std::uint64_t sum = 0;
   // Filled by the mover after completion.
   Status status;
 };
@@ -821,12 +827,9 @@ struct Store::Impl {
       std::byte* buf = s >= 0 ? staging[static_cast<std::size_t>(s)].data()
                               : static_cast<std::byte*>(b.host.data()) + off;
       job.io_bytes = round_up(len, kAlign);
-      if (op.dst == Tier::kNvme) {
-        b.sums[k] = XXH3_64bits(buf, len);
-        job.dir = nvme::IoOp::kWrite;
-      } else {
-        job.dir = nvme::IoOp::kRead;
-      }
+      job.data = buf;
+      job.data_len = len;
+      job.dir = op.dst == Tier::kNvme ? nvme::IoOp::kWrite : nvme::IoOp::kRead;
       job.transfers = swap->transfers(job.dir, b.extent, off, buf, job.io_bytes);
       queue_job(std::move(job));
     }
@@ -931,8 +934,9 @@ struct Store::Impl {
     if (op->src == Tier::kDevice && !op->failed) {
       // Device -> staging done: checksum the piece and write it.
       std::byte* buf = staging[static_cast<std::size_t>(d.staging)].data();
-      b.sums[d.chunk] = XXH3_64bits(buf, len);
       IoJob job;
+      job.data = buf;
+      job.data_len = len;
       job.block = b.id;
       job.op_seq = op->seq;
       job.chunk = d.chunk;
@@ -966,11 +970,11 @@ struct Store::Impl {
       fail_op(b, *op, std::move(job.status).with_context(
                           std::string("store: ") + (job.dir == nvme::IoOp::kRead ? "reading" : "writing") +
                           " block '" + b.name + "' piece " + std::to_string(job.chunk)));
-    } else if (job.dir == nvme::IoOp::kRead && !op->failed) {
-      const std::byte* buf = job.staging >= 0 ? staging[static_cast<std::size_t>(job.staging)].data()
-                                              : static_cast<std::byte*>(b.host.data()) + off;
-      const std::uint64_t sum = XXH3_64bits(buf, len);
-      if (sum != b.sums[job.chunk]) {
+    } else if (job.dir == nvme::IoOp::kWrite) {
+      b.sums[job.chunk] = job.sum;
+    } else if (!op->failed) {
+      const std::byte* buf = job.data;
+      if (job.sum != b.sums[job.chunk]) {
         fail_op(b, *op,
                 Status::corrupt("store: checksum mismatch in block '" + b.name + "' piece " +
                                 std::to_string(job.chunk) + " (bytes " + std::to_string(off) +
@@ -1086,6 +1090,7 @@ struct Store::Impl {
       lock.unlock();
       std::vector<IoJob> done;
       for (IoJob& j : jobs) {
+        if (j.dir == nvme::IoOp::kWrite) j.sum = XXH3_64bits(j.data, j.data_len);
         auto id = io->start(j.transfers);
         if (!id) {
           j.status = std::move(id).take_status();
@@ -1107,6 +1112,9 @@ struct Store::Impl {
           }
         }
       }
+      for (IoJob& j : done) {
+        if (j.dir == nvme::IoOp::kRead && j.status.is_ok()) j.sum = XXH3_64bits(j.data, j.data_len);
+      }
       lock.lock();
       for (IoJob& j : done) apply_io_done(j);
       progress |= !done.empty() || !jobs.empty();
@@ -1126,8 +1134,7 @@ Store::Store(std::unique_ptr<Impl> impl, const StoreOptions& options)
     : impl_(std::move(impl)), options_(options) {}
 
 Result<std::unique_ptr<Store>> Store::create(const StoreOptions& options, gpu::Device& device,
-                                             PinnedPool& pool,
-                                             std::unique_ptr<nvme::SwapSpace> swap) {
+                                             PinnedPool& pool, SwapFactory make_swap) {
   if (options.chunk_bytes == 0 || options.chunk_bytes % kAlign != 0) {
     return Status::invalid_argument("store: chunk size must be a positive multiple of 4 KiB, not " +
                                     std::to_string(options.chunk_bytes));
@@ -1139,13 +1146,8 @@ Result<std::unique_ptr<Store>> Store::create(const StoreOptions& options, gpu::D
   impl->options = options;
   impl->device = &device;
   impl->pool = &pool;
-  impl->swap = std::move(swap);
   impl->budget[ti(Tier::kDevice)] = options.device_budget_bytes;
   impl->budget[ti(Tier::kHost)] = options.host_budget_bytes;
-  impl->budget[ti(Tier::kNvme)] = impl->swap ? impl->swap->capacity_bytes() : 0;
-  for (std::size_t i = 0; i < kTierCount; ++i) {
-    impl->stats.tiers[i].budget_bytes = impl->budget[i];
-  }
   for (std::uint32_t i = 0; i < options.staging_buffers; ++i) {
     auto buf = pool.allocate(options.chunk_bytes);
     if (!buf) {
@@ -1157,7 +1159,42 @@ Result<std::unique_ptr<Store>> Store::create(const StoreOptions& options, gpu::D
   }
   std::unique_ptr<Store> store(new Store(std::move(impl), options));
   Impl* raw = store->impl_.get();
-  raw->mover = std::thread([raw] { raw->mover_loop(); });
+  // The mover makes the swap space (so it owns the ring), then reports and starts its loop.
+  std::promise<Status> started;
+  std::future<Status> started_f = started.get_future();
+  raw->mover = std::thread([raw, &started, make_swap = std::move(make_swap)] {
+    Status st;
+    if (make_swap) {
+      auto swap = make_swap();
+      if (swap) {
+        raw->swap = std::move(swap).value();
+      } else {
+        st = std::move(swap).take_status();
+      }
+    }
+    if (st.is_ok() && raw->swap && raw->options.register_pool_buffers) {
+      std::vector<iovec> regions;
+      for (const PinnedSlab& s : raw->pool->slabs()) regions.push_back(iovec{s.data, s.bytes});
+      Status reg = raw->swap->queue().register_buffers(regions);
+      if (!reg.is_ok()) {
+        TZ_LOG_INFO("store: pinned buffers not registered with the I/O engine: %s",
+                    reg.to_string().c_str());
+      }
+    }
+    {
+      std::lock_guard lock(raw->mu);
+      raw->budget[ti(Tier::kNvme)] = raw->swap ? raw->swap->capacity_bytes() : 0;
+      for (std::size_t i = 0; i < kTierCount; ++i) {
+        raw->stats.tiers[i].budget_bytes = raw->budget[i];
+      }
+      if (!st.is_ok()) raw->stopping = true;
+    }
+    started.set_value(st);
+    if (st.is_ok()) raw->mover_loop();
+    raw->swap.reset();  // closes the ring on the thread that owns it
+  });
+  Status st = started_f.get();
+  if (!st.is_ok()) return st;  // the destructor joins the finished mover
   return store;
 }
 

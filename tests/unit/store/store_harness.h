@@ -94,11 +94,13 @@ struct Harness {
     nvme::IoQueueOptions qo;
     qo.block_bytes = 1ull << 20;
     qo.depth_per_file = 16;
-    auto swap = nvme::SwapSpace::create(so, std::move(e), qo);
-    ASSERT_TRUE(swap.is_ok()) << swap.status().to_string();
-    auto sp = std::make_unique<nvme::SwapSpace>(std::move(swap).value());
-    swap_files = sp->file_paths();
-    auto s = Store::create(o.store, *device, *pool, std::move(sp));
+    auto factory = [&, so, qo]() -> Result<std::unique_ptr<nvme::SwapSpace>> {
+      TZ_ASSIGN_OR_RETURN(nvme::SwapSpace swap, nvme::SwapSpace::create(so, std::move(e), qo));
+      auto sp = std::make_unique<nvme::SwapSpace>(std::move(swap));
+      swap_files = sp->file_paths();
+      return sp;
+    };
+    auto s = Store::create(o.store, *device, *pool, factory);
     ASSERT_TRUE(s.is_ok()) << s.status().to_string();
     store = std::move(s).value();
   }

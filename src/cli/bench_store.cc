@@ -1,0 +1,406 @@
+// `tierzero bench store`: walks a layered model forward and backward through the tiered store as
+// stage-3 training does (each layer's parameter shard pinned on the device for a synthetic
+// compute time; backward rewrites it, standing for the gradient and updated parameters an
+// offloaded step writes home), and reports per step the achieved bandwidth per link, the stall
+// fraction, bytes per tier and the lower bound from the disk's raw throughput measured in the
+// same run.
+#include <sys/utsname.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cli/command.h"
+#include "core/log.h"
+#include "core/trace.h"
+#include "core/units.h"
+#include "cpu/pinned_pool.h"
+#include "gpu/select.h"
+#include "nvme/io_engine.h"
+#include "nvme/probe.h"
+#include "nvme/swap_space.h"
+#include "store/store.h"
+
+namespace tz::cli {
+namespace {
+
+struct BenchStoreOptions {
+  std::string model_bytes = "8G";
+  int layers = 32;
+  std::string device_budget = "1G";
+  std::string host_budget = "2G";
+  std::vector<std::string> nvme_paths;
+  double compute_ms_per_layer = 0;
+  int steps = 4;
+  std::string policy = "trace";
+  std::string engine = "auto";
+  std::string chunk = "8M";
+  int staging = 32;
+  std::string in_flight = "128M";
+  std::string io_grouping = "auto";
+  std::string device = "auto";
+  std::string trace_out;
+  bool json = false;
+};
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+std::string machine_name() {
+  utsname u{};
+  if (::uname(&u) != 0) return "unknown";
+  return std::string(u.nodename) + " " + u.machine + " (" + std::to_string(::sysconf(_SC_NPROCESSORS_ONLN)) +
+         " cpus)";
+}
+
+int fail(const Status& st) {
+  std::fprintf(stderr, "tierzero bench store: %s\n", st.to_string().c_str());
+  return 1;
+}
+
+struct RawBandwidth {
+  double read_gbps = 0;
+  double write_gbps = 0;
+  double mixed_gbps = 0;  // reads and writes at once, both directions together
+  double h2d_gbps = 0;
+  double d2h_gbps = 0;
+};
+
+// Sequential O_DIRECT throughput of the swap space itself over `bytes`, the same chunking and
+// bytes in flight the store uses: what the disk gives with nothing else in the way.
+Status measure_disk(nvme::SwapSpace& swap, PinnedPool& pool, std::uint64_t bytes,
+                    std::uint64_t chunk, std::uint64_t in_flight, RawBandwidth* out) {
+  const std::uint64_t n_bufs = std::max<std::uint64_t>(1, in_flight / chunk);
+  std::vector<PinnedBuffer> bufs;
+  for (std::uint64_t i = 0; i < n_bufs; ++i) {
+    TZ_ASSIGN_OR_RETURN(PinnedBuffer b, pool.allocate(chunk));
+    std::memset(b.data(), static_cast<int>(0x5a + i), chunk);
+    bufs.push_back(std::move(b));
+  }
+  TZ_ASSIGN_OR_RETURN(nvme::SwapExtent ext, swap.allocate(bytes));
+  nvme::IoQueue& q = swap.queue();
+  auto pass = [&](std::vector<nvme::IoOp> dirs, std::uint64_t len) -> Result<double> {
+    // dirs[i % dirs.size()] is the direction of chunk i; chunks cycle over the buffers.
+    std::vector<nvme::IoOpId> ids(bufs.size(), 0);
+    const double t0 = now_s();
+    const std::uint64_t count = len / chunk;
+    for (std::uint64_t i = 0; i < count; ++i) {
+      const std::size_t slot = i % bufs.size();
+      if (ids[slot] != 0) TZ_RETURN_IF_ERROR(q.wait(ids[slot]));
+      const nvme::IoOp dir = dirs[i % dirs.size()];
+      // Mixed passes read the first half of the extent and write the second.
+      const std::uint64_t off = dirs.size() > 1
+                                    ? (dir == nvme::IoOp::kRead ? 0 : len / 2) + (i / 2) * chunk
+                                    : i * chunk;
+      auto tr = swap.transfers(dir, ext, off, bufs[slot].data(), chunk);
+      TZ_ASSIGN_OR_RETURN(ids[slot], q.start(tr));
+    }
+    for (nvme::IoOpId id : ids) {
+      if (id != 0) TZ_RETURN_IF_ERROR(q.wait(id));
+    }
+    return static_cast<double>(count * chunk) / (now_s() - t0) / 1e9;
+  };
+  const std::uint64_t len = bytes / chunk * chunk;
+  TZ_ASSIGN_OR_RETURN(out->write_gbps, pass({nvme::IoOp::kWrite}, len));
+  TZ_ASSIGN_OR_RETURN(out->read_gbps, pass({nvme::IoOp::kRead}, len));
+  const std::uint64_t mixed = std::min<std::uint64_t>(len, 4ull << 30) / (2 * chunk) * (2 * chunk);
+  if (mixed >= 2 * chunk) {
+    TZ_ASSIGN_OR_RETURN(out->mixed_gbps, pass({nvme::IoOp::kRead, nvme::IoOp::kWrite}, mixed));
+  }
+  swap.free(ext);
+  return Status::ok();
+}
+
+// Host <-> device copy bandwidth on the device's copy streams (memcpy on HostDevice).
+Status measure_copies(gpu::Device& device, PinnedPool& pool, std::uint64_t bytes,
+                      RawBandwidth* out) {
+  TZ_ASSIGN_OR_RETURN(PinnedBuffer host, pool.allocate(bytes));
+  TZ_ASSIGN_OR_RETURN(gpu::DeviceBuffer dev, device.allocate(bytes));
+  std::memset(host.data(), 1, bytes);
+  for (int dir = 0; dir < 2; ++dir) {
+    gpu::Stream& s = dir == 0 ? device.h2d_stream() : device.d2h_stream();
+    double best = 0;
+    for (int r = 0; r < 3; ++r) {
+      const double t0 = now_s();
+      if (dir == 0) {
+        TZ_RETURN_IF_ERROR(device.copy_async(dev.data(), host.data(), bytes,
+                                             gpu::CopyKind::kHostToDevice, s));
+      } else {
+        TZ_RETURN_IF_ERROR(device.copy_async(host.data(), dev.data(), bytes,
+                                             gpu::CopyKind::kDeviceToHost, s));
+      }
+      TZ_RETURN_IF_ERROR(s.synchronize());
+      best = std::max(best, static_cast<double>(bytes) / (now_s() - t0) / 1e9);
+    }
+    (dir == 0 ? out->h2d_gbps : out->d2h_gbps) = best;
+  }
+  return Status::ok();
+}
+
+int run(const BenchStoreOptions& o) {
+  auto model = parse_size(o.model_bytes);
+  auto dev_budget = parse_size(o.device_budget);
+  auto host_budget = parse_size(o.host_budget);
+  auto chunk = parse_size(o.chunk);
+  auto in_flight = parse_size(o.in_flight);
+  for (const auto* r : {&model, &dev_budget, &host_budget, &chunk, &in_flight}) {
+    if (!r->is_ok()) return fail(r->status());
+  }
+  if (o.layers <= 0 || o.steps <= 0) return fail(Status::invalid_argument("--layers and --steps must be positive"));
+  auto policy = store::parse_policy(o.policy);
+  if (!policy) return fail(policy.status());
+  const std::uint64_t layer_bytes = (*model / static_cast<std::uint64_t>(o.layers)) / 4096 * 4096;
+  if (layer_bytes == 0) return fail(Status::invalid_argument("--model-bytes is too small for --layers"));
+  if (layer_bytes > *dev_budget) {
+    return fail(Status::invalid_argument("one layer (" + format_bytes(static_cast<double>(layer_bytes)) +
+                                         ") does not fit the device budget"));
+  }
+  if (!o.trace_out.empty()) Trace::global().enable();
+
+  gpu::DeviceOptions dopt;
+  auto choice = gpu::parse_device_choice(o.device);
+  if (!choice) return fail(choice.status());
+  dopt.choice = *choice;
+  dopt.budget_bytes = *dev_budget + layer_bytes;  // room for the copy-bandwidth probe buffer
+  auto device = gpu::open_device(dopt);
+  if (!device) return fail(device.status());
+
+  PinnedPoolOptions popt;
+  popt.slab_bytes = std::min<std::uint64_t>(1ull << 30, std::max<std::uint64_t>(256ull << 20, layer_bytes));
+  popt.budget_bytes = *host_budget + static_cast<std::uint64_t>(o.staging) * *chunk + 2 * layer_bytes +
+                      *in_flight + popt.slab_bytes;
+  auto pool = PinnedPool::create(popt);
+  if (!pool) return fail(pool.status());
+  gpu::Device* dev = device->get();
+  PinnedSlabHook hook;
+  hook.name = "device";
+  hook.on_add = [dev](const PinnedSlab& s) { return dev->register_host_memory(s.data, s.bytes); };
+  hook.on_remove = [dev](const PinnedSlab& s) { dev->unregister_host_memory(s.data).ignore(); };
+  if (Status st = pool->add_slab_hook(hook); !st.is_ok()) return fail(st);
+
+  auto engine_choice = nvme::choose_io_engine(o.engine, o.nvme_paths);
+  if (!engine_choice) return fail(engine_choice.status());
+  const nvme::IoEngineKind engine_kind = engine_choice->kind;
+  const char* engine_name = nvme::io_engine_name(engine_kind);
+  nvme::SwapOptions sopt;
+  sopt.paths = o.nvme_paths;
+  sopt.bytes_per_path = (*model + layer_bytes * 4) / o.nvme_paths.size() + (64ull << 20);
+  nvme::IoQueueOptions qopt;
+  qopt.block_bytes = std::min<std::uint64_t>(*chunk, 1ull << 20);
+  qopt.depth_per_file = 64;
+  // Builds a swap space with its own engine; the store calls it on its I/O thread.
+  auto make_swap = [sopt, qopt, engine_kind]() -> Result<std::unique_ptr<nvme::SwapSpace>> {
+    nvme::IoEngineOptions eopt;
+    eopt.queue_depth = 64;
+    TZ_ASSIGN_OR_RETURN(std::unique_ptr<nvme::IoEngine> engine, nvme::make_io_engine(engine_kind, eopt));
+    TZ_ASSIGN_OR_RETURN(nvme::SwapSpace swap, nvme::SwapSpace::create(sopt, std::move(engine), qopt));
+    return std::make_unique<nvme::SwapSpace>(std::move(swap));
+  };
+
+  // The disk's own throughput over the same bytes, through a swap space of its own on this
+  // thread, gone before the store makes its own.
+  RawBandwidth raw;
+  {
+    auto swap = make_swap();
+    if (!swap) return fail(swap.status());
+    std::vector<iovec> regions;
+    for (const PinnedSlab& sl : pool->slabs()) regions.push_back(iovec{sl.data, sl.bytes});
+    (*swap)->queue().register_buffers(regions).ignore();
+    if (Status st = measure_disk(**swap, *pool, *model, *chunk, *in_flight, &raw); !st.is_ok()) {
+      return fail(st);
+    }
+  }
+  if (Status st = measure_copies(**device, *pool, layer_bytes, &raw); !st.is_ok()) return fail(st);
+  if (!o.json) {
+    std::printf("raw: disk read %s, write %s, mixed %s; h2d %s, d2h %s (engine %s)\n",
+                format_rate(raw.read_gbps * 1e9).c_str(), format_rate(raw.write_gbps * 1e9).c_str(),
+                format_rate(raw.mixed_gbps * 1e9).c_str(), format_rate(raw.h2d_gbps * 1e9).c_str(),
+                format_rate(raw.d2h_gbps * 1e9).c_str(), engine_name);
+  }
+
+  store::StoreOptions so;
+  so.device_budget_bytes = *dev_budget;
+  so.host_budget_bytes = *host_budget;
+  so.policy = *policy;
+  so.chunk_bytes = *chunk;
+  so.staging_buffers = static_cast<std::uint32_t>(o.staging);
+  so.max_io_in_flight_bytes = *in_flight;
+  // auto: group reads and writes only when mixing them costs the disk throughput (measured
+  // above: mixed below 80% of the slower direction alone).
+  std::string grouping = o.io_grouping;
+  if (grouping == "auto") {
+    grouping = raw.mixed_gbps < 0.8 * std::min(raw.read_gbps, raw.write_gbps) ? "grouped" : "mixed";
+  }
+  so.io_grouping = grouping == "mixed" ? store::IoGrouping::kMixed : store::IoGrouping::kGrouped;
+  auto st_or = store::Store::create(so, **device, *pool, make_swap);
+  if (!st_or) return fail(st_or.status());
+  std::unique_ptr<store::Store> s = std::move(st_or).value();
+
+  std::vector<store::BlockId> ids;
+  for (int i = 0; i < o.layers; ++i) {
+    auto id = s->create_block(layer_bytes, store::Tier::kNvme, "layer" + std::to_string(i));
+    if (!id) return fail(id.status());
+    ids.push_back(*id);
+  }
+  // Step 0: write every layer once (write-only pins, no loads), so the disk holds real bytes.
+  for (int i = 0; i < o.layers; ++i) {
+    auto l = s->pin(ids[static_cast<std::size_t>(i)], store::Tier::kHost, store::Access::kWrite);
+    if (!l) return fail(l.status());
+    if (Status st = l->wait(); !st.is_ok()) return fail(st);
+    std::memset(l->data(), i & 0xff, layer_bytes);
+  }
+  if (Status st = s->drain(); !st.is_ok()) return fail(st);
+  s->mark_step();
+
+  const auto compute = std::chrono::microseconds(static_cast<long>(o.compute_ms_per_layer * 1000));
+  double stall_total = 0;
+  auto visit = [&](int i, store::Access access) -> Status {
+    const double t0 = now_s();
+    TZ_ASSIGN_OR_RETURN(store::Lease l, s->pin(ids[static_cast<std::size_t>(i)], store::Tier::kDevice, access));
+    TZ_RETURN_IF_ERROR(l.wait());
+    stall_total += now_s() - t0;
+    if (compute.count() > 0) std::this_thread::sleep_for(compute);
+    l.release();
+    return Status::ok();
+  };
+  if (!o.json) {
+    std::printf("%-5s %-6s %8s %8s %8s %9s %9s %10s %10s %9s %9s\n", "step", "policy", "step_s",
+                "bound_s", "ratio", "stall", "nvme_rd", "nvme_wr", "rd GB/s", "wr GB/s", "h2d GB/s");
+  }
+  const double compute_s = 2.0 * o.layers * o.compute_ms_per_layer / 1000.0;
+  for (int step = 1; step <= o.steps; ++step) {
+    const store::StoreStats before = s->stats();
+    stall_total = 0;
+    const double t0 = now_s();
+    for (int i = 0; i < o.layers; ++i) {
+      if (Status st = visit(i, store::Access::kRead); !st.is_ok()) return fail(st);
+    }
+    for (int i = o.layers - 1; i >= 0; --i) {
+      if (Status st = visit(i, store::Access::kReadWrite); !st.is_ok()) return fail(st);
+    }
+    s->mark_step();
+    const double step_s = now_s() - t0;
+    const store::StoreStats after = s->stats();
+    auto link = [&](store::Link l) {
+      return static_cast<double>(after.link(l).bytes - before.link(l).bytes);
+    };
+    const double rd = static_cast<double>(after.nvme_read_bytes() - before.nvme_read_bytes());
+    const double wr = static_cast<double>(after.nvme_write_bytes() - before.nvme_write_bytes());
+    const double h2d = link(store::Link::kHostToDevice) + link(store::Link::kNvmeToDevice);
+    const double d2h = link(store::Link::kDeviceToHost) + link(store::Link::kDeviceToNvme);
+    const double nvme_s = rd / (raw.read_gbps * 1e9) + wr / (raw.write_gbps * 1e9);
+    const double bound_s = std::max({compute_s, nvme_s, h2d / (raw.h2d_gbps * 1e9),
+                                      d2h / (raw.d2h_gbps * 1e9)});
+    nlohmann::json links;
+    for (std::size_t li = 0; li < store::kLinkCount; ++li) {
+      const auto l = static_cast<store::Link>(li);
+      const double busy = after.link(l).busy_s - before.link(l).busy_s;
+      links[store::link_name(l)] = {{"bytes", link(l)},
+                                    {"busy_gbps", busy > 0 ? link(l) / busy / 1e9 : 0.0}};
+    }
+    nlohmann::json j = {
+        {"bench", "store"},
+        {"policy", o.policy},
+        {"step", step},
+        {"layers", o.layers},
+        {"layer_bytes", layer_bytes},
+        {"model_bytes", layer_bytes * static_cast<std::uint64_t>(o.layers)},
+        {"device_budget_bytes", *dev_budget},
+        {"host_budget_bytes", *host_budget},
+        {"compute_ms_per_layer", o.compute_ms_per_layer},
+        {"step_s", step_s},
+        {"bound_s", bound_s},
+        {"step_over_bound", step_s / bound_s},
+        {"compute_s", compute_s},
+        {"stall_s", stall_total},
+        {"stall_fraction", stall_total / step_s},
+        {"nvme_read_bytes", rd},
+        {"nvme_write_bytes", wr},
+        {"nvme_read_gbps", rd / step_s / 1e9},
+        {"nvme_write_gbps", wr / step_s / 1e9},
+        {"h2d_bytes", h2d},
+        {"d2h_bytes", d2h},
+        {"links", links},
+        {"raw_read_gbps", raw.read_gbps},
+        {"raw_write_gbps", raw.write_gbps},
+        {"raw_mixed_gbps", raw.mixed_gbps},
+        {"raw_h2d_gbps", raw.h2d_gbps},
+        {"raw_d2h_gbps", raw.d2h_gbps},
+        {"io_grouping", grouping},
+        {"engine", engine_name},
+        {"device", (*device)->name()},
+        {"peak_device_bytes", after.tier(store::Tier::kDevice).peak_bytes},
+        {"peak_host_bytes", after.tier(store::Tier::kHost).peak_bytes},
+        {"trace_deviations", after.trace_deviations - before.trace_deviations},
+        {"machine", machine_name()},
+    };
+    if (o.json) {
+      std::printf("%s\n", j.dump().c_str());
+    } else {
+      std::printf("%-5d %-6s %8.2f %8.2f %8.3f %8.1f%% %9s %10s %10.2f %9.2f %9.2f\n", step,
+                  o.policy.c_str(), step_s, bound_s, step_s / bound_s,
+                  100.0 * stall_total / step_s, format_bytes(rd).c_str(), format_bytes(wr).c_str(),
+                  rd / step_s / 1e9, wr / step_s / 1e9, h2d / step_s / 1e9);
+    }
+    std::fflush(stdout);
+  }
+  if (Status st = s->drain(); !st.is_ok()) return fail(st);
+  if (!o.trace_out.empty()) {
+    if (Status st = Trace::global().write(o.trace_out); !st.is_ok()) return fail(st);
+  }
+  return 0;
+}
+
+TZ_REGISTER_COMMAND([](tz::cli::CommandTree& tree) {
+  CLI::App* bench = tree.group("bench", "Measure the offload path");
+  CLI::App* cmd = bench->add_subcommand(
+      "store", "Walk a layered model through the tiered store (device, pinned host, NVMe) as "
+               "stage-3 training does; report stalls and the bound from the raw disk speed");
+  auto opts = std::make_shared<BenchStoreOptions>();
+  cmd->add_option("--model-bytes", opts->model_bytes, "Parameter bytes of the model (all on NVMe)")
+      ->capture_default_str();
+  cmd->add_option("--layers", opts->layers, "Layers (one block each)")->capture_default_str();
+  cmd->add_option("--device-budget", opts->device_budget, "Device tier budget")
+      ->capture_default_str();
+  cmd->add_option("--host-budget", opts->host_budget, "Pinned host tier budget")
+      ->capture_default_str();
+  cmd->add_option("--nvme-path", opts->nvme_paths, "Directory for the swap file (repeat to stripe)")
+      ->required();
+  cmd->add_option("--compute-ms-per-layer", opts->compute_ms_per_layer,
+                  "Synthetic compute per layer visit")
+      ->capture_default_str();
+  cmd->add_option("--steps", opts->steps, "Timed steps (step 1 records the trace)")
+      ->capture_default_str();
+  cmd->add_option("--policy", opts->policy, "trace or lru")
+      ->check(CLI::IsMember({"trace", "lru"}))
+      ->capture_default_str();
+  cmd->add_option("--engine", opts->engine, "auto, io_uring, libaio or psync")
+      ->check(CLI::IsMember({"auto", "io_uring", "libaio", "psync"}))
+      ->capture_default_str();
+  cmd->add_option("--chunk", opts->chunk, "NVMe transfer and checksum unit (4 KiB multiple)")
+      ->capture_default_str();
+  cmd->add_option("--staging", opts->staging, "Pinned staging buffers of the NVMe<->device pipeline")
+      ->capture_default_str();
+  cmd->add_option("--in-flight", opts->in_flight, "NVMe bytes in flight at most")
+      ->capture_default_str();
+  cmd->add_option("--io-grouping", opts->io_grouping,
+                  "grouped (one direction at a time), mixed, or auto (from the raw measurement)")
+      ->check(CLI::IsMember({"auto", "grouped", "mixed"}))
+      ->capture_default_str();
+  cmd->add_option("--device", opts->device, "auto, host or cuda")->capture_default_str();
+  cmd->add_option("--trace-out", opts->trace_out, "Write a Chrome trace of the moves here");
+  cmd->add_flag("--json", opts->json, "One JSON object per step");
+  cmd->callback([opts] { tz::cli::exit_code() = run(*opts); });
+});
+
+}  // namespace
+}  // namespace tz::cli
