@@ -8,7 +8,9 @@
 #   TIERZERO (the binary; default: first of build/release, build/dev, build/*), JSON_OUT (also
 #   write every measurement as JSON lines there), FIO_URING_OPTS (default
 #   "--fixedbufs --registerfiles": fio registers buffers and files as tierzero does),
-#   ENGINES, RWS, BSS, QDS (space-separated lists to narrow the sweep).
+#   ENGINES, RWS, BSS, QDS (space-separated lists to narrow the sweep), FIO_IOMEM (fio's --iomem,
+#   e.g. shmhuge to give fio huge-page buffers; needs reserved huge pages), TZ_4K (1, default:
+#   also run tierzero with --no-huge-pages, staging in 4 KiB pages like fio's malloc buffers).
 set -euo pipefail
 
 DIR="${1:-/tmp}"
@@ -19,6 +21,8 @@ RWS="${RWS:-read write}"
 BSS="${BSS:-1M 8M}"
 QDS="${QDS:-8 32}"
 FIO_URING_OPTS="${FIO_URING_OPTS:---fixedbufs --registerfiles}"
+FIO_IOMEM="${FIO_IOMEM:-}"
+TZ_4K="${TZ_4K:-1}"
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 if [ -z "${TIERZERO:-}" ]; then
   for cand in "$ROOT"/build/release/src/cli/tierzero "$ROOT"/build/dev/src/cli/tierzero \
@@ -51,6 +55,7 @@ for engine in $ENGINES; do
       for qd in $QDS; do
         extra=""
         if [ "$engine" = io_uring ]; then extra="$FIO_URING_OPTS"; fi
+        if [ -n "$FIO_IOMEM" ]; then extra="$extra --iomem=$FIO_IOMEM"; fi
         for r in $(seq 1 "$REPEAT"); do
           # shellcheck disable=SC2086
           fio --name=nvme_vs_fio --filename="$FILE" --direct=1 --rw="$rw" --bs="$bs" \
@@ -67,15 +72,23 @@ print(json.dumps({"tool": "fio", "engine": sys.argv[2], "rw": rw, "bs": sys.argv
                   "qd": int(sys.argv[4]), "gbps": d["bw_bytes"] / 1e9,
                   "cpu_s_per_gb": (j["usr_cpu"] + j["sys_cpu"]) / 100.0 * secs / gb}))
 ' "$rw" "$engine" "$bs" "$qd" >>"$RAW"
-          "$TIERZERO" --log-level warn bench nvme --path "$DIR" --file-name "$NAME" \
-              --size "$SIZE" --engine "$engine" --rw "$rw" --bs "$bs" --qd "$qd" --repeat 1 \
-              --keep-file --json |
-            python3 -c '
+          variants="default"
+          if [ "$TZ_4K" = 1 ]; then variants="default 4k"; fi
+          for variant in $variants; do
+            flag=""
+            if [ "$variant" = 4k ]; then flag="--no-huge-pages"; fi
+            # shellcheck disable=SC2086
+            "$TIERZERO" --log-level warn bench nvme --path "$DIR" --file-name "$NAME" \
+                --size "$SIZE" --engine "$engine" --rw "$rw" --bs "$bs" --qd "$qd" --repeat 1 \
+                --keep-file --json $flag |
+              python3 -c '
 import json, sys
 j = json.loads(sys.stdin.read())
-print(json.dumps({"tool": "tierzero", "engine": j["engine"], "rw": j["rw"], "bs": sys.argv[1],
+tool = "tierzero" if sys.argv[2] == "default" else "tierzero_4k"
+print(json.dumps({"tool": tool, "engine": j["engine"], "rw": j["rw"], "bs": sys.argv[1],
                   "qd": j["qd"], "gbps": j["gbps_median"], "cpu_s_per_gb": j["cpu_s_per_gb"]}))
-' "$bs" >>"$RAW"
+' "$bs" "$variant" >>"$RAW"
+          done
         done
       done
     done
@@ -89,15 +102,33 @@ rows = {}
 for line in open(sys.argv[1]):
     m = json.loads(line)
     key = (m["engine"], m["rw"], m["bs"], m["qd"])
-    rows.setdefault(key, {"fio": [], "tierzero": [], "fio_cpu": [], "tierzero_cpu": []})
-    rows[key][m["tool"]].append(m["gbps"])
-    rows[key][m["tool"] + "_cpu"].append(m["cpu_s_per_gb"])
-print("| engine | rw | bs | qd | fio GB/s (min-max) | tierzero GB/s (min-max) | tierzero/fio | fio cpu s/GB | tierzero cpu s/GB |")
-print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
-for key in sorted(rows, key=lambda k: (k[0], k[1], int(k[2].rstrip("MK")) * (1024 if k[2].endswith("M") else 1), k[3])):
+    r = rows.setdefault(key, {})
+    r.setdefault(m["tool"], []).append(m["gbps"])
+    r.setdefault(m["tool"] + "_cpu", []).append(m["cpu_s_per_gb"])
+has4k = any("tierzero_4k" in r for r in rows.values())
+def rng(v):
+    return f"{statistics.median(v):.3f} ({min(v):.3f}-{max(v):.3f})"
+head = "| engine | rw | bs | qd | fio GB/s (min-max) | tierzero GB/s (min-max) | tierzero/fio |"
+sep = "| --- | --- | --- | --- | --- | --- | --- |"
+if has4k:
+    head += " tierzero 4K pages GB/s | 4K/fio |"
+    sep += " --- | --- |"
+head += " fio cpu s/GB | tierzero cpu s/GB |" + (" 4K cpu s/GB |" if has4k else "")
+sep += " --- | --- |" + (" --- |" if has4k else "")
+print(head)
+print(sep)
+def order(k):
+    return (k[0], k[1], int(k[2].rstrip("MK")) * (1024 if k[2].endswith("M") else 1), k[3])
+for key in sorted(rows, key=order):
     r = rows[key]
-    f, t = statistics.median(r["fio"]), statistics.median(r["tierzero"])
-    print(f"| {key[0]} | {key[1]} | {key[2]} | {key[3]} | {f:.3f} ({min(r['fio']):.3f}-{max(r['fio']):.3f}) "
-          f"| {t:.3f} ({min(r['tierzero']):.3f}-{max(r['tierzero']):.3f}) | {t / f:.3f} "
-          f"| {statistics.median(r['fio_cpu']):.4f} | {statistics.median(r['tierzero_cpu']):.4f} |")
+    f = statistics.median(r["fio"])
+    t = statistics.median(r["tierzero"])
+    line = f"| {key[0]} | {key[1]} | {key[2]} | {key[3]} | {rng(r['fio'])} | {rng(r['tierzero'])} | {t / f:.3f} |"
+    if has4k:
+        t4 = statistics.median(r["tierzero_4k"])
+        line += f" {rng(r['tierzero_4k'])} | {t4 / f:.3f} |"
+    line += f" {statistics.median(r['fio_cpu']):.4f} | {statistics.median(r['tierzero_cpu']):.4f} |"
+    if has4k:
+        line += f" {statistics.median(r['tierzero_4k_cpu']):.4f} |"
+    print(line)
 PY

@@ -38,6 +38,7 @@ struct BenchNvmeOptions {
   bool keep_file = false;
   bool sqpoll = false;
   bool no_register = false;
+  bool no_huge_pages = false;
   std::string file_name = "tierzero-bench.dat";
 };
 
@@ -93,6 +94,7 @@ int run(const BenchNvmeOptions& o) {
   const std::uint64_t slots = static_cast<std::uint64_t>(o.qd) * nfiles;
   PinnedPoolOptions po;
   po.budget_bytes = slots * *bs;
+  po.huge_pages = !o.no_huge_pages;
   po.slab_bytes = std::min<std::uint64_t>(1ull << 30, std::max<std::uint64_t>(*bs, po.budget_bytes));
   po.slab_bytes = std::max<std::uint64_t>(po.slab_bytes / *bs * *bs, *bs);
   auto pool = PinnedPool::create(po);
@@ -217,6 +219,7 @@ int run(const BenchNvmeOptions& o) {
       {"fixed_files", queue->engine().files_registered()},
       {"direct", files.front().direct()},
       {"sqpoll", o.sqpoll},
+      {"huge_pages", !o.no_huge_pages},
       {"machine", machine_name()},
   };
   if (o.json) {
@@ -258,6 +261,8 @@ TZ_REGISTER_COMMAND([](tz::cli::CommandTree& tree) {
   cmd->add_flag("--keep-file", opts->keep_file, "Keep the bench file for later runs (and fio)");
   cmd->add_flag("--sqpoll", opts->sqpoll, "io_uring: kernel submission polling thread");
   cmd->add_flag("--no-register", opts->no_register, "Do not register buffers with the engine");
+  cmd->add_flag("--no-huge-pages", opts->no_huge_pages,
+                 "Stage in 4 KiB pages (as fio's malloc buffers) instead of 2 MiB huge pages");
   cmd->callback([opts] { tz::cli::exit_code() = run(*opts); });
 });
 
