@@ -263,11 +263,18 @@ int run(const BenchStoreOptions& o) {
 
   const auto compute = std::chrono::microseconds(static_cast<long>(o.compute_ms_per_layer * 1000));
   double stall_total = 0;
+  nlohmann::json long_stalls = nlohmann::json::array();  // visits that waited over 10 ms
   auto visit = [&](int i, store::Access access) -> Status {
     const double t0 = now_s();
     TZ_ASSIGN_OR_RETURN(store::Lease l, s->pin(ids[static_cast<std::size_t>(i)], store::Tier::kDevice, access));
     TZ_RETURN_IF_ERROR(l.wait());
-    stall_total += now_s() - t0;
+    const double waited = now_s() - t0;
+    stall_total += waited;
+    if (waited > 0.010) {
+      long_stalls.push_back({{"pass", access == store::Access::kRead ? "forward" : "backward"},
+                             {"layer", i},
+                             {"ms", waited * 1e3}});
+    }
     if (compute.count() > 0) std::this_thread::sleep_for(compute);
     l.release();
     return Status::ok();
@@ -280,6 +287,7 @@ int run(const BenchStoreOptions& o) {
   for (int step = 1; step <= o.steps; ++step) {
     const store::StoreStats before = s->stats();
     stall_total = 0;
+    long_stalls = nlohmann::json::array();
     const double t0 = now_s();
     for (int i = 0; i < o.layers; ++i) {
       if (Status st = visit(i, store::Access::kRead); !st.is_ok()) return fail(st);
@@ -341,6 +349,7 @@ int run(const BenchStoreOptions& o) {
         {"peak_device_bytes", after.tier(store::Tier::kDevice).peak_bytes},
         {"peak_host_bytes", after.tier(store::Tier::kHost).peak_bytes},
         {"trace_deviations", after.trace_deviations - before.trace_deviations},
+        {"long_stalls", long_stalls},
         {"machine", machine_name()},
     };
     if (o.json) {
