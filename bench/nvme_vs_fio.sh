@@ -40,7 +40,7 @@ command -v python3 >/dev/null || { echo "nvme_vs_fio: python3 needed to parse fi
 NAME="tierzero-nvme-vs-fio.dat"
 FILE="$DIR/$NAME"
 RAW="$(mktemp)"
-cleanup() { rm -f "$FILE" "$RAW"; }
+cleanup() { rm -f "$FILE" "$RAW" "$RAW.fio" "$RAW.err"; }
 trap cleanup EXIT
 
 echo "# nvme_vs_fio: $(date -u) on $(hostname), $(nproc) cpus, linux $(uname -r)" >&2
@@ -60,8 +60,12 @@ for engine in $ENGINES; do
           # shellcheck disable=SC2086
           fio --name=nvme_vs_fio --filename="$FILE" --direct=1 --rw="$rw" --bs="$bs" \
               --iodepth="$qd" --ioengine="$engine" --size="$SIZE" --numjobs=1 \
-              --output-format=json $extra 2>/dev/null |
-            python3 -c '
+              --output-format=json $extra >"$RAW.fio" 2>"$RAW.err" || {
+            echo "nvme_vs_fio: fio failed ($engine $rw $bs qd $qd):" >&2
+            cat "$RAW.err" >&2
+            exit 1
+          }
+          python3 -c '
 import json, sys
 j = json.load(sys.stdin)["jobs"][0]
 rw = sys.argv[1]
@@ -71,7 +75,7 @@ gb = d["io_bytes"] / 1e9
 print(json.dumps({"tool": "fio", "engine": sys.argv[2], "rw": rw, "bs": sys.argv[3],
                   "qd": int(sys.argv[4]), "gbps": d["bw_bytes"] / 1e9,
                   "cpu_s_per_gb": (j["usr_cpu"] + j["sys_cpu"]) / 100.0 * secs / gb}))
-' "$rw" "$engine" "$bs" "$qd" >>"$RAW"
+' "$rw" "$engine" "$bs" "$qd" <"$RAW.fio" >>"$RAW"
           variants="default"
           if [ "$TZ_4K" = 1 ]; then variants="default 4k"; fi
           for variant in $variants; do
