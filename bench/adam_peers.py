@@ -109,51 +109,66 @@ def run(peer, n, threads, repeat):
 
 
 def summarize(path):
+    """Ratios are medians of per-round ratios: within a round the runners are minutes apart at
+    most, so a change in the machine's memory bandwidth (shared host) cancels out."""
     rows = [json.loads(line) for line in open(path) if line.strip().startswith("{")]
-    by = {}
+    rounds = []
     for r in rows:
+        if r.get("bench") == "round" or not rounds:
+            rounds.append({})
         if r.get("bench") == "adam":
             key = "tierzero_fused_bf16" if r["grad_dtype"] == "bf16" else "tierzero_fp32"
-            by.setdefault(key, []).append(r)
         elif r.get("bench") == "adam_peer":
-            by.setdefault(r["peer"], []).append(r)
-    med = {k: statistics.median(x["params_per_s"] for x in v) for k, v in by.items()}
-    print(f"{'runner':<22} {'rounds':>6} {'Mparams/s':>10} {'B/param':>8} {'GB/s':>7}")
-    for k, v in sorted(by.items()):
+            key = r["peer"]
+        else:
+            continue
+        rounds[-1][key] = r
+    rounds = [x for x in rounds if x]
+    keys = sorted({k for x in rounds for k in x})
+    print(f"{'runner':<22} {'rounds':>6} {'Mparams/s (median)':>19} {'B/param':>8} {'GB/s':>7}")
+    for k in keys:
+        v = [x[k] for x in rounds if k in x]
+        pps = statistics.median(x["params_per_s"] for x in v)
         gb = statistics.median(x["gbps"] for x in v)
-        print(f"{k:<22} {len(v):>6} {med[k] / 1e6:>10.1f} {v[0]['bytes_per_param']:>8} {gb:>7.2f}")
+        print(f"{k:<22} {len(v):>6} {pps / 1e6:>19.1f} {v[0]['bytes_per_param']:>8} {gb:>7.2f}")
+
+    def ratio(a, b):
+        rs = [x[a]["params_per_s"] / x[b]["params_per_s"] for x in rounds if a in x and b in x]
+        return (statistics.median(rs), rs) if rs else (None, [])
+
     out = {}
-    if "tierzero_fp32" in by:
-        f = statistics.median(x["fraction_of_ceiling"] for x in by["tierzero_fp32"])
-        out["tierzero_fp32_fraction_of_ceiling"] = f
-        print(f"tierzero fp32 AdamW: {f:.3f} of the same-run ceiling (target >= 0.9)")
-    if "tierzero_fused_bf16" in by:
-        f = statistics.median(x["fraction_of_ceiling"] for x in by["tierzero_fused_bf16"])
-        out["tierzero_fused_fraction_of_ceiling"] = f
-    if "tierzero_fused_bf16" in med and "ds_full" in med:
-        r = med["tierzero_fused_bf16"] / med["ds_full"]
-        out["fused_vs_ds_full"] = r
-        print(f"tierzero fused bf16-grad + bf16 copy vs DeepSpeed step + copy: {r:.2f}x "
-              "(target >= 1.15x)")
-    if "tierzero_fp32" in med and "ds_step" in med:
-        r = med["tierzero_fp32"] / med["ds_step"]
-        out["fp32_vs_ds_step"] = r
-        print(f"tierzero fp32 AdamW vs DeepSpeedCPUAdam fp32 step: {r:.2f}x")
-    if "tierzero_fused_bf16" in med and "torch_fused_full" in med:
-        r = med["tierzero_fused_bf16"] / med["torch_fused_full"]
-        out["fused_vs_torch_fused_full"] = r
-        print(f"tierzero fused bf16-grad + bf16 copy vs PyTorch fused AdamW + copy: {r:.2f}x")
-    torch_best = max((med[k] for k in ("torch_foreach", "torch_fused", "torch_forloop")
-                      if k in med), default=None)
-    if torch_best and "tierzero_fp32" in med:
-        r = med["tierzero_fp32"] / torch_best
-        out["fp32_vs_torch_best"] = r
-        print(f"tierzero fp32 AdamW vs PyTorch's best CPU AdamW: {r:.2f}x (target >= 3x)")
-    for k in ("torch_forloop", "torch_foreach"):
-        if k in med and "tierzero_fp32" in med:
-            out[f"fp32_vs_{k}"] = med["tierzero_fp32"] / med[k]
-            print(f"tierzero fp32 AdamW vs {k}: {out[f'fp32_vs_{k}']:.2f}x")
-    print(json.dumps({"bench": "adam_vs_peers_summary", **out}))
+    for key, name in (("tierzero_fp32", "fp32"), ("tierzero_fused_bf16", "fused")):
+        fr = [x[key]["fraction_of_ceiling"] for x in rounds if key in x]
+        if fr:
+            out[f"tierzero_{name}_fraction_of_ceiling"] = statistics.median(fr)
+            print(f"tierzero {name}: {statistics.median(fr):.3f} of the same-run ceiling "
+                  f"(per round {', '.join(f'{f:.3f}' for f in fr)}; target for fp32 >= 0.9)")
+    comparisons = [
+        ("tierzero_fused_bf16", "ds_full", "fused bf16-grad + bf16 copy vs DeepSpeed step + copy",
+         " (target >= 1.15x)"),
+        ("tierzero_fused_bf16", "torch_fused_full", "fused vs PyTorch fused AdamW + copy", ""),
+        ("tierzero_fp32", "ds_step", "fp32 AdamW vs DeepSpeedCPUAdam fp32 step", ""),
+        ("tierzero_fp32", "torch_fused", "fp32 AdamW vs torch AdamW(fused=True)", ""),
+        ("tierzero_fp32", "torch_foreach", "fp32 AdamW vs torch AdamW(foreach=True)", ""),
+        ("tierzero_fp32", "torch_forloop", "fp32 AdamW vs torch AdamW (for-loop)", ""),
+    ]
+    for a, b, text, target in comparisons:
+        med, rs = ratio(a, b)
+        if med is not None:
+            out[f"{a}_vs_{b}"] = med
+            print(f"tierzero {text}: {med:.2f}x{target} (per round "
+                  f"{', '.join(f'{r:.2f}' for r in rs)})")
+    best = [max(x[k]["params_per_s"] for k in ("torch_fused", "torch_foreach", "torch_forloop")
+                if k in x) for x in rounds if "tierzero_fp32" in x and any(
+                    k in x for k in ("torch_fused", "torch_foreach", "torch_forloop"))]
+    rs = [x["tierzero_fp32"]["params_per_s"] / b for x, b in zip(
+        [x for x in rounds if "tierzero_fp32" in x and any(
+            k in x for k in ("torch_fused", "torch_foreach", "torch_forloop"))], best)]
+    if rs:
+        out["tierzero_fp32_vs_torch_best"] = statistics.median(rs)
+        print(f"tierzero fp32 AdamW vs PyTorch's best CPU AdamW: {statistics.median(rs):.2f}x "
+              "(target >= 3x)")
+    print(json.dumps({"bench": "adam_vs_peers_summary", "rounds": len(rounds), **out}))
 
 
 def main():

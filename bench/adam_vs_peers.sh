@@ -99,6 +99,7 @@ for ((r = 1; r <= rounds; ++r)); do
     seq=()
     for ((i = ${#order[@]} - 1; i >= 0; --i)); do seq+=("${order[i]}"); done
   fi
+  echo "{\"bench\": \"round\", \"round\": $r}" >> "$out"
   for runner in "${seq[@]}"; do
     if ! run_one "$runner" >> "$out"; then
       echo "runner $runner failed in round $r (see $out.peers.log)" >&2

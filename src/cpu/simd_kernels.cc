@@ -136,7 +136,7 @@ HWY_INLINE void store_copy(D d, V v, T* p) {
   if constexpr (std::is_same_v<T, NoCopy>) {
     return;
   } else {
-#if HWY_MAX_BYTES >= 32
+#if HWY_MAX_BYTES >= 32 && !defined(TZ_CPU_NO_STREAM_COPY)
     const D16 d16;
     const DI di;
     if ((reinterpret_cast<std::uintptr_t>(p) % (hn::Lanes(d16) * sizeof(T))) == 0) {
