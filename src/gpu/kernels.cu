@@ -82,26 +82,11 @@ __global__ void optimizer_step_kernel(OptimizerStepArgs args) {
   }
 }
 
-template <typename F>
-void dispatch(DType dtype, F&& f) {
-  switch (dtype) {
-    case DType::kF32:
-      f(float{});
-      return;
-    case DType::kBF16:
-      f(bf16{});
-      return;
-    case DType::kF16:
-      f(fp16{});
-      return;
-  }
-}
-
 }  // namespace
 
 int fill(void* dst, DType dtype, std::size_t n, float value, void* stream) {
   if (n == 0) return 0;
-  dispatch(dtype, [&](auto tag) {
+  dispatch_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
     fill_kernel<T><<<grid_for(n), kThreads, 0, as_stream(stream)>>>(static_cast<T*>(dst), n,
                                                                      FillOp<T>(value));
@@ -112,8 +97,8 @@ int fill(void* dst, DType dtype, std::size_t n, float value, void* stream) {
 int cast(const void* src, DType src_dtype, void* dst, DType dst_dtype, std::size_t n,
          void* stream) {
   if (n == 0) return 0;
-  dispatch(src_dtype, [&](auto src_tag) {
-    dispatch(dst_dtype, [&](auto dst_tag) {
+  dispatch_dtype(src_dtype, [&](auto src_tag) {
+    dispatch_dtype(dst_dtype, [&](auto dst_tag) {
       using S = decltype(src_tag);
       using D = decltype(dst_tag);
       cast_kernel<S, D><<<grid_for(n), kThreads, 0, as_stream(stream)>>>(
@@ -125,7 +110,7 @@ int cast(const void* src, DType src_dtype, void* dst, DType dst_dtype, std::size
 
 int scale(void* data, DType dtype, std::size_t n, float factor, void* stream) {
   if (n == 0) return 0;
-  dispatch(dtype, [&](auto tag) {
+  dispatch_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
     scale_kernel<T><<<grid_for(n), kThreads, 0, as_stream(stream)>>>(static_cast<T*>(data), n,
                                                                       ScaleOp<T>{factor});
@@ -135,7 +120,7 @@ int scale(void* data, DType dtype, std::size_t n, float factor, void* stream) {
 
 int sum_squares(const void* src, DType dtype, std::size_t n, NormAccumulator* acc, void* stream) {
   if (n == 0) return 0;
-  dispatch(dtype, [&](auto tag) {
+  dispatch_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
     sum_squares_kernel<T><<<grid_for(n), kThreads, 0, as_stream(stream)>>>(
         static_cast<const T*>(src), n, acc);
@@ -145,8 +130,8 @@ int sum_squares(const void* src, DType dtype, std::size_t n, NormAccumulator* ac
 
 int optimizer_step(const OptimizerStepArgs& args, void* stream) {
   if (args.n == 0) return 0;
-  dispatch(args.grad_dtype, [&](auto grad_tag) {
-    dispatch(args.param_copy != nullptr ? args.copy_dtype : DType::kF32, [&](auto copy_tag) {
+  dispatch_dtype(args.grad_dtype, [&](auto grad_tag) {
+    dispatch_dtype(args.param_copy != nullptr ? args.copy_dtype : DType::kF32, [&](auto copy_tag) {
       using G = decltype(grad_tag);
       using C = decltype(copy_tag);
       optimizer_step_kernel<G, C><<<grid_for(args.n), kThreads, 0, as_stream(stream)>>>(args);
