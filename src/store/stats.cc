@@ -40,6 +40,7 @@ std::string StoreStats::to_json() const {
     const TierStats& t = tiers[i];
     j["tiers"][tier_name(static_cast<Tier>(i))] = {
         {"budget_bytes", t.budget_bytes}, {"used_bytes", t.used_bytes},
+        {"cached_bytes", t.cached_bytes},
         {"peak_bytes", t.peak_bytes},     {"bytes_in", t.bytes_in},
         {"bytes_out", t.bytes_out},       {"hits", t.hits},
         {"misses", t.misses},             {"prefetch_hits", t.prefetch_hits},

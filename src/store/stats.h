@@ -32,8 +32,9 @@ const char* link_name(Link link);  // "nvme_to_host", ...
 
 struct TierStats {
   std::uint64_t budget_bytes = 0;
-  std::uint64_t used_bytes = 0;       // physical bytes held now
-  std::uint64_t peak_bytes = 0;       // largest used_bytes
+  std::uint64_t used_bytes = 0;       // physical bytes held by copies now
+  std::uint64_t cached_bytes = 0;     // device: freed buffers kept for reuse (within the budget)
+  std::uint64_t peak_bytes = 0;       // largest used_bytes + cached_bytes
   std::uint64_t bytes_in = 0;         // bytes copied into this tier
   std::uint64_t bytes_out = 0;        // bytes copied out of this tier
   std::uint64_t hits = 0;             // pins that found a current copy (or one being loaded)

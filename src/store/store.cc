@@ -204,6 +204,20 @@ struct Store::Impl {
   std::uint64_t tick = 0;
   BlockId protect = 0;  // the block being pinned: never a victim while its pin is placed
 
+  // Device buffers of evicted copies, kept for the next allocation of the same size (counted in
+  // phys_used): device memory that is mapped and touched once, not per load (on HostDevice a fresh
+  // buffer costs a page fault per 4 KiB on first use).
+  std::multimap<std::uint64_t, gpu::DeviceBuffer> dev_cache;
+  std::uint64_t dev_cache_bytes = 0;
+
+  // Tier statistics follow the physical use; kept device buffers are reported apart.
+  void update_used(Tier t) {
+    TierStats& ts = stats.tiers[ti(t)];
+    ts.used_bytes = phys_used[ti(t)] - (t == Tier::kDevice ? dev_cache_bytes : 0);
+    ts.cached_bytes = t == Tier::kDevice ? dev_cache_bytes : 0;
+    ts.peak_bytes = std::max(ts.peak_bytes, phys_used[ti(t)]);
+  }
+
   // Staging buffers of the NVMe <-> device pipeline.
   std::vector<PinnedBuffer> staging;
   std::vector<int> staging_free;
@@ -618,7 +632,13 @@ struct Store::Impl {
 
   void free_physical(Block& b, Tier t) {
     if (t == Tier::kDevice) {
-      b.dev.reset();
+      if (!b.dev.empty()) {
+        dev_cache.emplace(b.bytes, std::move(b.dev));  // still counted in phys_used
+        dev_cache_bytes += b.bytes;
+        --pending_frees[ti(t)];
+        update_used(t);
+        return;
+      }
     } else if (t == Tier::kHost) {
       b.host.reset();
     } else if (b.has_extent) {
@@ -627,8 +647,8 @@ struct Store::Impl {
       b.nvme_written = false;
     }
     phys_used[ti(t)] -= b.bytes;
-    stats.tiers[ti(t)].used_bytes = phys_used[ti(t)];
     --pending_frees[ti(t)];
+    update_used(t);
   }
 
   // Orders work on `stream` after the caller's last use of the block's device copy.
@@ -662,9 +682,29 @@ struct Store::Impl {
       TZ_ASSERT(!fifo.empty());
       if (fifo.front() != std::make_pair(b.id, op.seq)) return false;
       const Tier t = op.dst;
-      if (phys_used[ti(t)] + b.bytes > budget[ti(t)]) return false;  // wait for frees
+      if (t != Tier::kDevice && phys_used[ti(t)] + b.bytes > budget[ti(t)]) {
+        return false;  // wait for frees
+      }
       Status st;
       if (t == Tier::kDevice) {
+        auto hit = dev_cache.find(b.bytes);
+        if (hit != dev_cache.end()) {
+          b.dev = std::move(hit->second);
+          dev_cache.erase(hit);
+          dev_cache_bytes -= b.bytes;
+          update_used(t);
+          fifo.pop_front();
+          op.started = true;
+          return finish_op(b);  // its bytes were never given back
+        }
+        while (phys_used[ti(t)] + b.bytes > budget[ti(t)] && !dev_cache.empty()) {
+          auto last = std::prev(dev_cache.end());
+          phys_used[ti(t)] -= last->first;
+          dev_cache_bytes -= last->first;
+          dev_cache.erase(last);  // frees the buffer
+          update_used(t);
+        }
+        if (phys_used[ti(t)] + b.bytes > budget[ti(t)]) return false;
         auto buf = device->allocate(static_cast<std::size_t>(b.bytes));
         if (buf) {
           b.dev = std::move(buf).value();
@@ -686,9 +726,7 @@ struct Store::Impl {
       op.started = true;
       if (st.is_ok()) {
         phys_used[ti(t)] += b.bytes;
-        TierStats& ts = stats.tiers[ti(t)];
-        ts.used_bytes = phys_used[ti(t)];
-        ts.peak_bytes = std::max(ts.peak_bytes, ts.used_bytes);
+        update_used(t);
       } else {
         // The copy is unusable: later reads of the block report this.
         fail_op(b, op, std::move(st).with_context("store: allocating '" + b.name + "' in the " +
@@ -1213,6 +1251,7 @@ Store::~Store() {
     impl_->wake();
   }
   impl_->mover.join();
+  impl_->dev_cache.clear();
   Status st = impl_->device->synchronize();
   if (!st.is_ok()) TZ_LOG_WARN("store: device synchronize at exit: %s", st.to_string().c_str());
   impl_->blocks.clear();
@@ -1414,11 +1453,11 @@ void Store::reset_stats() {
   StoreStats fresh;
   for (std::size_t i = 0; i < kTierCount; ++i) {
     fresh.tiers[i].budget_bytes = m.budget[i];
-    fresh.tiers[i].used_bytes = m.phys_used[i];
     fresh.tiers[i].peak_bytes = m.phys_used[i];
   }
   fresh.steps = m.stats.steps;
   m.stats = fresh;
+  for (std::size_t i = 0; i < kTierCount; ++i) m.update_used(static_cast<Tier>(i));
   const double t = now_s();
   for (std::size_t i = 0; i < kLinkCount; ++i) m.link_busy_since[i] = t;
 }
