@@ -50,6 +50,7 @@ class FaultEngine final : public IoEngine {
   bool buffers_registered() const override { return inner_->buffers_registered(); }
   bool files_registered() const override { return inner_->files_registered(); }
   Status submit(std::span<const IoRequest> requests) override;
+  Status flush() override { return inner_->flush(); }
   Result<std::size_t> reap(std::span<IoCompletion> out, std::size_t min_complete) override;
 
   const FaultCounts& counts() const { return counts_; }

@@ -66,10 +66,12 @@ class IoEngine {
   virtual bool buffers_registered() const = 0;
   // True when add_file slots are kernel-registered (io_uring fixed files).
   virtual bool files_registered() const { return false; }
-  // Queues the requests and hands them to the kernel (one syscall per batch where possible).
-  // Errors mean the engine itself failed (the ring is unusable); per-request failures arrive as
-  // completions.
+  // Queues the requests. An engine may defer handing them to the kernel until the next reap()
+  // or flush(), so that submitting and waiting share one syscall (io_uring). Errors mean the
+  // engine itself failed (the ring is unusable); per-request failures arrive as completions.
   virtual Status submit(std::span<const IoRequest> requests) = 0;
+  // Hands every queued request to the kernel now (callers that will not reap soon).
+  virtual Status flush() { return Status::ok(); }
   // Copies up to out.size() completions into `out`, first waiting until at least
   // min(min_complete, in_flight()) are available. Returns how many were copied.
   virtual Result<std::size_t> reap(std::span<IoCompletion> out, std::size_t min_complete) = 0;

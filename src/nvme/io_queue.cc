@@ -293,6 +293,9 @@ Status IoQueue::pump(bool block) {
       TZ_RETURN_IF_ERROR(std::move(st).with_context("io queue: submit"));
     }
   }
+  // A blocking caller comes straight back to reap (submit and wait in one syscall); anyone else
+  // needs the requests in the kernel now.
+  if (!block) TZ_RETURN_IF_ERROR(engine_->flush());
   return Status::ok();
 }
 

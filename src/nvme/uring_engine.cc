@@ -120,17 +120,25 @@ class UringEngine final : public IoEngine {
       if (fixed_files_) sqe->flags |= IOSQE_FIXED_FILE;
       io_uring_sqe_set_data64(sqe, r.user_data);
       ++in_flight_;
+      ++unsubmitted_;
     }
-    return flush(0);
+    // Handed to the kernel by the next reap (together with the wait) or flush().
+    return Status::ok();
   }
+
+  Status flush() override { return unsubmitted_ > 0 ? enter(0) : Status::ok(); }
 
   Result<std::size_t> reap(std::span<IoCompletion> out, std::size_t min_complete) override {
     std::size_t want = std::min<std::size_t>(min_complete, in_flight_);
     want = std::min(want, out.size());
     std::size_t got = peek(out);
+    if (got >= want) {
+      TZ_RETURN_IF_ERROR(flush());
+      return got;
+    }
     while (got < want) {
-      // Flushes anything still queued and waits in one syscall.
-      TZ_RETURN_IF_ERROR(flush(static_cast<unsigned>(want - got)));
+      // Submits anything still queued and waits in one syscall.
+      TZ_RETURN_IF_ERROR(enter(static_cast<unsigned>(want - got)));
       got += peek(out.subspan(got));
     }
     return got;
@@ -141,10 +149,13 @@ class UringEngine final : public IoEngine {
 
   // Submits queued SQEs, optionally waiting for `wait_nr` completions. EINTR, EAGAIN and EBUSY
   // are transient: the SQEs stay queued and the next call submits them.
-  Status flush(unsigned wait_nr) {
+  Status enter(unsigned wait_nr) {
     for (;;) {
       const int rc = wait_nr > 0 ? io_uring_submit_and_wait(&ring_, wait_nr) : io_uring_submit(&ring_);
-      if (rc >= 0) return Status::ok();
+      if (rc >= 0) {
+        unsubmitted_ = io_uring_sq_ready(&ring_);
+        return Status::ok();
+      }
       if (rc == -EINTR) continue;
       if (rc == -EAGAIN || rc == -EBUSY) {
         // The kernel is short of resources or the CQ is full: let the caller reap and retry.
@@ -184,6 +195,7 @@ class UringEngine final : public IoEngine {
   bool fixed_files_ = false;
   std::uint32_t depth_ = 0;
   std::uint32_t in_flight_ = 0;
+  std::uint32_t unsubmitted_ = 0;  // prepared SQEs not yet handed to the kernel
   std::uint32_t max_files_ = 0;
   std::vector<int> fds_;
   std::vector<iovec> buffers_;
