@@ -109,66 +109,52 @@ def run(peer, n, threads, repeat):
 
 
 def summarize(path):
-    """Ratios are medians of per-round ratios: within a round the runners are minutes apart at
-    most, so a change in the machine's memory bandwidth (shared host) cancels out."""
+    """Each peer ran next to the tierzero mode it is compared with (a pair, adam_vs_peers.sh);
+    a ratio is the median over rounds of the ratio within each pair, so the shared host's
+    drifting memory bandwidth cancels out."""
     rows = [json.loads(line) for line in open(path) if line.strip().startswith("{")]
-    rounds = []
+    pairs = []  # [{"peer": name, "tz": row, "peer_row": row}]
     for r in rows:
-        if r.get("bench") == "round" or not rounds:
-            rounds.append({})
-        if r.get("bench") == "adam":
-            key = "tierzero_fused_bf16" if r["grad_dtype"] == "bf16" else "tierzero_fp32"
-        elif r.get("bench") == "adam_peer":
-            key = r["peer"]
-        else:
-            continue
-        rounds[-1][key] = r
-    rounds = [x for x in rounds if x]
-    keys = sorted({k for x in rounds for k in x})
-    print(f"{'runner':<22} {'rounds':>6} {'Mparams/s (median)':>19} {'B/param':>8} {'GB/s':>7}")
-    for k in keys:
-        v = [x[k] for x in rounds if k in x]
+        if r.get("bench") == "pair":
+            pairs.append({"peer": r["peer"], "tz_mode": r["tierzero"]})
+        elif pairs and r.get("bench") == "adam":
+            pairs[-1]["tz"] = r
+        elif pairs and r.get("bench") == "adam_peer":
+            pairs[-1]["peer_row"] = r
+    pairs = [p for p in pairs if "tz" in p and "peer_row" in p]
+    by_runner = {}
+    for p in pairs:
+        by_runner.setdefault(p["tz_mode"], []).append(p["tz"])
+        by_runner.setdefault(p["peer"], []).append(p["peer_row"])
+    print(f"{'runner':<18} {'runs':>5} {'Mparams/s (median)':>19} {'B/param':>8} {'GB/s':>7}")
+    for k, v in sorted(by_runner.items()):
         pps = statistics.median(x["params_per_s"] for x in v)
         gb = statistics.median(x["gbps"] for x in v)
-        print(f"{k:<22} {len(v):>6} {pps / 1e6:>19.1f} {v[0]['bytes_per_param']:>8} {gb:>7.2f}")
-
-    def ratio(a, b):
-        rs = [x[a]["params_per_s"] / x[b]["params_per_s"] for x in rounds if a in x and b in x]
-        return (statistics.median(rs), rs) if rs else (None, [])
-
+        print(f"{k:<18} {len(v):>5} {pps / 1e6:>19.1f} {v[0]['bytes_per_param']:>8} {gb:>7.2f}")
     out = {}
-    for key, name in (("tierzero_fp32", "fp32"), ("tierzero_fused_bf16", "fused")):
-        fr = [x[key]["fraction_of_ceiling"] for x in rounds if key in x]
+    for mode in ("tz_fp32", "tz_fused"):
+        fr = [x["fraction_of_ceiling"] for x in by_runner.get(mode, [])]
         if fr:
-            out[f"tierzero_{name}_fraction_of_ceiling"] = statistics.median(fr)
-            print(f"tierzero {name}: {statistics.median(fr):.3f} of the same-run ceiling "
-                  f"(per round {', '.join(f'{f:.3f}' for f in fr)}; target for fp32 >= 0.9)")
-    comparisons = [
-        ("tierzero_fused_bf16", "ds_full", "fused bf16-grad + bf16 copy vs DeepSpeed step + copy",
-         " (target >= 1.15x)"),
-        ("tierzero_fused_bf16", "torch_fused_full", "fused vs PyTorch fused AdamW + copy", ""),
-        ("tierzero_fp32", "ds_step", "fp32 AdamW vs DeepSpeedCPUAdam fp32 step", ""),
-        ("tierzero_fp32", "torch_fused", "fp32 AdamW vs torch AdamW(fused=True)", ""),
-        ("tierzero_fp32", "torch_foreach", "fp32 AdamW vs torch AdamW(foreach=True)", ""),
-        ("tierzero_fp32", "torch_forloop", "fp32 AdamW vs torch AdamW (for-loop)", ""),
-    ]
-    for a, b, text, target in comparisons:
-        med, rs = ratio(a, b)
-        if med is not None:
-            out[f"{a}_vs_{b}"] = med
-            print(f"tierzero {text}: {med:.2f}x{target} (per round "
-                  f"{', '.join(f'{r:.2f}' for r in rs)})")
-    best = [max(x[k]["params_per_s"] for k in ("torch_fused", "torch_foreach", "torch_forloop")
-                if k in x) for x in rounds if "tierzero_fp32" in x and any(
-                    k in x for k in ("torch_fused", "torch_foreach", "torch_forloop"))]
-    rs = [x["tierzero_fp32"]["params_per_s"] / b for x, b in zip(
-        [x for x in rounds if "tierzero_fp32" in x and any(
-            k in x for k in ("torch_fused", "torch_foreach", "torch_forloop"))], best)]
-    if rs:
-        out["tierzero_fp32_vs_torch_best"] = statistics.median(rs)
-        print(f"tierzero fp32 AdamW vs PyTorch's best CPU AdamW: {statistics.median(rs):.2f}x "
-              "(target >= 3x)")
-    print(json.dumps({"bench": "adam_vs_peers_summary", "rounds": len(rounds), **out}))
+            out[f"{mode}_fraction_of_ceiling"] = statistics.median(fr)
+            print(f"{mode}: {statistics.median(fr):.3f} of the same-run ceiling (median of "
+                  f"{len(fr)} runs, min {min(fr):.3f}, max {max(fr):.3f})")
+    targets = {"ds_full": " (target >= 1.15x)"}
+    ratios = {}
+    for p in pairs:
+        ratios.setdefault((p["tz_mode"], p["peer"]), []).append(
+            p["tz"]["params_per_s"] / p["peer_row"]["params_per_s"])
+    for (mode, peer), rs in ratios.items():
+        med = statistics.median(rs)
+        out[f"{mode}_vs_{peer}"] = med
+        print(f"{mode} vs {peer}: {med:.2f}x{targets.get(peer, '')} "
+              f"(per round {', '.join(f'{r:.2f}' for r in rs)})")
+    torch_keys = [k for k in ("tz_fp32_vs_torch_fused", "tz_fp32_vs_torch_foreach",
+                              "tz_fp32_vs_torch_forloop") if k in out]
+    if torch_keys:
+        worst = min(out[k] for k in torch_keys)
+        out["tz_fp32_vs_torch_best"] = worst
+        print(f"tz_fp32 vs PyTorch's best CPU AdamW: {worst:.2f}x (target >= 3x)")
+    print(json.dumps({"bench": "adam_vs_peers_summary", "pairs": len(pairs), **out}))
 
 
 def main():

@@ -58,25 +58,24 @@ export DS_BUILD_OPS=0            # DeepSpeed JIT-builds CPUAdam on first use
 export OMP_NUM_THREADS="$threads" MKL_NUM_THREADS="$threads"
 export THP_MEM_ALLOC_ENABLE=1    # torch: huge pages for large tensors, as tierzero's bench uses
 
-# Runners in the order of a round: each tierzero mode next to the peers it is compared with.
-order=(tz_fp32)
+# Each peer runs right next to the tierzero mode it is compared with (a pair); the shared host's
+# memory bandwidth drifts over minutes, so only neighbours are compared.
 check="$("$py" "$here/adam_peers.py" check 2>"$out.check.log" || true)"
 echo "peers: ${check:-<check failed, see $out.check.log>}" >&2
 have() { [[ "$check" == *"\"$1\": {\"ok\": true"* ]]; }
+pairs=()
 if have torch; then
-  if have torch_fused; then order+=(torch_fused); else
+  if have torch_fused; then pairs+=("tz_fp32 torch_fused"); else
     echo "peer torch fused AdamW: NOT AVAILABLE ($(echo "$check" | sed 's/.*torch_fused//' | cut -c1-200))" >&2
   fi
-  order+=(torch_foreach torch_forloop)
+  pairs+=("tz_fp32 torch_foreach" "tz_fp32 torch_forloop")
 else
   echo "peer torch: NOT AVAILABLE ($check; see $out.check.log)" >&2
 fi
-if have deepspeed; then order+=(ds_step); else
+if have deepspeed; then pairs+=("tz_fp32 ds_step" "tz_fused ds_full"); else
   echo "peer DeepSpeedCPUAdam: NOT AVAILABLE ($(echo "$check" | sed 's/.*deepspeed//' | cut -c1-300))" >&2
 fi
-order+=(tz_fused)
-have deepspeed && order+=(ds_full)
-have torch_fused && order+=(torch_fused_full)
+have torch_fused && pairs+=("tz_fused torch_fused_full")
 
 run_one() {
   case "$1" in
@@ -88,22 +87,22 @@ run_one() {
   esac
 }
 
-# --- alternate tierzero and the peers; odd rounds forward, even rounds backward ---------------
+# --- rounds of pairs; odd rounds run tierzero first in each pair, even rounds the peer ---------
 echo "# adam_vs_peers params=$params threads=$threads rounds=$rounds repeat=$repeat $(date -u)" >&2
-echo "# order: ${order[*]}" >&2
+echo "# pairs: ${pairs[*]}" >&2
 echo "# load: $(uptime)" >&2
 : > "$out"
 for ((r = 1; r <= rounds; ++r)); do
-  seq=("${order[@]}")
-  if ((r % 2 == 0)); then
-    seq=()
-    for ((i = ${#order[@]} - 1; i >= 0; --i)); do seq+=("${order[i]}"); done
-  fi
-  echo "{\"bench\": \"round\", \"round\": $r}" >> "$out"
-  for runner in "${seq[@]}"; do
-    if ! run_one "$runner" >> "$out"; then
-      echo "runner $runner failed in round $r (see $out.peers.log)" >&2
-    fi
+  for pair in "${pairs[@]}"; do
+    read -r mine peer <<< "$pair"
+    echo "{\"bench\": \"pair\", \"round\": $r, \"tierzero\": \"$mine\", \"peer\": \"$peer\"}" >> "$out"
+    seq=("$mine" "$peer")
+    ((r % 2 == 0)) && seq=("$peer" "$mine")
+    for runner in "${seq[@]}"; do
+      if ! run_one "$runner" >> "$out"; then
+        echo "runner $runner failed in round $r (see $out.peers.log)" >&2
+      fi
+    done
   done
   echo "round $r/$rounds done ($(uptime | sed 's/.*load/load/'))" >&2
 done
