@@ -121,6 +121,42 @@ TEST_P(QueueByEngine, TransfersAreCutToBlocksWithinTheDepth) {
   EXPECT_LE(q->stats().max_in_flight_bytes, 3u * (64 << 10));
 }
 
+TEST_P(QueueByEngine, PollAloneCompletesStartedOperations) {
+  // A caller that never blocks in wait() must still see its requests reach the kernel.
+  TempDir dir;
+  FileOpenOptions fo;
+  fo.create = true;
+  auto file = IoFileHandle::open(dir.path() + "/polled", fo);
+  ASSERT_TRUE(file.is_ok());
+  ASSERT_TRUE(file->preallocate(2 << 20).is_ok());
+  IoEngineOptions eo;
+  eo.queue_depth = 4;
+  auto engine = make_io_engine(GetParam(), eo);
+  ASSERT_TRUE(engine.is_ok());
+  IoQueueOptions qo;
+  qo.block_bytes = 64 << 10;
+  qo.depth_per_file = 4;
+  auto q = IoQueue::create(std::move(engine).value(), qo);
+  ASSERT_TRUE(q.is_ok());
+  auto id = q->add_file(file->io_file());
+  ASSERT_TRUE(id.is_ok());
+  AlignedBuffer out(2 << 20), in(2 << 20);
+  std::mt19937_64 rng(71);
+  std::printf("seed 71\n");
+  testing::fill_random(out.data, 2 << 20, rng);
+  Transfer w{IoOp::kWrite, *id, 0, out.data, 2 << 20};
+  auto op = q->start({&w, 1});
+  ASSERT_TRUE(op.is_ok());
+  for (int spins = 0; !q->done(*op); ++spins) {
+    ASSERT_TRUE(q->poll().is_ok());
+    ASSERT_LT(spins, 50000000) << "poll() made no progress";
+  }
+  ASSERT_TRUE(q->wait(*op).is_ok());
+  Transfer r{IoOp::kRead, *id, 0, in.data, 2 << 20};
+  ASSERT_TRUE(q->run({&r, 1}).is_ok());
+  EXPECT_EQ(std::memcmp(in.data, out.data, 2 << 20), 0);
+}
+
 INSTANTIATE_TEST_SUITE_P(Engines, QueueByEngine,
                          ::testing::Values(IoEngineKind::kIoUring, IoEngineKind::kLibaio,
                                            IoEngineKind::kPsync),
