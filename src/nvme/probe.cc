@@ -38,6 +38,9 @@ std::string filesystem_name(long magic) {
     case 0x00c36400: return "ceph";
     case 0x5346544e: return "ntfs";
     case 0x4d44: return "vfat";
+    case 0x9fa0: return "proc";
+    case 0x62656572: return "sysfs";
+    case 0x73717368: return "squashfs";
     default: break;
   }
   char text[32];
