@@ -76,6 +76,28 @@ int Topology::cores_in_node(int node) const {
   return hwloc_get_nbobjs_inside_cpuset_by_type(topo, numa->cpuset, HWLOC_OBJ_CORE);
 }
 
+Result<int> Topology::numa_node_of(const void* addr, std::size_t bytes) const {
+  hwloc_topology_t topo = as_topo(topo_);
+  hwloc_bitmap_t nodes = hwloc_bitmap_alloc();
+  if (nodes == nullptr) return Status::out_of_memory("hwloc_bitmap_alloc");
+  const int rc = hwloc_get_area_memlocation(topo, addr, bytes, nodes, HWLOC_MEMBIND_BYNODESET);
+  const int err = errno;
+  int node = -1;
+  if (rc == 0) {
+    const int os_index = hwloc_bitmap_first(nodes);
+    hwloc_obj_t obj = os_index >= 0 ? hwloc_get_numanode_obj_by_os_index(
+                                          topo, static_cast<unsigned>(os_index))
+                                    : nullptr;
+    if (obj != nullptr) node = static_cast<int>(obj->logical_index);
+  }
+  hwloc_bitmap_free(nodes);
+  if (rc != 0) {
+    return Status(ErrorCode::kUnavailable, err, "hwloc_get_area_memlocation failed");
+  }
+  if (node < 0) return Status::not_found("no NUMA node holds these pages (not touched yet?)");
+  return node;
+}
+
 nlohmann::json Topology::report() const {
   hwloc_topology_t topo = as_topo(topo_);
   nlohmann::json out;

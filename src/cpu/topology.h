@@ -3,6 +3,7 @@
 // hwloc, so CPU optimizer work runs on the cores (and NUMA node) next to the memory it updates.
 #pragma once
 
+#include <cstddef>
 #include <memory>
 #include <string>
 #include <utility>
@@ -30,6 +31,10 @@ class Topology {
   int numa_nodes() const;  // at least 1
   // Cores whose PUs lie in NUMA node `node` (by logical index; -1 = all cores).
   int cores_in_node(int node) const;
+  // Logical index of the NUMA node holding the pages of [addr, addr + bytes) (the first such
+  // node when they are spread), for OptimizerOptions::numa_node / ArenaOptions::numa_node.
+  // Pages not yet touched have no node: kNotFound. kUnavailable when the OS cannot tell.
+  Result<int> numa_node_of(const void* addr, std::size_t bytes) const;
   // {"packages": P, "cores": C, "pus": U, "numa_nodes": [{"os_index", "memory_bytes",
   //  "cpuset": "0-1", "cores"}...], "process_cpuset": "0-1"}.
   nlohmann::json report() const;

@@ -7,6 +7,7 @@
 #include <mutex>
 #include <set>
 #include <thread>
+#include <vector>
 
 #include <oneapi/tbb/parallel_for.h>
 
@@ -33,6 +34,23 @@ TEST(Topology, ReportIsConsistent) {
   }
   EXPECT_EQ(cores_in_nodes, r["cores"].get<int>());
   EXPECT_EQ(topology_report()["cores"], r["cores"]);
+}
+
+TEST(Topology, NumaNodeOfTouchedMemory) {
+  Result<Topology> topo = Topology::create();
+  ASSERT_TRUE(topo.is_ok());
+  std::vector<char> buf(1 << 20, 1);  // touched, so every page has a node
+  Result<int> node = topo->numa_node_of(buf.data(), buf.size());
+  if (!node.is_ok() && node.status().code() == ErrorCode::kUnavailable) {
+    GTEST_SKIP() << "the OS cannot report page locations: " << node.status().to_string();
+  }
+  ASSERT_TRUE(node.is_ok()) << node.status().to_string();
+  EXPECT_GE(*node, 0);
+  EXPECT_LT(*node, topo->numa_nodes());
+  // The node reported is one the arena accepts.
+  ArenaOptions o;
+  o.numa_node = *node;
+  EXPECT_TRUE(ThreadArena::create(o).is_ok());
 }
 
 bool same_affinity(const cpu_set_t& a, const cpu_set_t& b) { return CPU_EQUAL(&a, &b) != 0; }
