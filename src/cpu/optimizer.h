@@ -101,7 +101,8 @@ class CpuOptimizer {
 
   // Updates every shard in one parallel pass. Validates the arguments (kInvalidArgument names
   // the offending shard), then cannot fail. Results do not depend on the thread count or the
-  // tiling: the update is element-wise.
+  // tiling: the update is element-wise. Blocking; one step at a time per optimizer (the tile
+  // list is reused), so callers that overlap shards use one optimizer per pipeline stage.
   Status step(std::span<const Shard> shards, const StepArgs& args);
 
   // The bandwidth ceiling for benchmarks: the same tiling, threads, loads and stores as step()
