@@ -651,6 +651,13 @@ struct Store::Impl {
     update_used(t);
   }
 
+  // Marks the end of a load into the device for Lease::ready_event. The mover cannot hand a
+  // failure to anyone here, and a failed event record means the device is unusable.
+  void record_ready(Block& b, gpu::Stream& stream) {
+    Status st = b.ready_event->record(stream);
+    TZ_ASSERT(st.is_ok(), st.to_string().c_str());
+  }
+
   // Orders work on `stream` after the caller's last use of the block's device copy.
   void after_user(Block& b, gpu::Stream& stream) {
     if (b.user_event_recorded) {
@@ -780,7 +787,6 @@ struct Store::Impl {
       op.start_us = Trace::global().now_us();
       op.start_s = now_s();
       link_start(link_of(op.src, op.dst));
-      const bool dev_src = op.src == Tier::kDevice;
       const bool dev_dst = op.dst == Tier::kDevice;
       if (tier_ptr(b, op.src) == nullptr && op.src != Tier::kNvme) {
         fail_op(b, op, Status::internal("store: '" + b.name + "' has no " +
@@ -816,7 +822,7 @@ struct Store::Impl {
           return finish_copy_if_done(b, op);
         }
         if (dev_dst) {
-          (void)b.ready_event->record(s);
+          record_ready(b, s);
           b.issued_seq = op.seq;
         }
         op.device_pending = true;
@@ -825,7 +831,6 @@ struct Store::Impl {
       }
       op.chunks = b.chunk_count(options.chunk_bytes);
       if (op.dst == Tier::kNvme) b.nvme_written = false;  // until every piece has landed
-      (void)dev_src;
     }
     return pump_chunks(b, op);
   }
@@ -1024,7 +1029,7 @@ struct Store::Impl {
                                 gpu::CopyKind::kHostToDevice, s);
         TZ_ASSERT(st.is_ok(), st.to_string().c_str());
         if (++op->copies_enqueued == op->chunks) {
-          (void)b.ready_event->record(s);
+          record_ready(b, s);
           b.issued_seq = op->seq;
         }
         enqueue_callback(s, b, *op, job.chunk, false, job.staging);
