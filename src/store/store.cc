@@ -769,7 +769,7 @@ struct Store::Impl {
         after_user(b, device->h2d_stream());
         Status st = device->memset_async(b.dev.data(), 0, b.bytes, device->h2d_stream());
         TZ_ASSERT(st.is_ok(), st.to_string().c_str());
-        (void)b.ready_event->record(device->h2d_stream());
+        record_ready(b, device->h2d_stream());
         op.device_pending = true;
         enqueue_callback(device->h2d_stream(), b, op, 0, true);
         return true;
@@ -800,7 +800,7 @@ struct Store::Impl {
           after_user(b, device->h2d_stream());
           Status st = device->memset_async(b.dev.data(), 0, b.bytes, device->h2d_stream());
           TZ_ASSERT(st.is_ok(), st.to_string().c_str());
-          (void)b.ready_event->record(device->h2d_stream());
+          record_ready(b, device->h2d_stream());
           b.issued_seq = op.seq;
           op.device_pending = true;
           enqueue_callback(device->h2d_stream(), b, op, 0, true);
