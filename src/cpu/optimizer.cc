@@ -314,7 +314,8 @@ CpuOptimizer::~CpuOptimizer() = default;
 const OptimizerSpec& CpuOptimizer::spec() const { return impl_->spec; }
 int CpuOptimizer::threads() const { return impl_->arena.threads(); }
 
-// Tiles the shards, groups the tiles into chunks and runs tile_fn on every tile in the arena.
+// Tiles the shards, groups the tiles into chunks and runs tile_fn(first, count) on each chunk of
+// consecutive tiles in the arena.
 template <class TileFn>
 static void run_tiled(CpuOptimizer::Impl& im, std::span<const Shard> shards, const StepArgs& args,
                       const TileFn& tile_fn);
@@ -323,7 +324,8 @@ Status CpuOptimizer::step(std::span<const Shard> shards, const StepArgs& args) {
   TZ_RETURN_IF_ERROR(validate_step(impl_->spec, shards, args));
   const detail::StepKernel kernel = make_kernel(impl_->spec, args);
   const detail::KernelTable& table = detail::active_kernels();
-  run_tiled(*impl_, shards, args, [&](const detail::Tile& t) { table.update(kernel, t); });
+  run_tiled(*impl_, shards, args,
+            [&](const detail::Tile* t, std::size_t n) { table.update(kernel, t, n); });
   return Status::ok();
 }
 
@@ -334,7 +336,8 @@ Status CpuOptimizer::stream(std::span<const Shard> shards, const StepArgs& args)
   kernel.state_dtype = impl_->spec.state_dtype;
   kernel.copy_dtype = args.copy_dtype;
   const detail::KernelTable& table = detail::active_kernels();
-  run_tiled(*impl_, shards, args, [&](const detail::Tile& t) { table.stream(kernel, t); });
+  run_tiled(*impl_, shards, args,
+            [&](const detail::Tile* t, std::size_t n) { table.stream(kernel, t, n); });
   return Status::ok();
 }
 
@@ -363,8 +366,9 @@ static void run_tiled(CpuOptimizer::Impl& im, std::span<const Shard> shards, con
   im.chunk_begin.push_back(im.tiles.size());
   const std::size_t chunks = im.chunk_begin.size() - 1;
 
+  // One kernel call per chunk: the dtype dispatch and coefficient setup are paid per chunk.
   auto run_chunk = [&](std::size_t c) {
-    for (std::size_t i = im.chunk_begin[c]; i < im.chunk_begin[c + 1]; ++i) tile_fn(im.tiles[i]);
+    tile_fn(im.tiles.data() + im.chunk_begin[c], im.chunk_begin[c + 1] - im.chunk_begin[c]);
   };
   im.arena.execute([&] {
     if (chunks == 1) {
@@ -387,7 +391,7 @@ Status reference_step(const OptimizerSpec& spec, std::span<const Shard> shards,
   const detail::StepKernel kernel = make_kernel(spec, args);
   std::vector<detail::Tile> tiles;
   build_tiles(shards, args, spec, std::size_t{1} << 20, tiles);
-  for (const detail::Tile& t : tiles) detail::reference_kernels().update(kernel, t);
+  detail::reference_kernels().update(kernel, tiles.data(), tiles.size());
   return Status::ok();
 }
 

@@ -72,7 +72,7 @@ void adagrad_tile(const StepKernel& k, const Tile& t) {
   }
 }
 
-void update(const StepKernel& k, const Tile& t) {
+void update_one(const StepKernel& k, const Tile& t) {
   with_value_type(k.grad_dtype, [&](auto g) {
     using G = decltype(g);
     with_copy_type(t.copy, k.copy_dtype, [&](auto c) {
@@ -106,7 +106,7 @@ void stream_tile(const Tile& t) {
   }
 }
 
-void stream(const StreamKernel& k, const Tile& t) {
+void stream_one(const StreamKernel& k, const Tile& t) {
   with_value_type(k.grad_dtype, [&](auto g) {
     with_copy_type(t.copy, k.copy_dtype, [&](auto c) {
       if (k.state_dtype == DType::kBF16) {
@@ -116,6 +116,14 @@ void stream(const StreamKernel& k, const Tile& t) {
       }
     });
   });
+}
+
+void update(const StepKernel& k, const Tile* tiles, std::size_t count) {
+  for (std::size_t i = 0; i < count; ++i) update_one(k, tiles[i]);
+}
+
+void stream(const StreamKernel& k, const Tile* tiles, std::size_t count) {
+  for (std::size_t i = 0; i < count; ++i) stream_one(k, tiles[i]);
 }
 
 void f32_to_16(const float* in, void* out, DType out_dtype, std::size_t n) {

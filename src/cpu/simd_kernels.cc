@@ -195,7 +195,7 @@ HWY_INLINE void for_each_vector(const Tile& t, const Body& body) {
 // ---- the optimizers (operation order as in optimizer_math.h) ----
 
 template <class G, class S, class C>
-HWY_NOINLINE void adam_tile(const optim::AdamCoeffs& k, const Tile& t) {
+HWY_NOINLINE void adam_tile(const optim::AdamCoeffs& k, const Tile* tiles, std::size_t count) {
   const D d;
   const V scale = hn::Set(d, k.grad_scale);
   const V b1 = hn::Set(d, k.beta1), omb1 = hn::Set(d, k.one_minus_beta1);
@@ -205,52 +205,58 @@ HWY_NOINLINE void adam_tile(const optim::AdamCoeffs& k, const Tile& t) {
   const V l2 = hn::Set(d, k.l2_decay), pscale = hn::Set(d, k.param_scale);
   const bool has_l2 = k.l2_decay != 0.0f;
   const bool has_scale = k.param_scale != 1.0f;
-  for_each_vector<G, S, C>(t, [&](std::size_t i, float* P, const G* Gr, S* M, S* Vs, C* Cp)
-                                   HWY_ATTR {
-    V g = hn::Mul(load(d, Gr + i), scale);
-    V p = hn::LoadU(d, P + i);
-    if (has_l2) g = hn::Add(g, hn::Mul(l2, p));
-    V m = load(d, M + i);
-    V v = load(d, Vs + i);
-    m = hn::Add(hn::Mul(b1, m), hn::Mul(omb1, g));
-    v = hn::Add(hn::Mul(b2, v), hn::Mul(omb2, hn::Mul(g, g)));
-    const V denom = hn::Add(hn::Div(hn::Sqrt(v), sbc2), eps);
-    if (has_scale) p = hn::Mul(p, pscale);
-    p = hn::Sub(p, hn::Mul(step, hn::Div(m, denom)));
-    hn::StoreU(p, d, P + i);
-    store(d, m, M + i);
-    store(d, v, Vs + i);
-    if constexpr (!std::is_same_v<C, NoCopy>) store_copy(d, p, Cp + i);
-  });
+  for (std::size_t ti = 0; ti < count; ++ti) {
+    const Tile& t = tiles[ti];
+    for_each_vector<G, S, C>(t, [&](std::size_t i, float* P, const G* Gr, S* M, S* Vs, C* Cp)
+                                     HWY_ATTR {
+      V g = hn::Mul(load(d, Gr + i), scale);
+      V p = hn::LoadU(d, P + i);
+      if (has_l2) g = hn::Add(g, hn::Mul(l2, p));
+      V m = load(d, M + i);
+      V v = load(d, Vs + i);
+      m = hn::Add(hn::Mul(b1, m), hn::Mul(omb1, g));
+      v = hn::Add(hn::Mul(b2, v), hn::Mul(omb2, hn::Mul(g, g)));
+      const V denom = hn::Add(hn::Div(hn::Sqrt(v), sbc2), eps);
+      if (has_scale) p = hn::Mul(p, pscale);
+      p = hn::Sub(p, hn::Mul(step, hn::Div(m, denom)));
+      hn::StoreU(p, d, P + i);
+      store(d, m, M + i);
+      store(d, v, Vs + i);
+      if constexpr (!std::is_same_v<C, NoCopy>) store_copy(d, p, Cp + i);
+    });
+  }
 }
 
 template <class G, class C>
-HWY_NOINLINE void sgd_tile(const optim::SgdCoeffs& k, const Tile& t) {
+HWY_NOINLINE void sgd_tile(const optim::SgdCoeffs& k, const Tile* tiles, std::size_t count) {
   const D d;
   const V scale = hn::Set(d, k.grad_scale), lr = hn::Set(d, k.lr);
   const V mom = hn::Set(d, k.momentum), damp_c = hn::Set(d, k.dampening_complement);
   const V wd = hn::Set(d, k.weight_decay);
   const bool has_wd = k.weight_decay != 0.0f;
   const bool has_momentum = k.momentum != 0.0f;
-  for_each_vector<G, float, C>(t, [&](std::size_t i, float* P, const G* Gr, float* B, float*,
-                                      C* Cp) HWY_ATTR {
-    V g = hn::Mul(load(d, Gr + i), scale);
-    V p = hn::LoadU(d, P + i);
-    if (has_wd) g = hn::Add(g, hn::Mul(wd, p));
-    if (has_momentum) {
-      const V buf =
-          k.first_step ? g : hn::Add(hn::Mul(mom, hn::LoadU(d, B + i)), hn::Mul(damp_c, g));
-      hn::StoreU(buf, d, B + i);
-      g = k.nesterov ? hn::Add(g, hn::Mul(mom, buf)) : buf;
-    }
-    p = hn::Sub(p, hn::Mul(lr, g));
-    hn::StoreU(p, d, P + i);
-    if constexpr (!std::is_same_v<C, NoCopy>) store_copy(d, p, Cp + i);
-  });
+  for (std::size_t ti = 0; ti < count; ++ti) {
+    const Tile& t = tiles[ti];
+    for_each_vector<G, float, C>(t, [&](std::size_t i, float* P, const G* Gr, float* B, float*,
+                                        C* Cp) HWY_ATTR {
+      V g = hn::Mul(load(d, Gr + i), scale);
+      V p = hn::LoadU(d, P + i);
+      if (has_wd) g = hn::Add(g, hn::Mul(wd, p));
+      if (has_momentum) {
+        const V buf =
+            k.first_step ? g : hn::Add(hn::Mul(mom, hn::LoadU(d, B + i)), hn::Mul(damp_c, g));
+        hn::StoreU(buf, d, B + i);
+        g = k.nesterov ? hn::Add(g, hn::Mul(mom, buf)) : buf;
+      }
+      p = hn::Sub(p, hn::Mul(lr, g));
+      hn::StoreU(p, d, P + i);
+      if constexpr (!std::is_same_v<C, NoCopy>) store_copy(d, p, Cp + i);
+    });
+  }
 }
 
 template <class G, class C>
-HWY_NOINLINE void lion_tile(const optim::LionCoeffs& k, const Tile& t) {
+HWY_NOINLINE void lion_tile(const optim::LionCoeffs& k, const Tile* tiles, std::size_t count) {
   const D d;
   const V scale = hn::Set(d, k.grad_scale), lr = hn::Set(d, k.lr);
   const V b1 = hn::Set(d, k.beta1), omb1 = hn::Set(d, k.one_minus_beta1);
@@ -258,58 +264,80 @@ HWY_NOINLINE void lion_tile(const optim::LionCoeffs& k, const Tile& t) {
   const V pscale = hn::Set(d, k.param_scale);
   const V zero = hn::Zero(d), one = hn::Set(d, 1.0f), minus_one = hn::Set(d, -1.0f);
   const bool has_scale = k.param_scale != 1.0f;
-  for_each_vector<G, float, C>(t, [&](std::size_t i, float* P, const G* Gr, float* M, float*,
-                                      C* Cp) HWY_ATTR {
-    const V g = hn::Mul(load(d, Gr + i), scale);
-    V p = hn::LoadU(d, P + i);
-    const V m = hn::LoadU(d, M + i);
-    const V x = hn::Add(hn::Mul(b1, m), hn::Mul(omb1, g));
-    const V u = hn::IfThenElse(hn::Gt(x, zero), one,
-                               hn::IfThenElse(hn::Lt(x, zero), minus_one, zero));
-    if (has_scale) p = hn::Mul(p, pscale);
-    p = hn::Sub(p, hn::Mul(lr, u));
-    hn::StoreU(p, d, P + i);
-    hn::StoreU(hn::Add(hn::Mul(b2, m), hn::Mul(omb2, g)), d, M + i);
-    if constexpr (!std::is_same_v<C, NoCopy>) store_copy(d, p, Cp + i);
-  });
+  for (std::size_t ti = 0; ti < count; ++ti) {
+    const Tile& t = tiles[ti];
+    for_each_vector<G, float, C>(t, [&](std::size_t i, float* P, const G* Gr, float* M, float*,
+                                        C* Cp) HWY_ATTR {
+      const V g = hn::Mul(load(d, Gr + i), scale);
+      V p = hn::LoadU(d, P + i);
+      const V m = hn::LoadU(d, M + i);
+      const V x = hn::Add(hn::Mul(b1, m), hn::Mul(omb1, g));
+      const V u = hn::IfThenElse(hn::Gt(x, zero), one,
+                                 hn::IfThenElse(hn::Lt(x, zero), minus_one, zero));
+      if (has_scale) p = hn::Mul(p, pscale);
+      p = hn::Sub(p, hn::Mul(lr, u));
+      hn::StoreU(p, d, P + i);
+      hn::StoreU(hn::Add(hn::Mul(b2, m), hn::Mul(omb2, g)), d, M + i);
+      if constexpr (!std::is_same_v<C, NoCopy>) store_copy(d, p, Cp + i);
+    });
+  }
 }
 
 template <class G, class C>
-HWY_NOINLINE void adagrad_tile(const optim::AdagradCoeffs& k, const Tile& t) {
+HWY_NOINLINE void adagrad_tile(const optim::AdagradCoeffs& k, const Tile* tiles, std::size_t count) {
   const D d;
   const V scale = hn::Set(d, k.grad_scale), clr = hn::Set(d, k.clr);
   const V eps = hn::Set(d, k.eps), wd = hn::Set(d, k.weight_decay);
   const bool has_wd = k.weight_decay != 0.0f;
-  for_each_vector<G, float, C>(t, [&](std::size_t i, float* P, const G* Gr, float* Sum, float*,
-                                      C* Cp) HWY_ATTR {
-    V g = hn::Mul(load(d, Gr + i), scale);
-    V p = hn::LoadU(d, P + i);
-    if (has_wd) g = hn::Add(g, hn::Mul(wd, p));
-    const V sum = hn::Add(hn::LoadU(d, Sum + i), hn::Mul(g, g));
-    hn::StoreU(sum, d, Sum + i);
-    p = hn::Sub(p, hn::Mul(clr, hn::Div(g, hn::Add(hn::Sqrt(sum), eps))));
-    hn::StoreU(p, d, P + i);
-    if constexpr (!std::is_same_v<C, NoCopy>) store_copy(d, p, Cp + i);
-  });
+  for (std::size_t ti = 0; ti < count; ++ti) {
+    const Tile& t = tiles[ti];
+    for_each_vector<G, float, C>(t, [&](std::size_t i, float* P, const G* Gr, float* Sum, float*,
+                                        C* Cp) HWY_ATTR {
+      V g = hn::Mul(load(d, Gr + i), scale);
+      V p = hn::LoadU(d, P + i);
+      if (has_wd) g = hn::Add(g, hn::Mul(wd, p));
+      const V sum = hn::Add(hn::LoadU(d, Sum + i), hn::Mul(g, g));
+      hn::StoreU(sum, d, Sum + i);
+      p = hn::Sub(p, hn::Mul(clr, hn::Div(g, hn::Add(hn::Sqrt(sum), eps))));
+      hn::StoreU(p, d, P + i);
+      if constexpr (!std::is_same_v<C, NoCopy>) store_copy(d, p, Cp + i);
+    });
+  }
 }
 
-void update(const StepKernel& k, const Tile& t) {
-  with_value_type(k.grad_dtype, [&](auto g) {
-    using G = decltype(g);
-    with_copy_type(t.copy, k.copy_dtype, [&](auto c) {
-      using C = decltype(c);
-      switch (k.kind) {
-        case optim::OptimizerKind::kAdam:
-          if (k.state_dtype == DType::kBF16) {
-            adam_tile<G, bf16, C>(k.adam, t);
-          } else {
-            adam_tile<G, float, C>(k.adam, t);
-          }
-          return;
-        case optim::OptimizerKind::kSgd: sgd_tile<G, C>(k.sgd, t); return;
-        case optim::OptimizerKind::kLion: lion_tile<G, C>(k.lion, t); return;
-        case optim::OptimizerKind::kAdagrad: adagrad_tile<G, C>(k.adagrad, t); return;
-      }
+// Runs `fn(first, count, copy_tag)` for each run of consecutive tiles that agree on whether they
+// write a copy, so the dtype dispatch and the coefficient broadcasts happen once per run.
+template <class Fn>
+HWY_INLINE void for_each_copy_run(const Tile* tiles, std::size_t count, const Fn& fn) {
+  std::size_t i = 0;
+  while (i < count) {
+    const bool has_copy = tiles[i].copy != nullptr;
+    std::size_t j = i + 1;
+    while (j < count && (tiles[j].copy != nullptr) == has_copy) ++j;
+    fn(tiles + i, j - i, tiles[i].copy);
+    i = j;
+  }
+}
+
+void update(const StepKernel& k, const Tile* tiles, std::size_t count) {
+  for_each_copy_run(tiles, count, [&](const Tile* run, std::size_t n, const void* copy) {
+    with_value_type(k.grad_dtype, [&](auto g) {
+      using G = decltype(g);
+      with_copy_type(copy, k.copy_dtype, [&](auto c) {
+        using C = decltype(c);
+        switch (k.kind) {
+          case optim::OptimizerKind::kAdam:
+            if (k.state_dtype == DType::kBF16) {
+              adam_tile<G, bf16, C>(k.adam, run, n);
+            } else {
+              adam_tile<G, float, C>(k.adam, run, n);
+            }
+            return;
+          case optim::OptimizerKind::kSgd: sgd_tile<G, C>(k.sgd, run, n); return;
+          case optim::OptimizerKind::kLion: lion_tile<G, C>(k.lion, run, n); return;
+          case optim::OptimizerKind::kAdagrad: adagrad_tile<G, C>(k.adagrad, run, n); return;
+        }
+      });
     });
   });
 }
@@ -317,27 +345,32 @@ void update(const StepKernel& k, const Tile& t) {
 // ---- the bandwidth ceiling: same loads and stores, trivial math ----
 
 template <class G, class S, class C>
-HWY_NOINLINE void stream_tile(const Tile& t) {
+HWY_NOINLINE void stream_tile(const Tile* tiles, std::size_t count) {
   const D d;
-  for_each_vector<G, S, C>(t, [&](std::size_t i, float* P, const G* Gr, S* S0, S* S1, C* Cp)
-                                   HWY_ATTR {
-    const V g = load(d, Gr + i);
-    const V p = hn::Add(hn::LoadU(d, P + i), g);
-    hn::StoreU(p, d, P + i);
-    if (S0 != nullptr) store(d, hn::Add(load(d, S0 + i), g), S0 + i);
-    if (S1 != nullptr) store(d, hn::Add(load(d, S1 + i), g), S1 + i);
-    if constexpr (!std::is_same_v<C, NoCopy>) store_copy(d, p, Cp + i);
-  });
+  for (std::size_t ti = 0; ti < count; ++ti) {
+    const Tile& t = tiles[ti];
+    for_each_vector<G, S, C>(t, [&](std::size_t i, float* P, const G* Gr, S* S0, S* S1, C* Cp)
+                                     HWY_ATTR {
+      const V g = load(d, Gr + i);
+      const V p = hn::Add(hn::LoadU(d, P + i), g);
+      hn::StoreU(p, d, P + i);
+      if (S0 != nullptr) store(d, hn::Add(load(d, S0 + i), g), S0 + i);
+      if (S1 != nullptr) store(d, hn::Add(load(d, S1 + i), g), S1 + i);
+      if constexpr (!std::is_same_v<C, NoCopy>) store_copy(d, p, Cp + i);
+    });
+  }
 }
 
-void stream(const StreamKernel& k, const Tile& t) {
-  with_value_type(k.grad_dtype, [&](auto g) {
-    with_copy_type(t.copy, k.copy_dtype, [&](auto c) {
-      if (k.state_dtype == DType::kBF16) {
-        stream_tile<decltype(g), bf16, decltype(c)>(t);
-      } else {
-        stream_tile<decltype(g), float, decltype(c)>(t);
-      }
+void stream(const StreamKernel& k, const Tile* tiles, std::size_t count) {
+  for_each_copy_run(tiles, count, [&](const Tile* run, std::size_t n, const void* copy) {
+    with_value_type(k.grad_dtype, [&](auto g) {
+      with_copy_type(copy, k.copy_dtype, [&](auto c) {
+        if (k.state_dtype == DType::kBF16) {
+          stream_tile<decltype(g), bf16, decltype(c)>(run, n);
+        } else {
+          stream_tile<decltype(g), float, decltype(c)>(run, n);
+        }
+      });
     });
   });
 }

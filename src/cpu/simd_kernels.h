@@ -1,6 +1,6 @@
 // Internal to cpu/: the table of tile kernels one SIMD target (or the scalar reference)
 // provides, the per-step arguments they take, and the dtype dispatch shared by all tables. The
-// optimizer splits a step into tiles and calls the active table's `update` on each.
+// optimizer splits a step into tiles and calls the active table's `update` on runs of them.
 #pragma once
 
 #include <cstddef>
@@ -43,8 +43,10 @@ struct StreamKernel {
 
 struct KernelTable {
   const char* name = "";  // Highway target name ("AVX3", "AVX2", ...) or "reference"
-  void (*update)(const StepKernel& k, const Tile& t) = nullptr;
-  void (*stream)(const StreamKernel& k, const Tile& t) = nullptr;
+  // Update (or stream) `count` consecutive tiles; one call per run of tiles amortizes the dtype
+  // dispatch and the coefficient setup over many small tensors.
+  void (*update)(const StepKernel& k, const Tile* tiles, std::size_t count) = nullptr;
+  void (*stream)(const StreamKernel& k, const Tile* tiles, std::size_t count) = nullptr;
   // Round-to-nearest-even conversions, bit-identical to core/dtype.h's.
   void (*f32_to_16)(const float* in, void* out, DType out_dtype, std::size_t n) = nullptr;
   void (*from_16)(const void* in, DType in_dtype, float* out, std::size_t n) = nullptr;

@@ -104,6 +104,19 @@ TEST(OptimizerParallel, TensorListStepEqualsPerTensorSteps) {
     }
   }
   EXPECT_TRUE(each == listed);
+
+  // And the list through the SIMD kernels (runs of tiles with and without a copy in one call)
+  // equals the scalar reference, bit for bit.
+  Group ref = start;
+  std::vector<Shard> ref_views = ref.views();
+  for (int t = 1; t <= 2; ++t) {
+    StepArgs a;
+    a.step = t;
+    a.grad_dtype = DType::kF16;
+    a.grad_multiplier = 0.25f;
+    ASSERT_TRUE(reference_step(spec, ref_views, a).is_ok());
+  }
+  EXPECT_TRUE(ref == listed);
 }
 
 TEST(OptimizerParallel, TrafficBytesPerElement) {

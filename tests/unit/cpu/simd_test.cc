@@ -237,8 +237,8 @@ TEST(SimdStream, EveryTargetMatchesReference) {
                     a.copy.data(), kN};
     detail::Tile tb{b.param.data(), b.grad.data(), {b.state0.data(), b.state1.data()},
                     b.copy.data(), kN};
-    table->stream(k, ta);
-    detail::reference_kernels().stream(k, tb);
+    table->stream(k, &ta, 1);
+    detail::reference_kernels().stream(k, &tb, 1);
     ASSERT_EQ(0, std::memcmp(a.param.data(), b.param.data(), 4 * kN));
     ASSERT_EQ(a.state0, b.state0);
     ASSERT_EQ(a.copy, b.copy);
