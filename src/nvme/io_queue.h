@@ -4,7 +4,9 @@
 // and turns every other failure into a Status naming the file, offset and length. An operation
 // reports success only when every one of its bytes landed.
 //
-// Not thread-safe: one thread starts operations and drives the engine (start/poll/wait).
+// Not thread-safe: one thread starts operations and drives the engine (start/poll/wait), and it
+// must be the thread that created the engine: the io_uring backend sets up its ring with
+// IORING_SETUP_SINGLE_ISSUER, so submissions from any other thread fail with EEXIST.
 #pragma once
 
 #include <cstdint>

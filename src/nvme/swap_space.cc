@@ -6,7 +6,9 @@
 
 #include <atomic>
 #include <cerrno>
+#include <csignal>
 #include <cstring>
+#include <filesystem>
 
 #include "core/assert.h"
 #include "core/log.h"
@@ -44,6 +46,46 @@ struct SwapSpace::State {
   }
 };
 
+namespace {
+
+constexpr std::string_view kSwapDirPrefix = "tierzero-swap-";
+
+// Removes swap directories under `path` left by tierzero processes that no longer exist (killed
+// before their clean shutdown), so a crash does not leak disk space run after run. A directory
+// whose process is alive, or whose owner cannot be told, is left alone.
+void remove_stale_swap_dirs(const std::string& path) {
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(path, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind(kSwapDirPrefix, 0) != 0 || !entry.is_directory(ec)) continue;
+    const std::string rest = name.substr(kSwapDirPrefix.size());
+    const std::size_t dash = rest.find('-');
+    if (dash == 0 || dash == std::string::npos) continue;
+    pid_t pid = 0;
+    try {
+      pid = static_cast<pid_t>(std::stol(rest.substr(0, dash)));
+    } catch (...) {
+      continue;
+    }
+    if (pid <= 0 || pid == ::getpid() || ::kill(pid, 0) == 0 || errno != ESRCH) continue;
+    std::uint64_t bytes = 0;
+    for (const auto& f : std::filesystem::directory_iterator(entry.path(), ec)) {
+      bytes += f.is_regular_file(ec) ? f.file_size(ec) : 0;
+    }
+    std::filesystem::remove_all(entry.path(), ec);
+    if (ec) {
+      TZ_LOG_WARN("swap space: cannot remove stale %s: %s", entry.path().c_str(),
+                  ec.message().c_str());
+    } else {
+      TZ_LOG_WARN("swap space: removed %s (%s) left by process %d, which no longer runs",
+                  entry.path().c_str(), format_bytes(static_cast<double>(bytes)).c_str(),
+                  static_cast<int>(pid));
+    }
+  }
+}
+
+}  // namespace
+
 Result<SwapSpace> SwapSpace::create(const SwapOptions& options, std::unique_ptr<IoEngine> engine,
                                     const IoQueueOptions& queue_options) {
   if (options.paths.empty()) return Status::invalid_argument("swap space: no paths given");
@@ -62,7 +104,8 @@ Result<SwapSpace> SwapSpace::create(const SwapOptions& options, std::unique_ptr<
   state->queue = std::make_unique<IoQueue>(std::move(queue));
   static std::atomic<int> counter{0};
   for (std::size_t i = 0; i < options.paths.size(); ++i) {
-    const std::string dir = options.paths[i] + "/tierzero-swap-" + std::to_string(::getpid()) +
+    remove_stale_swap_dirs(options.paths[i]);
+    const std::string dir = options.paths[i] + "/" + std::string(kSwapDirPrefix) + std::to_string(::getpid()) +
                             "-" + std::to_string(counter.fetch_add(1));
     if (::mkdir(dir.c_str(), 0700) != 0) return Status::from_errno(errno, "swap space: mkdir", dir);
     state->dirs.push_back(dir);

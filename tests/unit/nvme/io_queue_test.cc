@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 
 #include <cstdlib>
+#include <fstream>
 #include <cstring>
 #include <random>
 
@@ -322,6 +323,30 @@ TEST(SwapSpace, KeepFilesLeavesThemAndDefaultRemovesThem) {
     }
     for (const std::string& f : files) EXPECT_EQ(std::filesystem::exists(f), keep) << f;
   }
+}
+
+// A swap directory left by a killed process is removed at the next start; one whose process
+// still runs (here: our parent) or whose name holds no pid is left alone.
+TEST(SwapSpace, RemovesSwapDirectoriesOfDeadProcesses) {
+  TempDir dir;
+  // A pid that cannot be running: past the kernel's pid_max.
+  const std::string stale = dir.path() + "/tierzero-swap-2147483646-0";
+  const std::string alive = dir.path() + "/tierzero-swap-" + std::to_string(::getppid()) + "-0";
+  const std::string other = dir.path() + "/tierzero-swap-notapid";
+  for (const std::string& d : {stale, alive, other}) {
+    ASSERT_TRUE(std::filesystem::create_directory(d)) << d;
+    std::ofstream(d + "/swap.0") << "left behind";
+  }
+  SwapOptions so;
+  so.paths = {dir.path()};
+  so.bytes_per_path = 1 << 20;
+  auto engine = make_io_engine(IoEngineKind::kPsync, IoEngineOptions{});
+  ASSERT_TRUE(engine.is_ok());
+  auto swap = SwapSpace::create(so, std::move(engine).value(), IoQueueOptions{});
+  ASSERT_TRUE(swap.is_ok()) << swap.status().to_string();
+  EXPECT_FALSE(std::filesystem::exists(stale));
+  EXPECT_TRUE(std::filesystem::exists(alive + "/swap.0"));
+  EXPECT_TRUE(std::filesystem::exists(other + "/swap.0"));
 }
 
 TEST(SwapSpace, StripingSpreadsAnExtentOverEveryPath) {
