@@ -17,6 +17,7 @@
 
 #include <oneapi/tbb/parallel_for.h>
 
+#include "cli/bench_common.h"
 #include "cli/command.h"
 #include "core/dtype.h"
 #include "core/units.h"
@@ -77,12 +78,6 @@ class BenchBuffer {
   void* ptr_;
 };
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const std::size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 Result<cpu::OptimizerSpec> parse_optimizer(const std::string& name) {
   if (name == "adamw") return cpu::OptimizerSpec::adamw(1e-3, 0.01);
   if (name == "adam") return cpu::OptimizerSpec::adam(1e-3, 0.0);
@@ -91,25 +86,6 @@ Result<cpu::OptimizerSpec> parse_optimizer(const std::string& name) {
   if (name == "adagrad") return cpu::OptimizerSpec::adagrad(1e-2);
   return Status::invalid_argument("--optimizer " + name +
                                   ": accepted adamw, adam, sgd, lion, adagrad");
-}
-
-std::string machine_cpu_model() {
-  FILE* f = std::fopen("/proc/cpuinfo", "r");
-  if (f == nullptr) return "unknown";
-  char line[512];
-  std::string model = "unknown";
-  while (std::fgets(line, sizeof(line), f) != nullptr) {
-    if (std::strncmp(line, "model name", 10) == 0) {
-      const char* colon = std::strchr(line, ':');
-      if (colon != nullptr) {
-        model = colon + 2;
-        while (!model.empty() && (model.back() == '\n' || model.back() == ' ')) model.pop_back();
-      }
-      break;
-    }
-  }
-  std::fclose(f);
-  return model;
 }
 
 int fail(const Status& st) {
@@ -265,7 +241,7 @@ int run(const AdamBenchOptions& opts) {
     j["step_s_max"] = *std::max_element(step_s.begin(), step_s.end());
     j["ceiling_s_median"] = c_med;
     j["ceiling"] = "stream kernel, same loads/stores/tiling/threads, x += g per stream";
-    j["machine"] = {{"cpu", machine_cpu_model()}, {"cpus", sysconf(_SC_NPROCESSORS_ONLN)}};
+    j["machine"] = machine_json();
     std::printf("%s\n", j.dump().c_str());
     return 0;
   }

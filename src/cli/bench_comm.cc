@@ -17,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "cli/bench_common.h"
 #include "cli/command.h"
 #include "comm/launch_env.h"
 #include "comm/local_comm.h"
@@ -43,12 +44,6 @@ struct CommOptions {
   std::string dtype = "fp32";
   bool json = false;
 };
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const std::size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 double bus_factor(comm::CollectiveOp op, int n) {
   const double dn = n;
@@ -252,8 +247,6 @@ int run(const CommOptions& opts) {
     return 1;
   }
   const double peer = dev.kind() == gpu::DeviceKind::kHost ? memcpy_gbps(*max_b) : 0;
-  char host[256] = {};
-  if (gethostname(host, sizeof(host) - 1) != 0) std::snprintf(host, sizeof(host), "unknown");
   if (opts.json) {
     for (const Row& r : rows) {
       json j;
@@ -276,7 +269,7 @@ int run(const CommOptions& opts) {
         j["peer_gbps"] = peer;
         j["busbw_fraction_of_peer"] = r.busbw_gbps / peer;
       }
-      j["machine"] = {{"host", host}, {"cpus", sysconf(_SC_NPROCESSORS_ONLN)}};
+      j["machine"] = machine_json();
       std::printf("%s\n", j.dump().c_str());
     }
     return 0;

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "cli/bench_common.h"
 #include "cli/command.h"
 #include "core/units.h"
 #include "gpu/select.h"
@@ -66,12 +67,6 @@ class HostBuffer {
   std::size_t bytes_;
   bool registered_ = false;
 };
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const std::size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
@@ -166,8 +161,6 @@ int run(const CopyOptions& opts) {
                          *std::max_element(gbps.begin(), gbps.end())});
     }
   }
-  char host[256] = {};
-  if (gethostname(host, sizeof(host) - 1) != 0) std::snprintf(host, sizeof(host), "unknown");
   if (opts.json) {
     for (const Result1& r : results) {
       json j;
@@ -183,7 +176,7 @@ int run(const CopyOptions& opts) {
       j["peer"] = "single-thread memcpy, pinned to pinned";
       j["peer_gbps"] = peer_gbps;
       j["fraction_of_peer"] = peer_gbps > 0 ? r.median_gbps / peer_gbps : 0;
-      j["machine"] = {{"host", host}, {"cpus", sysconf(_SC_NPROCESSORS_ONLN)}};
+      j["machine"] = machine_json();
       std::printf("%s\n", j.dump().c_str());
     }
     return 0;

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "cli/bench_common.h"
 #include "cli/command.h"
 #include "core/log.h"
 #include "core/units.h"
@@ -47,21 +48,6 @@ double cpu_seconds() {
   if (getrusage(RUSAGE_SELF, &ru) != 0) return 0;
   return static_cast<double>(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
          static_cast<double>(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) * 1e-6;
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const std::size_t n = v.size();
-  return n == 0 ? 0 : (n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]));
-}
-
-std::string machine_name() {
-  char host[256] = {};
-  if (gethostname(host, sizeof host - 1) != 0) std::strcpy(host, "unknown");
-  utsname u{};
-  std::string kernel = uname(&u) == 0 ? u.release : "unknown";
-  return std::string(host) + " (" + std::to_string(sysconf(_SC_NPROCESSORS_ONLN)) + " cpus, linux " +
-         kernel + ")";
 }
 
 int run(const BenchNvmeOptions& o) {
@@ -220,7 +206,7 @@ int run(const BenchNvmeOptions& o) {
       {"direct", files.front().direct()},
       {"sqpoll", o.sqpoll},
       {"huge_pages", !o.no_huge_pages},
-      {"machine", machine_name()},
+      {"machine", machine_json()},
   };
   if (o.json) {
     std::printf("%s\n", j.dump().c_str());

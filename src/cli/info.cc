@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "cli/bench_common.h"
 #include "cli/command.h"
 #include "comm/probe.h"
 #include "core/units.h"
@@ -56,7 +57,7 @@ std::uint64_t meminfo_bytes(const std::string& key) {
 
 json cpu_report() {
   json j;
-  j["model"] = proc_field("/proc/cpuinfo", "model name");
+  j["model"] = cpu_model_name();
   j["logical_cpus"] = sysconf(_SC_NPROCESSORS_ONLN);
   json flags = json::array();
   __builtin_cpu_init();
