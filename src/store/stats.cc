@@ -58,6 +58,7 @@ std::string StoreStats::to_json() const {
   j["checksum_failures"] = checksum_failures;
   j["io_errors"] = io_errors;
   j["trace_deviations"] = trace_deviations;
+  j["early_write_backs"] = early_write_backs;
   j["steps"] = steps;
   return j.dump();
 }

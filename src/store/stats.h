@@ -58,6 +58,7 @@ struct StoreStats {
   std::uint64_t checksum_failures = 0;
   std::uint64_t io_errors = 0;
   std::uint64_t trace_deviations = 0;  // steps (or parts) that fell back to LRU
+  std::uint64_t early_write_backs = 0;  // dirty copies written home at unpin (also in write_backs)
   std::uint64_t steps = 0;
 
   const TierStats& tier(Tier t) const { return tiers[static_cast<std::size_t>(t)]; }

@@ -18,6 +18,7 @@
 #include <future>
 #include <limits>
 #include <optional>
+#include <unordered_set>
 
 #include "core/assert.h"
 #include "core/log.h"
@@ -30,6 +31,7 @@ namespace {
 
 constexpr std::uint64_t kAlign = 4096;
 constexpr std::uint64_t kNever = std::numeric_limits<std::uint64_t>::max();
+constexpr std::uint32_t kNoPos = std::numeric_limits<std::uint32_t>::max();
 
 std::uint64_t round_up(std::uint64_t v, std::uint64_t a) { return (v + a - 1) / a * a; }
 std::size_t ti(Tier t) { return static_cast<std::size_t>(t); }
@@ -79,6 +81,7 @@ enum class OpKind : std::uint8_t { kAlloc, kCopy, kZero, kFree };
 struct Op {
   OpKind kind = OpKind::kAlloc;
   std::uint64_t seq = 0;
+  std::uint64_t decided = 0;  // store-wide decision order: chains start their heads in this order
   Tier src = Tier::kNvme;
   Tier dst = Tier::kHost;  // the tier allocated, written, zeroed or freed
   bool prefetch = false;
@@ -138,6 +141,13 @@ struct Block {
   std::uint64_t issued_seq = 0;  // ops with seq <= issued_seq have enqueued their last copy
   std::deque<Failure> failures;  // most recent last, bounded
   std::uint64_t skip_until = 0;  // copies with seq <= this are skipped (failed)
+  // Per tier, the last op that allocated, loaded or zeroed that tier's copy: a read pin of a
+  // current copy waits for it and not for later copies out of the tier (an early write-back).
+  std::array<std::uint64_t, kTierCount> fill_seq{};
+  // Trace position (and step) of the write pin whose bytes are in the upper copies and not yet
+  // home.
+  std::uint32_t dirtied_at = kNoPos;
+  std::uint64_t dirtied_step = 0;
 
   std::uint32_t chunk_count(std::uint64_t chunk_bytes) const {
     return static_cast<std::uint32_t>((bytes + chunk_bytes - 1) / chunk_bytes);
@@ -202,6 +212,7 @@ struct Store::Impl {
   std::array<std::uint64_t, kTierCount> pending_frees{};
   std::array<std::deque<std::pair<BlockId, std::uint64_t>>, kTierCount> alloc_fifo;
   std::uint64_t tick = 0;
+  std::uint64_t decisions = 0;  // ops pushed so far (Op::decided)
   BlockId protect = 0;  // the block being pinned: never a victim while its pin is placed
 
   // Device buffers of evicted copies, kept for the next allocation of the same size (counted in
@@ -242,6 +253,15 @@ struct Store::Impl {
   std::unordered_map<BlockId, std::vector<std::uint32_t>> host_uses;
   std::unordered_map<BlockId, std::vector<std::uint32_t>> any_uses;
   std::unordered_map<BlockId, std::vector<std::uint32_t>> overwrites;  // write-only pins
+  // Positions of write pins whose bytes went home before being overwritten, learned during the
+  // current step (*_record) and in the last step that followed the trace (*_trace): spill_* when
+  // the eviction came in the pin's own step, cross_* when it came in the next one.
+  std::unordered_set<std::uint32_t> spill_record;
+  std::unordered_set<std::uint32_t> spill_trace;
+  std::unordered_set<std::uint32_t> cross_record;
+  std::unordered_set<std::uint32_t> cross_trace;
+  std::uint64_t step_count = 0;
+  bool cross_pending = false;  // the step's first pin starts the cross-step early write-backs
 
   // Statistics.
   StoreStats stats;
@@ -261,8 +281,10 @@ struct Store::Impl {
   }
   std::uint64_t push_op(Block& b, Op op) {
     op.seq = b.next_seq++;
+    op.decided = ++decisions;
     if (op.kind == OpKind::kAlloc) alloc_fifo[ti(op.dst)].emplace_back(b.id, op.seq);
     if (op.kind == OpKind::kFree) ++pending_frees[ti(op.dst)];
+    if (op.kind != OpKind::kFree) b.fill_seq[ti(op.dst)] = op.seq;
     b.ops.push_back(std::move(op));
     wake();
     return b.next_seq - 1;
@@ -305,10 +327,10 @@ struct Store::Impl {
     std::uint64_t nu;
     if (t == Tier::kDevice) {
       nu = next_in(dev_uses, b.id, trace_pos, len);
-    } else if (b.copies[ti(Tier::kDevice)].valid) {
-      // A host copy serves host pins, and device pins while the block is not on the device.
-      nu = next_in(host_uses, b.id, trace_pos, len);
     } else {
+      // A host copy serves host pins, and device pins once the device copy is gone. Counting it
+      // as unused while the block is also on the device made every device eviction copy the
+      // block back up to the host tier (a memcpy, and another block pushed out for it).
       nu = next_in(any_uses, b.id, trace_pos, len);
     }
     return next_in(overwrites, b.id, trace_pos, len) < nu ? kNever : nu;
@@ -409,6 +431,29 @@ struct Store::Impl {
     return true;
   }
 
+  // Early write-back: when the last lease of a block holding the only current bytes in `t` goes,
+  // and in the last step that followed the trace the bytes written by the same pin went home
+  // (every upper copy evicted before the block was written again), start writing them to NVMe
+  // now, keeping the copy in `t` (now clean). Its later eviction is then a free instead of a
+  // write with the next load waiting behind it, and the disk works while the step is busy with
+  // copies that do not touch it. It allocates nothing, and on a repeating trace it writes the
+  // bytes the evictions would have written, only earlier.
+  // `learned`: spill_trace at unpin, cross_trace at the next step's first pin (so that the write
+  // lands in the step whose eviction would have made it).
+  void write_back_early(Block& b, Tier t, const std::unordered_set<std::uint32_t>& learned) {
+    if (!belady() || b.total_leases > 0 || b.home != Tier::kNvme || t == Tier::kNvme ||
+        !b.error.is_ok() || !b.copies[ti(t)].present || !only_valid(b, t) ||
+        b.dirtied_at == kNoPos || learned.count(b.dirtied_at) == 0) {
+      return;
+    }
+    TZ_LOG_DEBUG("store: early write-back of '%s' from %s at trace pos %zu", b.name.c_str(),
+                 tier_name(t), trace_pos);
+    push_copy(b, t, Tier::kNvme, false);
+    b.copies[ti(Tier::kNvme)].valid = true;
+    ++stats.tiers[ti(t)].write_backs;
+    ++stats.early_write_backs;
+  }
+
   // Drops b's copy in `t` (an upper, unpinned, non-home copy), writing it down first if it holds
   // the only current bytes.
   void evict(Block& b, Tier t) {
@@ -442,6 +487,14 @@ struct Store::Impl {
     b.copies[ti(t)].valid = false;
     b.copies[ti(t)].by_prefetch = false;
     logical_used[ti(t)] -= b.bytes;
+    if (b.dirtied_at != kNoPos && !b.copies[ti(Tier::kDevice)].valid &&
+        !b.copies[ti(Tier::kHost)].valid) {
+      // The bytes of that write pin had to go home: next time write them back at unpin.
+      if (belady()) {
+        (b.dirtied_step == step_count ? spill_record : cross_record).insert(b.dirtied_at);
+      }
+      b.dirtied_at = kNoPos;
+    }
   }
 
   // The tier a load into `t` reads from: the valid copy closest to `t`.
@@ -1126,7 +1179,16 @@ struct Store::Impl {
       dd.swap(device_done);
       for (const DeviceDone& d : dd) apply_device_done(d);
       progress |= !dd.empty();
-      for (auto& [id, b] : blocks) progress |= advance(b);
+      // Chains run in the order their heads were decided, so that staging buffers and disk
+      // slots go to the move decided first (the victim's write-back before a later one).
+      std::vector<Block*> busy;
+      for (auto& [id, b] : blocks) {
+        if (!b.ops.empty()) busy.push_back(&b);
+      }
+      std::sort(busy.begin(), busy.end(), [](const Block* x, const Block* y) {
+        return x->ops.front().decided < y->ops.front().decided;
+      });
+      for (Block* b : busy) progress |= advance(*b);
       reap_destroyed();
       std::vector<IoJob> jobs = pick_jobs();
       if (stopping && idle() && in_flight.empty()) break;
@@ -1359,6 +1421,15 @@ Result<Lease> Store::pin(BlockId id, Tier tier, Access access) {
     return Status(b.error).with_context("store: block '" + b.name + "' lost its bytes");
   }
   if (tier != Tier::kNvme) m.note_pin(TraceEntry{id, tier, access});
+  if (m.cross_pending) {
+    // The first pin of a step: write home the previous step's dirty copies that its trace says
+    // go home during this one (before this pin holds its own block).
+    m.cross_pending = false;
+    for (auto& [bid, blk] : m.blocks) {
+      if (blk.destroyed) continue;
+      for (Tier t : {Tier::kDevice, Tier::kHost}) m.write_back_early(blk, t, m.cross_trace);
+    }
+  }
   Copy& c = b.copies[ti(tier)];
   TierStats& ts = m.stats.tiers[ti(tier)];
   if (c.present && (c.valid || access == Access::kWrite)) {
@@ -1387,6 +1458,10 @@ Result<Lease> Store::pin(BlockId id, Tier tier, Access access) {
     m.drop_stale_copies(b, tier);
     if (access == Access::kWrite) b.error = Status::ok();
     ++b.write_leases[ti(tier)];
+    b.dirtied_at = tier == Tier::kNvme || m.record.empty()
+                       ? kNoPos
+                       : static_cast<std::uint32_t>(m.record.size() - 1);
+    b.dirtied_step = m.step_count;
   }
   ++b.leases[ti(tier)];
   ++b.total_leases;
@@ -1397,7 +1472,11 @@ Result<Lease> Store::pin(BlockId id, Tier tier, Access access) {
   lease.tier_ = tier;
   lease.access_ = access;
   lease.bytes_ = b.bytes;
-  lease.ready_seq_ = b.next_seq - 1;
+  // A read of a current copy needs only the op that filled it; a copy out of the tier still in
+  // flight (an early write-back) only reads it too. Writers wait for every earlier move.
+  // A read of a current copy needs only the op that filled it; a copy out of the tier still in
+  // flight (an early write-back) only reads it too. Writers wait for every earlier move.
+  lease.ready_seq_ = access == Access::kRead ? b.fill_seq[ti(tier)] : b.next_seq - 1;
   lease.first_seq_ = first_seq;
   m.prefetch_ahead();
   return lease;
@@ -1424,11 +1503,20 @@ void Store::mark_step() {
   std::lock_guard lock(impl_->mu);
   Impl& m = *impl_;
   ++m.stats.steps;
+  const bool followed = m.following;  // the whole step followed the trace
   if (m.options.policy == Policy::kTrace) {
     m.trace = std::move(m.record);
     m.build_index();
     m.following = !m.trace.empty();
   }
+  // Spills learned while following the trace are valid for the next step; a recording step's
+  // (LRU) evictions say nothing about Belady's.
+  m.spill_trace = followed ? std::move(m.spill_record) : std::unordered_set<std::uint32_t>{};
+  m.cross_trace = followed ? std::move(m.cross_record) : std::unordered_set<std::uint32_t>{};
+  m.spill_record.clear();
+  m.cross_record.clear();
+  m.cross_pending = !m.cross_trace.empty();
+  ++m.step_count;
   m.record.clear();
   m.trace_pos = 0;
   m.prefetch_ahead();
@@ -1504,6 +1592,7 @@ void Store::unpin(Lease& lease, gpu::Stream* writer) {
     TZ_ASSERT(st.is_ok(), st.to_string().c_str());
     b.user_event_recorded = true;
   }
+  m.write_back_early(b, lease.tier_, m.spill_trace);
 }
 
 Status Store::wait_lease(Lease& lease) {
