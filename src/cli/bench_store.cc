@@ -352,8 +352,8 @@ int run(const BenchStoreOptions& o) {
   }
   s.reset();
   if (!o.json) {
-    std::printf("%-5s %-6s %8s %8s %8s %9s %9s %10s %10s %9s %9s\n", "step", "policy", "step_s",
-                "bound_s", "ratio", "stall", "nvme_rd", "nvme_wr", "rd GB/s", "wr GB/s", "h2d GB/s");
+    std::printf("%-5s %-6s %8s %8s %8s %9s %9s %9s %10s %9s %9s %9s\n", "step", "policy",
+                "step_s", "bound_s", "ratio", "vs_serial", "stall", "nvme_rd", "nvme_wr", "rd GB/s", "wr GB/s", "h2d GB/s");
   }
 
   // The disk again, after the walk: the machine is shared, so the bound uses the mean of the
@@ -369,17 +369,32 @@ int run(const BenchStoreOptions& o) {
   }
   const double read_gbps = (raw.read_gbps + after_raw.read_gbps) / 2;
   const double write_gbps = (raw.write_gbps + after_raw.write_gbps) / 2;
+  const double mixed_gbps = (raw.mixed_gbps + after_raw.mixed_gbps) / 2;
   for (nlohmann::json& j : results) {
     const double rd = j["nvme_read_bytes"].get<double>();
     const double wr = j["nvme_write_bytes"].get<double>();
     const double h2d = j["h2d_bytes"].get<double>();
     const double d2h = j["d2h_bytes"].get<double>();
     const double step_s = j["step_s"].get<double>();
-    const double nvme_s = rd / (read_gbps * 1e9) + wr / (write_gbps * 1e9);
+    // The disk's time for this step's mix, by the best schedule measured: one direction after
+    // the other (serial), or the bytes that pair up as concurrent reads and writes at the
+    // measured mixed rate and the rest alone (mixed). The bound takes the faster, so it never
+    // credits the store for a schedule the disk would have run slower.
+    const double serial_s = rd / (read_gbps * 1e9) + wr / (write_gbps * 1e9);
+    const double paired = std::min(rd, wr);
+    const double mixed_s = mixed_gbps > 0 ? 2 * paired / (mixed_gbps * 1e9) +
+                                                (rd - paired) / (read_gbps * 1e9) +
+                                                (wr - paired) / (write_gbps * 1e9)
+                                          : serial_s;
+    const double nvme_s = std::min(serial_s, mixed_s);
     const double bound_s = std::max({compute_s, nvme_s, h2d / (raw.h2d_gbps * 1e9),
                                       d2h / (raw.d2h_gbps * 1e9)});
     j["bound_s"] = bound_s;
     j["nvme_bound_s"] = nvme_s;
+    j["nvme_serial_s"] = serial_s;
+    j["nvme_mixed_s"] = mixed_s;
+    j["step_over_serial_bound"] = step_s / std::max({compute_s, serial_s, h2d / (raw.h2d_gbps * 1e9),
+                                                     d2h / (raw.d2h_gbps * 1e9)});
     j["step_over_bound"] = step_s / bound_s;
     j["raw_read_gbps_after"] = after_raw.read_gbps;
     j["raw_write_gbps_after"] = after_raw.write_gbps;
@@ -387,15 +402,17 @@ int run(const BenchStoreOptions& o) {
     if (o.json) {
       std::printf("%s\n", j.dump().c_str());
     } else {
-      std::printf("%-5d %-6s %8.2f %8.2f %8.3f %8.1f%% %9s %10s %10.2f %9.2f %9.2f\n",
+      std::printf("%-5d %-6s %8.2f %8.2f %8.3f %9.3f %8.1f%% %9s %10s %9.2f %9.2f %9.2f\n",
                   j["step"].get<int>(), o.policy.c_str(), step_s, bound_s, step_s / bound_s,
+                  j["step_over_serial_bound"].get<double>(),
                   100.0 * j["stall_fraction"].get<double>(), format_bytes(rd).c_str(),
                   format_bytes(wr).c_str(), rd / step_s / 1e9, wr / step_s / 1e9,
                   h2d / step_s / 1e9);
     }
   }
   if (!o.json) {
-    std::printf("raw after: disk read %s, write %s, mixed %s (bound uses the mean)\n",
+    std::printf("raw after: disk read %s, write %s, mixed %s (bound uses the means: the faster of "
+                "serial and mixed for each step's mix)\n",
                 format_rate(after_raw.read_gbps * 1e9).c_str(),
                 format_rate(after_raw.write_gbps * 1e9).c_str(),
                 format_rate(after_raw.mixed_gbps * 1e9).c_str());

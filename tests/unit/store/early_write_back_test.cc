@@ -1,0 +1,178 @@
+// Early write-back (the trace policy writes dirty bytes home at unpin when the last step shows
+// they go home anyway): on the training walk, with delayed and reordered completions, every read
+// returns the last write (a plain in-memory copy is the reference), no budget is exceeded, the
+// early write-backs do happen, and they move no more NVMe bytes than waiting for the eviction.
+// With seeded EIO on writes, a read returns the last write or an error, never other bytes.
+#include <cstdio>
+#include <cstring>
+#include <vector>
+
+#include "store/store.h"
+#include "store_harness.h"
+
+namespace tz::store {
+namespace {
+
+using testing::Harness;
+using testing::HarnessOptions;
+
+constexpr std::uint64_t kBlock = 64 << 10;
+
+struct WalkResult {
+  std::uint64_t early = 0;
+  std::uint64_t nvme_write = 0;
+  std::uint64_t nvme_read = 0;
+  int errors = 0;
+};
+
+// The value every byte of layer `i` holds after the backward pass of step `s` wrote it.
+std::byte pattern(int layer, int step) { return static_cast<std::byte>(1 + layer * 7 + step * 31); }
+
+// Forward reads layers 0..L-1 on the device and checks their bytes; backward pins L-1..0
+// read-write, checks, and writes pattern(layer, step). `faults`: seeded EIO on requests.
+WalkResult walk(int layers, int device_blocks, int host_blocks, int steps, Policy policy,
+                std::optional<nvme::FaultOptions> faults) {
+  WalkResult r;
+  Harness h;
+  HarnessOptions o;
+  o.store.policy = policy;
+  o.store.device_budget_bytes = device_blocks * kBlock;
+  o.store.host_budget_bytes = host_blocks * kBlock;
+  o.store.chunk_bytes = 16 << 10;
+  o.store.staging_buffers = 4;
+  o.swap_bytes = 16ull << 20;
+  o.faults = faults;
+  h.init(o);
+  if (::testing::Test::HasFatalFailure()) return r;
+  std::vector<BlockId> ids;
+  std::vector<std::byte> ref(static_cast<std::size_t>(layers), std::byte{0});
+  std::vector<bool> lost(static_cast<std::size_t>(layers), false);  // a failed move poisoned it
+  for (int i = 0; i < layers; ++i) {
+    auto id = h.store->create_block(kBlock, Tier::kNvme, "layer" + std::to_string(i));
+    EXPECT_TRUE(id.is_ok()) << id.status().to_string();
+    ids.push_back(*id);
+  }
+  auto check_budgets = [&] {
+    const StoreStats st = h.store->stats();
+    EXPECT_LE(st.tier(Tier::kDevice).peak_bytes, o.store.device_budget_bytes);
+    EXPECT_LE(st.tier(Tier::kHost).peak_bytes, o.store.host_budget_bytes);
+    EXPECT_LE(h.store->used_bytes(Tier::kDevice), o.store.device_budget_bytes);
+    EXPECT_LE(h.store->used_bytes(Tier::kHost), o.store.host_budget_bytes);
+    EXPECT_LE(h.device->memory_stats().in_use_bytes, o.store.device_budget_bytes);
+  };
+  // Returns false when the pin or its wait failed (allowed only with faults).
+  auto visit = [&](int i, Access access, int step) {
+    const auto k = static_cast<std::size_t>(i);
+    auto l = h.store->pin(ids[k], Tier::kDevice, access);
+    Status st = l.is_ok() ? l->wait() : l.status();
+    if (!st.is_ok()) {
+      EXPECT_TRUE(faults.has_value()) << "layer " << i << ": " << st.to_string();
+      ++r.errors;
+      lost[k] = true;
+      if (l.is_ok()) l->release();
+      // Overwrite the block so the walk goes on (a write-only pin clears the poison).
+      auto w = h.store->pin(ids[k], Tier::kDevice, Access::kWrite);
+      EXPECT_TRUE(w.is_ok()) << w.status().to_string();
+      if (w.is_ok() && w->wait().is_ok()) {
+        std::memset(w->data(), static_cast<int>(pattern(i, step)), kBlock);
+        ref[k] = pattern(i, step);
+        lost[k] = false;
+      }
+      return;
+    }
+    const auto* p = static_cast<const std::byte*>(l->data());
+    std::uint64_t bad = 0;
+    for (std::uint64_t b = 0; b < kBlock; ++b) bad += p[b] != ref[k] ? 1 : 0;
+    EXPECT_EQ(bad, 0u) << "layer " << i << " step " << step << ": " << bad
+                       << " bytes differ from the last write";
+    if (access == Access::kReadWrite) {
+      std::memset(l->data(), static_cast<int>(pattern(i, step)), kBlock);
+      ref[k] = pattern(i, step);
+    }
+    l->release();
+    check_budgets();
+  };
+  for (int s = 0; s < steps; ++s) {
+    for (int i = 0; i < layers; ++i) visit(i, Access::kRead, s);
+    for (int i = layers - 1; i >= 0; --i) visit(i, Access::kReadWrite, s);
+    h.store->mark_step();
+  }
+  EXPECT_TRUE(h.store->drain().is_ok());
+  // Every block once more from its home copy: host pins of blocks not cached read NVMe.
+  for (int i = 0; i < layers; ++i) {
+    const auto k = static_cast<std::size_t>(i);
+    auto l = h.store->pin(ids[k], Tier::kHost, Access::kRead);
+    Status st = l.is_ok() ? l->wait() : l.status();
+    if (!st.is_ok()) {
+      EXPECT_TRUE(faults.has_value()) << st.to_string();
+      continue;
+    }
+    const auto* p = static_cast<const std::byte*>(l->data());
+    std::uint64_t bad = 0;
+    for (std::uint64_t b = 0; b < kBlock; ++b) bad += p[b] != ref[k] ? 1 : 0;
+    EXPECT_EQ(bad, 0u) << "layer " << i << " at the end";
+  }
+  const StoreStats st = h.store->stats();
+  r.early = st.early_write_backs;
+  r.nvme_write = st.nvme_write_bytes();
+  r.nvme_read = st.nvme_read_bytes();
+  h.finish();
+  return r;
+}
+
+nvme::FaultOptions reordering(std::uint64_t seed) {
+  nvme::FaultOptions f;
+  f.seed = seed;
+  f.delay_rate = 0.3;
+  f.reorder = true;
+  f.short_rate = 0.1;
+  f.transient_rate = 0.05;
+  return f;
+}
+
+TEST(StoreEarlyWriteBack, NeverLosesAWriteAndStaysInBudget) {
+  for (std::uint64_t seed : {1u, 2u, 3u}) {
+    std::printf("early write-back walk: seed %llu\n", static_cast<unsigned long long>(seed));
+    const WalkResult t = walk(12, 3, 4, 5, Policy::kTrace, reordering(seed));
+    EXPECT_GT(t.early, 0u) << "the walk never wrote early; the test does not test it";
+    EXPECT_EQ(t.errors, 0);
+  }
+}
+
+TEST(StoreEarlyWriteBack, MovesNoMoreNvmeBytesThanLru) {
+  // Early writes replace eviction writes; over the whole walk (final drain included) trace
+  // stays at or below LRU.
+  const WalkResult t = walk(12, 3, 4, 5, Policy::kTrace, std::nullopt);
+  const WalkResult l = walk(12, 3, 4, 5, Policy::kLru, std::nullopt);
+  std::printf("trace: early %llu, nvme r/w %llu/%llu; lru nvme r/w %llu/%llu\n",
+              static_cast<unsigned long long>(t.early),
+              static_cast<unsigned long long>(t.nvme_read),
+              static_cast<unsigned long long>(t.nvme_write),
+              static_cast<unsigned long long>(l.nvme_read),
+              static_cast<unsigned long long>(l.nvme_write));
+  EXPECT_GT(t.early, 0u);
+  EXPECT_EQ(l.early, 0u);
+  EXPECT_LE(t.nvme_read + t.nvme_write, l.nvme_read + l.nvme_write);
+}
+
+TEST(StoreEarlyWriteBack, FailedWritesSurfaceAsErrorsNotOtherBytes) {
+  // Rare errors, so that most steps follow the trace and write early; the checks are in walk().
+  std::uint64_t early = 0;
+  int errors = 0;
+  for (std::uint64_t seed : {11u, 12u, 13u, 14u, 15u, 16u}) {
+    std::printf("early write-back walk with EIO: seed %llu\n",
+                static_cast<unsigned long long>(seed));
+    nvme::FaultOptions f = reordering(seed);
+    f.eio_rate = 0.002;
+    const WalkResult t = walk(12, 3, 4, 10, Policy::kTrace, f);
+    std::printf("  %d pins failed, %llu early write-backs\n", t.errors,
+                static_cast<unsigned long long>(t.early));
+    early += t.early;
+    errors += t.errors;
+  }
+  EXPECT_GT(early, 0u) << "no early write-back ran: the seeds do not test it";
+  EXPECT_GT(errors, 0) << "no error was injected: the seeds do not test it";
+}
+
+}  // namespace
+}  // namespace tz::store
