@@ -36,7 +36,7 @@ struct Group {
     for (std::size_t i = 0; i < shards.size(); ++i) {
       const ShardBuffers& a = shards[i];
       const ShardBuffers& b = o.shards[i];
-      if (std::memcmp(a.param.data(), b.param.data(), 4 * a.n()) != 0) return false;
+      if (a.n() != 0 && std::memcmp(a.param.data(), b.param.data(), 4 * a.n()) != 0) return false;
       if (a.state0 != b.state0 || a.state1 != b.state1 || a.copy != b.copy) return false;
     }
     return true;
