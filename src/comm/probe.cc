@@ -20,10 +20,16 @@ nlohmann::json probe_comm() {
   out["nccl_built"] = true;
   int version = 0;
   if (ncclGetVersion(&version) != ncclSuccess) version = 0;
-  out["nccl_version"] = version;
+  // NCCL >= 2.9 encodes its version as major * 10000 + minor * 100 + patch.
+  out["nccl_version"] = version == 0 ? std::string("unknown")
+                                     : std::to_string(version / 10000) + "." +
+                                           std::to_string(version / 100 % 100) + "." +
+                                           std::to_string(version % 100);
+  out["nccl_version_code"] = version;
 #else
   out["nccl_built"] = false;
-  out["nccl_version"] = 0;
+  out["nccl_version"] = "not built";
+  out["nccl_version_code"] = 0;
 #endif
 #if defined(TZ_HAVE_MPI)
   out["mpi_built"] = true;
