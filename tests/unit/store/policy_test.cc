@@ -16,7 +16,6 @@ using testing::Harness;
 using testing::HarnessOptions;
 
 struct Pattern {
-  bool optimizer = true;  // add the offloaded optimizer's pass over NVMe-resident states
   int layers = 12;
   std::uint64_t block_bytes = 64 << 10;
   int device_blocks = 3;  // device budget in blocks
@@ -45,28 +44,19 @@ Moved run(const Pattern& p, Policy policy) {
   h.init(o);
   if (::testing::Test::HasFatalFailure()) return {};
   std::vector<BlockId> ids;
-  std::vector<BlockId> opt;
   for (int i = 0; i < p.layers; ++i) {
     auto id = h.store->create_block(p.block_bytes, Tier::kNvme, "p" + std::to_string(i));
     EXPECT_TRUE(id.is_ok());
     ids.push_back(*id);
-    if (!p.optimizer) continue;
-    auto os = h.store->create_block(2 * p.block_bytes, Tier::kNvme, "opt" + std::to_string(i));
-    EXPECT_TRUE(os.is_ok());
-    opt.push_back(*os);
   }
-  auto pin = [&](BlockId id, Tier t, Access a) {
-    auto l = h.store->pin(id, t, a);
+  auto touch = [&](int i, Access a) {
+    auto l = h.store->pin(ids[static_cast<std::size_t>(i)], Tier::kDevice, a);
     EXPECT_TRUE(l.is_ok()) << l.status().to_string();
     if (!l.is_ok()) return;
     EXPECT_TRUE(l->wait().is_ok());
   };
-  auto touch = [&](int i, Access a) { pin(ids[static_cast<std::size_t>(i)], Tier::kDevice, a); };
   // Step 0 writes every block once (write-only pins) so every block has real bytes on NVMe.
-  for (int i = 0; i < p.layers; ++i) {
-    touch(i, Access::kWrite);
-    if (p.optimizer) pin(opt[static_cast<std::size_t>(i)], Tier::kHost, Access::kWrite);
-  }
+  for (int i = 0; i < p.layers; ++i) touch(i, Access::kWrite);
   h.store->mark_step();
   Moved m;
   for (int s = 0; s < p.steps; ++s) {
@@ -75,17 +65,7 @@ Moved run(const Pattern& p, Policy policy) {
       h.store->reset_stats();
     }
     for (int i = 0; i < p.layers; ++i) touch(i, Access::kRead);
-    if (p.optimizer) {
-      // Backward reads the parameters again; the CPU optimizer then updates each layer's
-      // states in host memory and writes the new parameters home, in the next forward's order.
-      for (int i = p.layers - 1; i >= 0; --i) touch(i, Access::kRead);
-      for (int i = 0; i < p.layers; ++i) {
-        pin(opt[static_cast<std::size_t>(i)], Tier::kHost, Access::kReadWrite);
-        pin(ids[static_cast<std::size_t>(i)], Tier::kHost, Access::kWrite);
-      }
-    } else {
-      for (int i = p.layers - 1; i >= 0; --i) touch(i, Access::kReadWrite);
-    }
+    for (int i = p.layers - 1; i >= 0; --i) touch(i, Access::kReadWrite);
     h.store->mark_step();
   }
   EXPECT_TRUE(h.store->drain().is_ok());
@@ -100,9 +80,9 @@ Moved run(const Pattern& p, Policy policy) {
 void compare(const Pattern& p, bool expect_strict) {
   const Moved t = run(p, Policy::kTrace);
   const Moved l = run(p, Policy::kLru);
-  std::printf("%s layers %d, device %d blocks, host %d blocks: trace nvme r/w %llu/%llu total %llu;"
+  std::printf("layers %d, device %d blocks, host %d blocks: trace nvme r/w %llu/%llu total %llu;"
               " lru nvme r/w %llu/%llu total %llu\n",
-              p.optimizer ? "with optimizer" : "read-write backward", p.layers, p.device_blocks, p.host_blocks,
+              p.layers, p.device_blocks, p.host_blocks,
               static_cast<unsigned long long>(t.nvme_read),
               static_cast<unsigned long long>(t.nvme_write),
               static_cast<unsigned long long>(t.total),
@@ -117,21 +97,21 @@ void compare(const Pattern& p, bool expect_strict) {
 }
 
 TEST(StorePolicy, TraceMovesStrictlyFewerBytesWhenHostHoldsPartOfTheModel) {
-  compare(Pattern{false, 12, 64 << 10, 3, 4, 4}, true);
-  compare(Pattern{false, 16, 64 << 10, 2, 6, 3}, true);
-  compare(Pattern{false, 10, 96 << 10, 2, 3, 3}, true);
-  compare(Pattern{false, 6, 64 << 10, 1, 4, 3}, true);
+  compare(Pattern{12, 64 << 10, 3, 4, 4}, true);
+  compare(Pattern{16, 64 << 10, 2, 6, 3}, true);
+  compare(Pattern{10, 96 << 10, 2, 3, 3}, true);
+  compare(Pattern{6, 64 << 10, 1, 4, 3}, true);
 }
 
 TEST(StorePolicy, TraceNeverMovesMoreThanLru) {
-  compare(Pattern{false, 8, 64 << 10, 2, 8, 3}, false);   // host holds the whole model
-  compare(Pattern{false, 8, 64 << 10, 8, 1, 3}, false);   // device holds the whole model
-  compare(Pattern{false, 10, 64 << 10, 2, 0, 3}, false);  // no host tier
-  compare(Pattern{false, 10, 64 << 10, 1, 1, 3}, false);  // almost nothing fits
+  compare(Pattern{8, 64 << 10, 2, 8, 3}, false);   // host holds the whole model
+  compare(Pattern{8, 64 << 10, 8, 1, 3}, false);   // device holds the whole model
+  compare(Pattern{10, 64 << 10, 2, 0, 3}, false);  // no host tier
+  compare(Pattern{10, 64 << 10, 1, 1, 3}, false);  // almost nothing fits
 }
 
 TEST(StorePolicy, ByteCountsAreDeterministic) {
-  const Pattern p{false, 12, 64 << 10, 3, 4, 3};
+  const Pattern p{12, 64 << 10, 3, 4, 3};
   const Moved a = run(p, Policy::kTrace);
   const Moved b = run(p, Policy::kTrace);
   EXPECT_EQ(a.nvme_read, b.nvme_read);
