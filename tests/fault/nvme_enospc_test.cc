@@ -63,20 +63,13 @@ TEST(Enospc, FullFilesystemReportsNoSpaceAndKeepsEarlierData) {
   TinyFilesystem fs(dir.path());
   if (!fs.mounted()) GTEST_SKIP() << fs.reason();
   std::printf("filesystem %s at %s\n", fs.kind().c_str(), fs.path().c_str());
-  FileOpenOptions fo;
-  fo.create = true;
-  fo.direct = DirectMode::kOff;  // psync through the page cache, as on a tmpfs swap path
-  auto file = IoFileHandle::open(fs.path() + "/swap.0", fo);
-  ASSERT_TRUE(file.is_ok()) << file.status().to_string();
-  auto engine = make_io_engine(IoEngineKind::kPsync, IoEngineOptions{});
-  ASSERT_TRUE(engine.is_ok());
   IoQueueOptions qo;
   qo.block_bytes = 256 << 10;
   qo.depth_per_file = 4;
-  auto q = IoQueue::create(std::move(engine).value(), qo);
-  ASSERT_TRUE(q.is_ok());
-  auto id = q->add_file(file->io_file());
-  ASSERT_TRUE(id.is_ok());
+  // psync through the page cache, as on a tmpfs swap path; no preallocation, so writes fill it.
+  auto fq = testing::open_file_queue(fs.path() + "/swap.0", 0, IoEngineKind::kPsync, {}, qo,
+                                     DirectMode::kOff);
+  ASSERT_TRUE(fq.is_ok()) << fq.status().to_string();
 
   const std::uint64_t seed = 51;
   std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
@@ -87,8 +80,8 @@ TEST(Enospc, FullFilesystemReportsNoSpaceAndKeepsEarlierData) {
   for (std::uint64_t i = 0; i < 32; ++i) {  // 32 MiB > the filesystem
     std::vector<std::byte> data(chunk);
     testing::fill_random(data.data(), data.size(), rng);
-    Transfer t{IoOp::kWrite, *id, i * chunk, data.data(), chunk};
-    Status st = q->run({&t, 1});
+    Transfer t{IoOp::kWrite, fq->id, i * chunk, data.data(), chunk};
+    Status st = fq->queue.run({&t, 1});
     if (!st.is_ok()) {
       failure = std::move(st);
       break;
@@ -99,14 +92,14 @@ TEST(Enospc, FullFilesystemReportsNoSpaceAndKeepsEarlierData) {
   std::printf("after %zu MiB: %s\n", ok.size(), failure.to_string().c_str());
   EXPECT_EQ(failure.code(), ErrorCode::kNoSpace);
   EXPECT_EQ(failure.sys_code(), ENOSPC);
-  EXPECT_NE(failure.message().find(file->path()), std::string::npos);
+  EXPECT_NE(failure.message().find(fq->file.path()), std::string::npos);
   EXPECT_NE(failure.message().find("at offset " + std::to_string(ok.size() * chunk)),
             std::string::npos);
   ASSERT_GT(ok.size(), 2u);
   std::vector<std::byte> back(chunk);
   for (std::size_t i = 0; i < ok.size(); ++i) {
-    Transfer t{IoOp::kRead, *id, i * chunk, back.data(), chunk};
-    ASSERT_TRUE(q->run({&t, 1}).is_ok());
+    Transfer t{IoOp::kRead, fq->id, i * chunk, back.data(), chunk};
+    ASSERT_TRUE(fq->queue.run({&t, 1}).is_ok());
     ASSERT_EQ(std::memcmp(back.data(), ok[i].data(), chunk), 0) << "chunk " << i << " corrupted";
   }
 }

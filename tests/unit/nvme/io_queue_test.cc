@@ -7,8 +7,8 @@
 #include <sys/stat.h>
 
 #include <cstdlib>
-#include <fstream>
 #include <cstring>
+#include <fstream>
 #include <random>
 
 #include "core/trace.h"
@@ -37,20 +37,11 @@ class QueueByEngine : public ::testing::TestWithParam<IoEngineKind> {};
 
 TEST_P(QueueByEngine, MisalignedDirectRequestsAreRejectedWithOurMessage) {
   TempDir dir;
-  FileOpenOptions fo;
-  fo.create = true;
-  fo.direct = DirectMode::kRequire;
-  auto file = IoFileHandle::open(dir.path() + "/f", fo);
-  ASSERT_TRUE(file.is_ok()) << file.status().to_string();
-  ASSERT_TRUE(file->preallocate(1 << 20).is_ok());
-  auto engine = make_io_engine(GetParam(), IoEngineOptions{});
-  ASSERT_TRUE(engine.is_ok());
-  auto q = IoQueue::create(std::move(engine).value(), IoQueueOptions{});
-  ASSERT_TRUE(q.is_ok());
-  auto id = q->add_file(file->io_file());
-  ASSERT_TRUE(id.is_ok());
+  auto fq = testing::open_file_queue(dir.path() + "/f", 1 << 20, GetParam(), {}, {},
+                                     DirectMode::kRequire);
+  ASSERT_TRUE(fq.is_ok()) << fq.status().to_string();
   AlignedBuffer buf(1 << 20);
-  const std::uint32_t a = file->align_bytes();
+  const std::uint32_t a = fq->file.align_bytes();
   struct Bad {
     std::byte* buf;
     std::uint64_t offset, len;
@@ -60,101 +51,74 @@ TEST_P(QueueByEngine, MisalignedDirectRequestsAreRejectedWithOurMessage) {
              {buf.data, 0, 4096 + 100, "length"}};
   for (const Bad& b : bad) {
     for (IoOp op : {IoOp::kRead, IoOp::kWrite}) {
-      Transfer t{op, *id, b.offset, b.buf, b.len};
-      Status st = q->run({&t, 1});
+      Transfer t{op, fq->id, b.offset, b.buf, b.len};
+      Status st = fq->queue.run({&t, 1});
       ASSERT_FALSE(st.is_ok());
       EXPECT_EQ(st.code(), ErrorCode::kInvalidArgument);
-      EXPECT_NE(st.message().find("O_DIRECT on " + file->path()), std::string::npos) << st.message();
+      EXPECT_NE(st.message().find("O_DIRECT on " + fq->file.path()), std::string::npos) << st.message();
       EXPECT_NE(st.message().find(b.what), std::string::npos) << st.message();
     }
   }
-  EXPECT_EQ(q->stats().requests, 0u) << "a rejected request reached the kernel";
+  EXPECT_EQ(fq->queue.stats().requests, 0u) << "a rejected request reached the kernel";
   // An aligned request on the same queue works.
-  Transfer ok{IoOp::kWrite, *id, 0, buf.data, 1 << 20};
-  EXPECT_TRUE(q->run({&ok, 1}).is_ok());
+  Transfer ok{IoOp::kWrite, fq->id, 0, buf.data, 1 << 20};
+  EXPECT_TRUE(fq->queue.run({&ok, 1}).is_ok());
 }
 
 TEST_P(QueueByEngine, ReadPastEndNamesFileOffsetAndLength) {
   TempDir dir;
-  FileOpenOptions fo;
-  fo.create = true;
-  auto file = IoFileHandle::open(dir.path() + "/short", fo);
-  ASSERT_TRUE(file.is_ok());
-  ASSERT_TRUE(file->preallocate(64 << 10).is_ok());
-  auto engine = make_io_engine(GetParam(), IoEngineOptions{});
-  ASSERT_TRUE(engine.is_ok());
-  auto q = IoQueue::create(std::move(engine).value(), IoQueueOptions{});
-  ASSERT_TRUE(q.is_ok());
-  auto id = q->add_file(file->io_file());
-  ASSERT_TRUE(id.is_ok());
+  auto fq = testing::open_file_queue(dir.path() + "/short", 64 << 10, GetParam());
+  ASSERT_TRUE(fq.is_ok()) << fq.status().to_string();
   AlignedBuffer buf(256 << 10);
-  Transfer t{IoOp::kRead, *id, 0, buf.data, 256 << 10};
-  Status st = q->run({&t, 1});
+  Transfer t{IoOp::kRead, fq->id, 0, buf.data, 256 << 10};
+  Status st = fq->queue.run({&t, 1});
   ASSERT_FALSE(st.is_ok());
-  EXPECT_NE(st.message().find(file->path()), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find(fq->file.path()), std::string::npos) << st.message();
   EXPECT_NE(st.message().find("offset 0"), std::string::npos) << st.message();
   EXPECT_NE(st.message().find("262144 bytes"), std::string::npos) << st.message();
 }
 
 TEST_P(QueueByEngine, TransfersAreCutToBlocksWithinTheDepth) {
   TempDir dir;
-  FileOpenOptions fo;
-  fo.create = true;
-  auto file = IoFileHandle::open(dir.path() + "/cut", fo);
-  ASSERT_TRUE(file.is_ok());
-  ASSERT_TRUE(file->preallocate(4 << 20).is_ok());
   IoEngineOptions eo;
   eo.queue_depth = 8;
-  auto engine = make_io_engine(GetParam(), eo);
-  ASSERT_TRUE(engine.is_ok());
   IoQueueOptions qo;
   qo.block_bytes = 64 << 10;
   qo.depth_per_file = 3;
-  auto q = IoQueue::create(std::move(engine).value(), qo);
-  ASSERT_TRUE(q.is_ok());
-  auto id = q->add_file(file->io_file());
-  ASSERT_TRUE(id.is_ok());
+  auto fq = testing::open_file_queue(dir.path() + "/cut", 4 << 20, GetParam(), eo, qo);
+  ASSERT_TRUE(fq.is_ok()) << fq.status().to_string();
   AlignedBuffer buf(4 << 20);
-  Transfer t{IoOp::kWrite, *id, 0, buf.data, 4 << 20};
-  ASSERT_TRUE(q->run({&t, 1}).is_ok());
-  EXPECT_EQ(q->stats().requests, 64u);
-  EXPECT_EQ(q->stats().bytes_written, 4u << 20);
-  EXPECT_LE(q->stats().max_in_flight_bytes, 3u * (64 << 10));
+  Transfer t{IoOp::kWrite, fq->id, 0, buf.data, 4 << 20};
+  ASSERT_TRUE(fq->queue.run({&t, 1}).is_ok());
+  EXPECT_EQ(fq->queue.stats().requests, 64u);
+  EXPECT_EQ(fq->queue.stats().bytes_written, 4u << 20);
+  EXPECT_LE(fq->queue.stats().max_in_flight_bytes, 3u * (64 << 10));
 }
 
 TEST_P(QueueByEngine, PollAloneCompletesStartedOperations) {
   // A caller that never blocks in wait() must still see its requests reach the kernel.
   TempDir dir;
-  FileOpenOptions fo;
-  fo.create = true;
-  auto file = IoFileHandle::open(dir.path() + "/polled", fo);
-  ASSERT_TRUE(file.is_ok());
-  ASSERT_TRUE(file->preallocate(2 << 20).is_ok());
   IoEngineOptions eo;
   eo.queue_depth = 4;
-  auto engine = make_io_engine(GetParam(), eo);
-  ASSERT_TRUE(engine.is_ok());
   IoQueueOptions qo;
   qo.block_bytes = 64 << 10;
   qo.depth_per_file = 4;
-  auto q = IoQueue::create(std::move(engine).value(), qo);
-  ASSERT_TRUE(q.is_ok());
-  auto id = q->add_file(file->io_file());
-  ASSERT_TRUE(id.is_ok());
+  auto fq = testing::open_file_queue(dir.path() + "/polled", 2 << 20, GetParam(), eo, qo);
+  ASSERT_TRUE(fq.is_ok()) << fq.status().to_string();
   AlignedBuffer out(2 << 20), in(2 << 20);
   std::mt19937_64 rng(71);
   std::printf("seed 71\n");
   testing::fill_random(out.data, 2 << 20, rng);
-  Transfer w{IoOp::kWrite, *id, 0, out.data, 2 << 20};
-  auto op = q->start({&w, 1});
+  Transfer w{IoOp::kWrite, fq->id, 0, out.data, 2 << 20};
+  auto op = fq->queue.start({&w, 1});
   ASSERT_TRUE(op.is_ok());
-  for (int spins = 0; !q->done(*op); ++spins) {
-    ASSERT_TRUE(q->poll().is_ok());
+  for (int spins = 0; !fq->queue.done(*op); ++spins) {
+    ASSERT_TRUE(fq->queue.poll().is_ok());
     ASSERT_LT(spins, 50000000) << "poll() made no progress";
   }
-  ASSERT_TRUE(q->wait(*op).is_ok());
-  Transfer r{IoOp::kRead, *id, 0, in.data, 2 << 20};
-  ASSERT_TRUE(q->run({&r, 1}).is_ok());
+  ASSERT_TRUE(fq->queue.wait(*op).is_ok());
+  Transfer r{IoOp::kRead, fq->id, 0, in.data, 2 << 20};
+  ASSERT_TRUE(fq->queue.run({&r, 1}).is_ok());
   EXPECT_EQ(std::memcmp(in.data, out.data, 2 << 20), 0);
 }
 
@@ -205,22 +169,13 @@ TEST(IoQueue, SqpollRingMovesDataExactly) {
 
 TEST(IoQueue, OperationsAppearOnTheNvmeTraceTrack) {
   TempDir dir;
-  FileOpenOptions fo;
-  fo.create = true;
-  auto file = IoFileHandle::open(dir.path() + "/traced", fo);
-  ASSERT_TRUE(file.is_ok());
-  ASSERT_TRUE(file->preallocate(1 << 20).is_ok());
-  auto engine = make_io_engine(IoEngineKind::kPsync, IoEngineOptions{});
-  ASSERT_TRUE(engine.is_ok());
-  auto q = IoQueue::create(std::move(engine).value(), IoQueueOptions{});
-  ASSERT_TRUE(q.is_ok());
-  auto id = q->add_file(file->io_file());
-  ASSERT_TRUE(id.is_ok());
+  auto fq = testing::open_file_queue(dir.path() + "/traced", 1 << 20, IoEngineKind::kPsync);
+  ASSERT_TRUE(fq.is_ok()) << fq.status().to_string();
   AlignedBuffer buf(1 << 20);
   Trace::global().enable();
   const std::size_t before = Trace::global().event_count();
-  Transfer t{IoOp::kWrite, *id, 0, buf.data, 1 << 20};
-  ASSERT_TRUE(q->run({&t, 1}).is_ok());
+  Transfer t{IoOp::kWrite, fq->id, 0, buf.data, 1 << 20};
+  ASSERT_TRUE(fq->queue.run({&t, 1}).is_ok());
   EXPECT_EQ(Trace::global().event_count(), before + 1);
   EXPECT_NE(Trace::global().to_json().find("nvme write"), std::string::npos);
 }

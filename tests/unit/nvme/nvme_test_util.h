@@ -1,5 +1,5 @@
 // Helpers shared by the nvme unit and fault tests: a temporary directory removed afterwards, the
-// engines to sweep, and seeded random data.
+// engines to sweep, a file behind a queue, and seeded random data.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -14,7 +14,9 @@
 #include <string>
 #include <vector>
 
+#include "nvme/file.h"
 #include "nvme/io_engine.h"
+#include "nvme/io_queue.h"
 
 namespace tz::nvme::testing {
 
@@ -55,6 +57,30 @@ class TempDir {
 
 inline std::vector<IoEngineKind> all_engines() {
   return {IoEngineKind::kIoUring, IoEngineKind::kLibaio, IoEngineKind::kPsync};
+}
+
+// The set-up most queue tests share: a new file at `path`, preallocated to `file_bytes` (none when
+// 0), behind an IoQueue on a `kind` engine; `id` addresses the file in transfers. The queue is
+// declared after the file so it drains its requests before the file closes.
+struct FileQueue {
+  IoFileHandle file;
+  IoQueue queue;
+  int id = -1;
+};
+
+inline Result<FileQueue> open_file_queue(const std::string& path, std::uint64_t file_bytes,
+                                         IoEngineKind kind, const IoEngineOptions& engine_options = {},
+                                         const IoQueueOptions& queue_options = {},
+                                         DirectMode direct = DirectMode::kPrefer) {
+  FileOpenOptions fo;
+  fo.create = true;
+  fo.direct = direct;
+  TZ_ASSIGN_OR_RETURN(IoFileHandle file, IoFileHandle::open(path, fo));
+  if (file_bytes != 0) TZ_RETURN_IF_ERROR(file.preallocate(file_bytes));
+  TZ_ASSIGN_OR_RETURN(std::unique_ptr<IoEngine> engine, make_io_engine(kind, engine_options));
+  TZ_ASSIGN_OR_RETURN(IoQueue queue, IoQueue::create(std::move(engine), queue_options));
+  TZ_ASSIGN_OR_RETURN(const int id, queue.add_file(file.io_file()));
+  return FileQueue{std::move(file), std::move(queue), id};
 }
 
 inline void fill_random(std::byte* p, std::size_t n, std::mt19937_64& rng) {
