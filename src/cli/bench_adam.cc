@@ -3,7 +3,6 @@
 // kernel with the same loads and stores, the same tiling and the same pinned threads. Repeats
 // alternate the ceiling and the update so both see the same machine state.
 #include <sys/mman.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>

@@ -3,7 +3,6 @@
 // all_reduce, x (n-1)/n for all_gather and reduce_scatter, x 1 for broadcast). Runs LocalComm
 // ranks as threads of this process, or one rank per process under mpirun/srun (MPI or NCCL);
 // rank 0 prints.
-#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>

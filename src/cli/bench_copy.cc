@@ -2,7 +2,6 @@
 // (registered) and from pageable host memory, each direction alone and both at once on the two
 // copy streams. On HostDevice this measures memcpy by worker threads; the plain single-thread
 // memcpy of the same run is printed next to every result as the peer.
-#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>

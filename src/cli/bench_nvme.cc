@@ -2,7 +2,6 @@
 // psync) on one file per --path, with CPU seconds per GB and bytes in flight, so it can be held
 // against fio on the same file (bench/nvme_vs_fio.sh).
 #include <sys/resource.h>
-#include <sys/utsname.h>
 #include <unistd.h>
 
 #include <algorithm>

@@ -4,8 +4,6 @@
 // offloaded step writes home), and reports per step the achieved bandwidth per link, the stall
 // fraction, bytes per tier and the lower bound from the disk's raw throughput measured in the
 // same run.
-#include <sys/utsname.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -17,6 +15,7 @@
 #include <thread>
 #include <vector>
 
+#include "cli/bench_common.h"
 #include "cli/command.h"
 #include "core/log.h"
 #include "core/trace.h"
@@ -53,13 +52,6 @@ struct BenchStoreOptions {
 double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
       .count();
-}
-
-std::string machine_name() {
-  utsname u{};
-  if (::uname(&u) != 0) return "unknown";
-  return std::string(u.nodename) + " " + u.machine + " (" + std::to_string(::sysconf(_SC_NPROCESSORS_ONLN)) +
-         " cpus)";
 }
 
 int fail(const Status& st) {
@@ -342,7 +334,7 @@ int run(const BenchStoreOptions& o) {
         {"peak_host_bytes", after.tier(store::Tier::kHost).peak_bytes},
         {"trace_deviations", after.trace_deviations - before.trace_deviations},
         {"long_stalls", long_stalls},
-        {"machine", machine_name()},
+        {"machine", machine_json()},
     };
     results.push_back(std::move(j));
   }
