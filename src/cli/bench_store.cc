@@ -44,6 +44,7 @@ struct BenchStoreOptions {
   int staging = 32;
   std::string in_flight = "128M";
   std::string io_grouping = "auto";
+  std::uint32_t host_prefetch_depth = store::StoreOptions{}.host_prefetch_depth;
   std::string device = "auto";
   std::string trace_out;
   bool json = false;
@@ -226,6 +227,7 @@ int run(const BenchStoreOptions& o) {
   so.chunk_bytes = *chunk;
   so.staging_buffers = static_cast<std::uint32_t>(o.staging);
   so.max_io_in_flight_bytes = *in_flight;
+  so.host_prefetch_depth = o.host_prefetch_depth;
   // auto: group reads and writes only when mixing them costs the disk throughput (measured
   // above: mixed below 80% of the slower direction alone).
   std::string grouping = o.io_grouping;
@@ -448,6 +450,9 @@ TZ_REGISTER_COMMAND([](tz::cli::CommandTree& tree) {
   cmd->add_option("--io-grouping", opts->io_grouping,
                   "grouped (one direction at a time), mixed, or auto (from the raw measurement)")
       ->check(CLI::IsMember({"auto", "grouped", "mixed"}))
+      ->capture_default_str();
+  cmd->add_option("--host-prefetch-depth", opts->host_prefetch_depth,
+                  "Device uses loaded ahead from the host tier (past them only NVMe loads start)")
       ->capture_default_str();
   cmd->add_option("--device", opts->device, "auto, host or cuda")->capture_default_str();
   cmd->add_option("--trace-out", opts->trace_out, "Write a Chrome trace of the moves here");

@@ -110,6 +110,7 @@ struct Copy {
   bool present = false;  // holds space in the tier (logically)
   bool valid = false;    // holds the latest bytes (once queued moves finish)
   bool by_prefetch = false;
+  Tier loaded_from = Tier::kNvme;  // the tier the last load into this copy read
   std::uint64_t lru_tick = 0;
 };
 
@@ -144,10 +145,8 @@ struct Block {
   // Per tier, the last op that allocated, loaded or zeroed that tier's copy: a read pin of a
   // current copy waits for it and not for later copies out of the tier (an early write-back).
   std::array<std::uint64_t, kTierCount> fill_seq{};
-  // Trace position (and step) of the write pin whose bytes are in the upper copies and not yet
-  // home.
+  // Trace position of the write pin whose bytes are in the upper copies and not yet home.
   std::uint32_t dirtied_at = kNoPos;
-  std::uint64_t dirtied_step = 0;
 
   std::uint32_t chunk_count(std::uint64_t chunk_bytes) const {
     return static_cast<std::uint32_t>((bytes + chunk_bytes - 1) / chunk_bytes);
@@ -253,15 +252,11 @@ struct Store::Impl {
   std::unordered_map<BlockId, std::vector<std::uint32_t>> host_uses;
   std::unordered_map<BlockId, std::vector<std::uint32_t>> any_uses;
   std::unordered_map<BlockId, std::vector<std::uint32_t>> overwrites;  // write-only pins
-  // Positions of write pins whose bytes went home before being overwritten, learned during the
-  // current step (*_record) and in the last step that followed the trace (*_trace): spill_* when
-  // the eviction came in the pin's own step, cross_* when it came in the next one.
+  // Trace positions of write pins whose bytes went home before being overwritten (in the pin's
+  // own step or the next), learned during the current step (spill_record) and in the last step
+  // that followed the trace (spill_trace).
   std::unordered_set<std::uint32_t> spill_record;
   std::unordered_set<std::uint32_t> spill_trace;
-  std::unordered_set<std::uint32_t> cross_record;
-  std::unordered_set<std::uint32_t> cross_trace;
-  std::uint64_t step_count = 0;
-  bool cross_pending = false;  // the step's first pin starts the cross-step early write-backs
 
   // Statistics.
   StoreStats stats;
@@ -301,13 +296,13 @@ struct Store::Impl {
     op.dst = t;
     push_op(b, std::move(op));
   }
-  void push_copy(Block& b, Tier src, Tier dst, bool prefetch) {
+  std::uint64_t push_copy(Block& b, Tier src, Tier dst, bool prefetch) {
     Op op;
     op.kind = OpKind::kCopy;
     op.src = src;
     op.dst = dst;
     op.prefetch = prefetch;
-    push_op(b, std::move(op));
+    return push_op(b, std::move(op));
   }
 
   // ---- policy --------------------------------------------------------------------------------
@@ -381,6 +376,25 @@ struct Store::Impl {
     return out;
   }
 
+  // Whether a clean copy of `b` admitted to the host tier now would still be there at its next
+  // use `nu` pins ahead: not when the blocks needing a host copy before then fill the tier, those
+  // with a host copy now and those whose only current copy is on the device (they are demoted to
+  // the host when the device drops them). A copy that would be pushed out unused is a memcpy
+  // (and an allocation queued behind the block's pending moves) for nothing.
+  bool host_keeps(const Block& x, std::uint64_t nu) const {
+    std::uint64_t need = x.bytes;
+    const std::size_t len = trace.size();
+    for (const auto& [id, b] : blocks) {
+      if (b.destroyed || id == x.id || b.home != Tier::kNvme) continue;
+      const bool host = b.copies[ti(Tier::kHost)].present;
+      if (!host && !only_valid(b, Tier::kDevice)) continue;
+      std::uint64_t next = next_in(any_uses, id, trace_pos, len);
+      if (next_in(overwrites, id, trace_pos, len) < next) next = kNever;
+      if (next < nu) need += b.bytes;
+    }
+    return need <= budget[ti(Tier::kHost)];
+  }
+
   // Makes `b` (just evicted from the device, `valid_elsewhere` or not) a host copy if the policy
   // admits it. Returns true when a host copy was allocated.
   bool admit_to_host(Block& b) {
@@ -393,6 +407,7 @@ struct Store::Impl {
       beyond = nu;
     }
     if (!belady() && budget[ti(Tier::kHost)] < b.bytes) return false;
+    if (belady() && b.copies[ti(Tier::kNvme)].valid && !host_keeps(b, *beyond)) return false;
     std::optional<std::vector<BlockId>> victims;
     if (belady()) {
       victims = choose_victims(Tier::kHost, b.bytes, b.id, beyond);
@@ -437,13 +452,12 @@ struct Store::Impl {
   // now, keeping the copy in `t` (now clean). Its later eviction is then a free instead of a
   // write with the next load waiting behind it, and the disk works while the step is busy with
   // copies that do not touch it. It allocates nothing, and on a repeating trace it writes the
-  // bytes the evictions would have written, only earlier.
-  // `learned`: spill_trace at unpin, cross_trace at the next step's first pin (so that the write
-  // lands in the step whose eviction would have made it).
-  void write_back_early(Block& b, Tier t, const std::unordered_set<std::uint32_t>& learned) {
+  // bytes the evictions would have written, only earlier (when the eviction came in the next
+  // step, as for the last layers of a backward pass, the write now overlaps this step's reads).
+  void write_back_early(Block& b, Tier t) {
     if (!belady() || b.total_leases > 0 || b.home != Tier::kNvme || t == Tier::kNvme ||
         !b.error.is_ok() || !b.copies[ti(t)].present || !only_valid(b, t) ||
-        b.dirtied_at == kNoPos || learned.count(b.dirtied_at) == 0) {
+        b.dirtied_at == kNoPos || spill_trace.count(b.dirtied_at) == 0) {
       return;
     }
     TZ_LOG_DEBUG("store: early write-back of '%s' from %s at trace pos %zu", b.name.c_str(),
@@ -490,9 +504,7 @@ struct Store::Impl {
     if (b.dirtied_at != kNoPos && !b.copies[ti(Tier::kDevice)].valid &&
         !b.copies[ti(Tier::kHost)].valid) {
       // The bytes of that write pin had to go home: next time write them back at unpin.
-      if (belady()) {
-        (b.dirtied_step == step_count ? spill_record : cross_record).insert(b.dirtied_at);
-      }
+      if (belady()) spill_record.insert(b.dirtied_at);
       b.dirtied_at = kNoPos;
     }
   }
@@ -575,6 +587,7 @@ struct Store::Impl {
     push_copy(b, *src, t, true);
     b.copies[ti(t)].valid = true;
     b.copies[ti(t)].by_prefetch = true;
+    b.copies[ti(t)].loaded_from = *src;
     b.copies[ti(t)].lru_tick = ++tick;
     ++stats.tiers[ti(t)].prefetches;
     return true;
@@ -591,11 +604,24 @@ struct Store::Impl {
   }
 
   // Prefetches along the trace from the current position as far as the budgets allow.
+  // Device loads: at most `host_prefetch_depth` device copies loaded from the host tier (a memcpy
+  // or a DMA, quick to redo), counting the one pinned now, are held for the next uses; past them
+  // only loads from NVMe are started, each still by Belady's rule (it may only displace copies
+  // used after it), so that a slow read gets the disk while quick host loads run before its use.
   void prefetch_ahead() {
     if (!belady() || trace.empty()) return;
     bool dev_stop = false;
     bool host_stop = false;
+    std::uint32_t host_sourced = 0;  // device uses in the window whose bytes come from the host
     const std::size_t len = trace.size();
+    if (trace_pos > 0) {
+      const TraceEntry& cur = trace[trace_pos - 1];
+      const Block* b = find(cur.block);
+      if (cur.tier == Tier::kDevice && b != nullptr && b->leases[ti(Tier::kDevice)] > 0 &&
+          b->copies[ti(Tier::kDevice)].loaded_from == Tier::kHost) {
+        ++host_sourced;
+      }
+    }
     for (std::size_t d = 0; d < len && !(dev_stop && host_stop); ++d) {
       const TraceEntry& e = trace[(trace_pos + d) % len];
       Block* b = find(e.block);
@@ -607,10 +633,14 @@ struct Store::Impl {
       for (std::size_t i = 0; i < kTierCount; ++i) has_writer |= b->write_leases[i] > 0;
       if (has_writer) continue;
       if (e.tier == Tier::kDevice) {
-        if (b->copies[ti(Tier::kDevice)].valid) continue;
-        if (!dev_stop && b->home != Tier::kDevice) {
-          if (!try_prefetch(*b, Tier::kDevice, d)) dev_stop = true;
-        }
+        if (dev_stop || b->home == Tier::kDevice) continue;
+        const Copy& dev = b->copies[ti(Tier::kDevice)];
+        const bool from_host =
+            dev.valid ? dev.loaded_from == Tier::kHost : b->copies[ti(Tier::kHost)].valid;
+        const bool far = host_sourced >= options.host_prefetch_depth;
+        if (from_host) ++host_sourced;
+        if (dev.valid || (far && from_host)) continue;
+        if (!try_prefetch(*b, Tier::kDevice, d)) dev_stop = true;
       } else if (e.tier == Tier::kHost && !host_stop && b->home == Tier::kNvme) {
         if (!try_prefetch(*b, Tier::kHost, d)) host_stop = true;
       }
@@ -1421,15 +1451,6 @@ Result<Lease> Store::pin(BlockId id, Tier tier, Access access) {
     return Status(b.error).with_context("store: block '" + b.name + "' lost its bytes");
   }
   if (tier != Tier::kNvme) m.note_pin(TraceEntry{id, tier, access});
-  if (m.cross_pending) {
-    // The first pin of a step: write home the previous step's dirty copies that its trace says
-    // go home during this one (before this pin holds its own block).
-    m.cross_pending = false;
-    for (auto& [bid, blk] : m.blocks) {
-      if (blk.destroyed) continue;
-      for (Tier t : {Tier::kDevice, Tier::kHost}) m.write_back_early(blk, t, m.cross_trace);
-    }
-  }
   Copy& c = b.copies[ti(tier)];
   TierStats& ts = m.stats.tiers[ti(tier)];
   if (c.present && (c.valid || access == Access::kWrite)) {
@@ -1451,6 +1472,7 @@ Result<Lease> Store::pin(BlockId id, Tier tier, Access access) {
                  tier_name(tier));
     m.push_copy(b, *src, tier, false);
     c.valid = true;
+    c.loaded_from = *src;
   }
   if (access != Access::kRead) {
     for (std::size_t i = 0; i < kTierCount; ++i) b.copies[i].valid = false;
@@ -1461,7 +1483,6 @@ Result<Lease> Store::pin(BlockId id, Tier tier, Access access) {
     b.dirtied_at = tier == Tier::kNvme || m.record.empty()
                        ? kNoPos
                        : static_cast<std::uint32_t>(m.record.size() - 1);
-    b.dirtied_step = m.step_count;
   }
   ++b.leases[ti(tier)];
   ++b.total_leases;
@@ -1472,8 +1493,6 @@ Result<Lease> Store::pin(BlockId id, Tier tier, Access access) {
   lease.tier_ = tier;
   lease.access_ = access;
   lease.bytes_ = b.bytes;
-  // A read of a current copy needs only the op that filled it; a copy out of the tier still in
-  // flight (an early write-back) only reads it too. Writers wait for every earlier move.
   // A read of a current copy needs only the op that filled it; a copy out of the tier still in
   // flight (an early write-back) only reads it too. Writers wait for every earlier move.
   lease.ready_seq_ = access == Access::kRead ? b.fill_seq[ti(tier)] : b.next_seq - 1;
@@ -1512,11 +1531,7 @@ void Store::mark_step() {
   // Spills learned while following the trace are valid for the next step; a recording step's
   // (LRU) evictions say nothing about Belady's.
   m.spill_trace = followed ? std::move(m.spill_record) : std::unordered_set<std::uint32_t>{};
-  m.cross_trace = followed ? std::move(m.cross_record) : std::unordered_set<std::uint32_t>{};
   m.spill_record.clear();
-  m.cross_record.clear();
-  m.cross_pending = !m.cross_trace.empty();
-  ++m.step_count;
   m.record.clear();
   m.trace_pos = 0;
   m.prefetch_ahead();
@@ -1527,6 +1542,41 @@ Status Store::drain() {
   impl_->wake();
   impl_->cv.wait(lock, [&] { return impl_->idle(); });
   return Status::ok();
+}
+
+Status Store::flush() {
+  std::unique_lock lock(impl_->mu);
+  Impl& m = *impl_;
+  std::vector<std::pair<BlockId, std::uint64_t>> writes;  // block, op
+  Status lost;  // the first block whose bytes were already lost
+  for (auto& [id, b] : m.blocks) {
+    if (b.destroyed) continue;
+    if (!b.error.is_ok()) {
+      if (lost.is_ok()) lost = Status(b.error).with_context("store: flush: block '" + b.name + "'");
+      continue;
+    }
+    bool writing = false;
+    for (int n : b.write_leases) writing |= n > 0;
+    if (writing) continue;
+    for (Tier t : {Tier::kDevice, Tier::kHost}) {
+      if (ti(t) >= ti(b.home) || !b.copies[ti(t)].present || !m.only_valid(b, t)) continue;
+      writes.emplace_back(id, m.push_copy(b, t, b.home, false));
+      b.copies[ti(b.home)].valid = true;
+      b.dirtied_at = kNoPos;  // home by flush, not by eviction: nothing for the policy to learn
+      ++m.stats.tiers[ti(t)].write_backs;
+    }
+  }
+  m.wake();
+  m.cv.wait(lock, [&] { return m.idle(); });
+  for (const auto& [id, seq] : writes) {
+    const Block& b = m.blocks.at(id);
+    for (const Failure& f : b.failures) {
+      if (f.first_seq <= seq && seq <= f.last_seq) {
+        return Status(f.status).with_context("store: flush");
+      }
+    }
+  }
+  return lost;
 }
 
 StoreStats Store::stats() const {
@@ -1592,7 +1642,7 @@ void Store::unpin(Lease& lease, gpu::Stream* writer) {
     TZ_ASSERT(st.is_ok(), st.to_string().c_str());
     b.user_event_recorded = true;
   }
-  m.write_back_early(b, lease.tier_, m.spill_trace);
+  m.write_back_early(b, lease.tier_);
 }
 
 Status Store::wait_lease(Lease& lease) {

@@ -64,6 +64,10 @@ struct StoreOptions {
   std::uint32_t staging_buffers = 8;
   // NVMe bytes in flight at most (enough to saturate the disk; each direction counted together).
   std::uint64_t max_io_in_flight_bytes = 64ull << 20;
+  // Device prefetch: how many device copies loaded from the host tier (counting the one pinned
+  // now) are held for the next uses; past them the prefetcher starts only NVMe loads, so slow
+  // reads get device space early (docs/store.md, "Policies").
+  std::uint32_t host_prefetch_depth = 2;
   IoGrouping io_grouping = IoGrouping::kMixed;  // the bench measures which the disk wants
   std::uint64_t write_run_bytes = 256ull << 20;  // kGrouped: writes issued per run while reads wait
   bool trace_spans = true;  // emit Chrome trace spans when the global Trace is enabled
@@ -160,6 +164,12 @@ class Store {
   void mark_step();
   // Blocks until no move is queued or in flight (write-backs included).
   Status drain();
+  // Writes every dirty copy (the only current bytes of a block, above its home) to the block's
+  // home tier, keeping it cached clean, and waits until those writes and every other move are
+  // done: afterwards the home tier holds the latest bytes of every block. Blocks pinned for
+  // writing are skipped (their bytes are still changing). Errors: the first write that failed,
+  // naming the block (the block's read pins report it too).
+  Status flush();
 
   // Counters so far (a consistent snapshot).
   StoreStats stats() const;

@@ -1,9 +1,11 @@
 // The trace-driven policy against LRU on the stage-3 training access pattern, in exact byte
 // counts: every placement is decided inside pin()/mark_step(), so the bytes a call sequence moves
-// are the same on every run whatever the timing. Belady's rule must never move more bytes than
+// are the same on every run whatever the timing. The counts cover steps 2.. and a final flush (the
+// bytes that make the last step durable). Belady's rule must never move more bytes than
 // LRU, and strictly fewer when the host tier holds only part of the model.
 #include <cstdio>
 #include <cstdlib>
+#include <limits>
 #include <vector>
 
 #include "store/store.h"
@@ -68,7 +70,9 @@ Moved run(const Pattern& p, Policy policy) {
     for (int i = p.layers - 1; i >= 0; --i) touch(i, Access::kReadWrite);
     h.store->mark_step();
   }
-  EXPECT_TRUE(h.store->drain().is_ok());
+  // Dirty copies still cached are written home too: a policy that writes early is not charged for
+  // writes another one merely left for after the last step.
+  EXPECT_TRUE(h.store->flush().is_ok());
   const StoreStats st = h.store->stats();
   m.nvme_read = st.nvme_read_bytes();
   m.nvme_write = st.nvme_write_bytes();
@@ -117,6 +121,53 @@ TEST(StorePolicy, ByteCountsAreDeterministic) {
   EXPECT_EQ(a.nvme_read, b.nvme_read);
   EXPECT_EQ(a.nvme_write, b.nvme_write);
   EXPECT_EQ(a.total, b.total);
+}
+
+// NVMe reads of the backward pass's last layers start while the layers before them still come
+// from the host tier: with 4 device and 8 host slots for 16 layers, the backward pass finds 11..4
+// in the host and 3..0 on NVMe. When it has reached layer 8, two device slots already hold reads of
+// layers 3 and 2 (the host loads keep the other two); Belady's window alone would hold 8..5 and
+// start no read yet.
+std::uint64_t backward_reads_by_layer_8(std::uint32_t host_prefetch_depth) {
+  const std::uint64_t block = 64 << 10;
+  Harness h;
+  HarnessOptions o;
+  o.store.device_budget_bytes = 4 * block;
+  o.store.host_budget_bytes = 8 * block;
+  o.store.chunk_bytes = 32 << 10;
+  o.store.staging_buffers = 4;
+  o.store.host_prefetch_depth = host_prefetch_depth;
+  o.swap_bytes = 16ull << 20;
+  h.init(o);
+  if (::testing::Test::HasFatalFailure()) return 0;
+  std::vector<BlockId> ids;
+  for (int i = 0; i < 16; ++i) ids.push_back(*h.store->create_block(block, Tier::kNvme, "p"));
+  auto touch = [&](int i, Access a) {
+    auto l = h.store->pin(ids[static_cast<std::size_t>(i)], Tier::kDevice, a);
+    ASSERT_TRUE(l.is_ok()) << l.status().to_string();
+    ASSERT_TRUE(l->wait().is_ok());
+  };
+  for (int i = 0; i < 16; ++i) touch(i, Access::kWrite);
+  h.store->mark_step();
+  for (int s = 0; s < 3; ++s) {  // step 1 records, steps 2 and 3 follow
+    for (int i = 0; i < 16; ++i) touch(i, Access::kRead);
+    for (int i = 15; i >= 0; --i) touch(i, Access::kReadWrite);
+    h.store->mark_step();
+  }
+  for (int i = 0; i < 16; ++i) touch(i, Access::kRead);
+  EXPECT_TRUE(h.store->drain().is_ok());
+  const std::uint64_t before = h.store->stats().nvme_read_bytes();
+  for (int i = 15; i >= 8; --i) touch(i, Access::kReadWrite);
+  EXPECT_TRUE(h.store->drain().is_ok());
+  const std::uint64_t reads = h.store->stats().nvme_read_bytes() - before;
+  EXPECT_TRUE(h.store->following_trace());
+  h.finish();
+  return reads / block;
+}
+
+TEST(StorePolicy, NvmeLoadsStartWhileHostLoadsComeFirst) {
+  EXPECT_EQ(backward_reads_by_layer_8(StoreOptions{}.host_prefetch_depth), 2u);
+  EXPECT_EQ(backward_reads_by_layer_8(std::numeric_limits<std::uint32_t>::max()), 0u);
 }
 
 TEST(StorePolicy, DeviationFallsBackAndReRecords) {

@@ -184,6 +184,78 @@ TEST(Store, ChecksumMismatchIsAnErrorNamingTheBlock) {
   h.finish();
 }
 
+TEST(Store, FlushWritesDirtyCopiesHomeAndKeepsThemCached) {
+  Harness h;
+  h.init(small_options());
+  const std::size_t n = 200000;
+  auto a = h.store->create_block(n, Tier::kNvme, "on-nvme");
+  auto b = h.store->create_block(n, Tier::kHost, "on-host");
+  ASSERT_TRUE(a.is_ok() && b.is_ok());
+  write_block(*h.store, *a, Tier::kDevice, pattern(n, 21));
+  write_block(*h.store, *b, Tier::kDevice, pattern(n, 22));
+  ASSERT_TRUE(h.store->drain().is_ok());
+  EXPECT_EQ(h.store->stats().nvme_write_bytes(), 0u);  // both dirty on the device
+  ASSERT_TRUE(h.store->flush().is_ok());
+  StoreStats st = h.store->stats();
+  EXPECT_EQ(st.nvme_write_bytes(), n);
+  EXPECT_EQ(st.link(Link::kDeviceToHost).bytes, n);  // b's home is the host tier
+  // The NVMe block's bytes are in the swap file (its only extent starts at offset 0).
+  ASSERT_EQ(h.swap_files.size(), 1u);
+  const int fd = ::open(h.swap_files[0].c_str(), O_RDONLY);
+  ASSERT_GE(fd, 0);
+  std::vector<std::byte> on_disk(n);
+  ASSERT_EQ(::pread(fd, on_disk.data(), n, 0), static_cast<ssize_t>(n));
+  ::close(fd);
+  EXPECT_EQ(on_disk, pattern(n, 21));
+  // Nothing is dirty any more, and the copies stayed cached: no second write, no read.
+  ASSERT_TRUE(h.store->flush().is_ok());
+  EXPECT_EQ(read_block(*h.store, *a, Tier::kDevice, n), pattern(n, 21));
+  EXPECT_EQ(read_block(*h.store, *b, Tier::kHost, n), pattern(n, 22));
+  ASSERT_TRUE(h.store->drain().is_ok());
+  st = h.store->stats();
+  EXPECT_EQ(st.nvme_write_bytes(), n);
+  EXPECT_EQ(st.nvme_read_bytes(), 0u);
+  h.finish();
+}
+
+TEST(Store, FlushSkipsBlocksPinnedForWriting) {
+  Harness h;
+  h.init(small_options());
+  const std::size_t n = 100000;
+  auto a = h.store->create_block(n, Tier::kNvme, "busy");
+  ASSERT_TRUE(a.is_ok());
+  auto lease = h.store->pin(*a, Tier::kHost, Access::kWrite);
+  ASSERT_TRUE(lease.is_ok());
+  ASSERT_TRUE(lease->wait().is_ok());
+  ASSERT_TRUE(h.store->flush().is_ok());
+  EXPECT_EQ(h.store->stats().nvme_write_bytes(), 0u);
+  lease->release();
+  ASSERT_TRUE(h.store->flush().is_ok());
+  EXPECT_EQ(h.store->stats().nvme_write_bytes(), n);
+  h.finish();
+}
+
+TEST(Store, FlushReportsAFailedWriteNamingTheBlock) {
+  Harness h;
+  HarnessOptions o = small_options();
+  nvme::FaultOptions f;
+  f.eio_on_request = 1;  // the first request the disk sees: the flush's write
+  o.faults = f;
+  h.init(o);
+  const std::size_t n = 100000;
+  auto a = h.store->create_block(n, Tier::kNvme, "doomed");
+  ASSERT_TRUE(a.is_ok());
+  write_block(*h.store, *a, Tier::kHost, pattern(n, 5));
+  Status st = h.store->flush();
+  EXPECT_EQ(st.code(), ErrorCode::kIoError) << st.to_string();
+  EXPECT_NE(st.message().find("'doomed'"), std::string::npos) << st.to_string();
+  // The block lost its bytes: the next flush says so again, and read pins fail.
+  EXPECT_FALSE(h.store->flush().is_ok());
+  auto l = h.store->pin(*a, Tier::kHost, Access::kRead);
+  EXPECT_FALSE(l.is_ok());
+  h.finish();
+}
+
 TEST(Store, DevicePinExposesAnEventAStreamCanWaitOn) {
   Harness h;
   h.init(small_options());
