@@ -1,4 +1,4 @@
-// Seeded property test of the store: random create/destroy/pin/unpin/prefetch/write/step
+// Seeded property test of the store: random create/destroy/pin/unpin/prefetch/write/step/flush
 // sequences over all three tiers with tiny budgets, on HostDevice, through the fault-injecting
 // I/O engine (EIO, short transfers, EINTR/EAGAIN, delayed and reordered completions). After every
 // operation no budget is exceeded; every successful read equals the last completed write of the
@@ -121,6 +121,14 @@ void run_seed(std::uint64_t seed, int ops, Policy policy) {
       ASSERT_TRUE(h.store->prefetch(it->first, t).is_ok());
     } else if (what < 28) {
       h.store->mark_step();
+    } else if (what < 30) {
+      // Writes every dirty copy home while other leases are held; an injected EIO may fail it.
+      Status st = h.store->flush();
+      if (!st.is_ok()) {
+        ASSERT_TRUE(st.code() == ErrorCode::kIoError || st.code() == ErrorCode::kCorrupt)
+            << "seed " << seed << ": " << st.to_string();
+        ++errors;
+      }
     } else {
       auto it = std::next(ref.begin(), static_cast<std::ptrdiff_t>(rng() % ref.size()));
       const BlockId id = it->first;
