@@ -258,8 +258,10 @@ int run(const BenchStoreOptions& o) {
   const auto compute = std::chrono::microseconds(static_cast<long>(o.compute_ms_per_layer * 1000));
   double stall_total = 0;
   nlohmann::json long_stalls = nlohmann::json::array();  // visits that waited over 10 ms
+  Trace& trace = Trace::global();
   auto visit = [&](int i, store::Access access) -> Status {
     const double t0 = now_s();
+    const double t0_us = trace.now_us();
     TZ_ASSIGN_OR_RETURN(store::Lease l, s->pin(ids[static_cast<std::size_t>(i)], store::Tier::kDevice, access));
     TZ_RETURN_IF_ERROR(l.wait());
     const double waited = now_s() - t0;
@@ -271,6 +273,11 @@ int run(const BenchStoreOptions& o) {
     }
     if (compute.count() > 0) std::this_thread::sleep_for(compute);
     l.release();
+    if (trace.enabled()) {
+      trace.span("bench walk", (access == store::Access::kRead ? "forward layer " : "backward layer ") +
+                                   std::to_string(i),
+                 t0_us, trace.now_us());
+    }
     return Status::ok();
   };
   const double compute_s = 2.0 * o.layers * o.compute_ms_per_layer / 1000.0;
@@ -280,6 +287,7 @@ int run(const BenchStoreOptions& o) {
     stall_total = 0;
     long_stalls = nlohmann::json::array();
     const double t0 = now_s();
+    const double step_us = trace.now_us();
     for (int i = 0; i < o.layers; ++i) {
       if (Status st = visit(i, store::Access::kRead); !st.is_ok()) return fail(st);
     }
@@ -288,6 +296,7 @@ int run(const BenchStoreOptions& o) {
     }
     s->mark_step();
     const double step_s = now_s() - t0;
+    if (trace.enabled()) trace.span("bench steps", "step " + std::to_string(step), step_us, trace.now_us());
     const store::StoreStats after = s->stats();
     auto link = [&](store::Link l) {
       return static_cast<double>(after.link(l).bytes - before.link(l).bytes);
@@ -455,7 +464,7 @@ TZ_REGISTER_COMMAND([](tz::cli::CommandTree& tree) {
                   "Device uses loaded ahead from the host tier (past them only NVMe loads start)")
       ->capture_default_str();
   cmd->add_option("--device", opts->device, "auto, host or cuda")->capture_default_str();
-  cmd->add_option("--trace-out", opts->trace_out, "Write a Chrome trace of the moves here");
+  cmd->add_option("--trace-out", opts->trace_out, "Write a Chrome trace of the moves and of the walk (steps, layer visits) here");
   cmd->add_flag("--json", opts->json, "One JSON object per step");
   cmd->callback([opts] { tz::cli::exit_code() = run(*opts); });
 });
