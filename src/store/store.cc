@@ -85,6 +85,7 @@ struct Op {
   Tier src = Tier::kNvme;
   Tier dst = Tier::kHost;  // the tier allocated, written, zeroed or freed
   bool prefetch = false;
+  bool early = false;  // an early write-back: nobody waits for it until an op is queued behind it
   // Mover-side progress.
   bool started = false;
   bool failed = false;
@@ -228,9 +229,18 @@ struct Store::Impl {
     ts.peak_bytes = std::max(ts.peak_bytes, phys_used[ti(t)]);
   }
 
-  // Staging buffers of the NVMe <-> device pipeline.
+  // Staging buffers of the NVMe <-> device pipeline, and the streams its pieces are copied on: not
+  // the device's h2d/d2h streams, where a whole-block copy would hold up every piece behind it
+  // (and with them the staging buffers the disk needs).
   std::vector<PinnedBuffer> staging;
+  std::unique_ptr<gpu::Stream> piece_h2d;
+  std::unique_ptr<gpu::Stream> piece_d2h;
   std::vector<int> staging_free;
+  // Staging buffers held by NVMe -> device reads [0] and device -> NVMe writes [1]: neither
+  // direction may hold more than staging_cap, so that a run of write-backs (whose pieces are
+  // ready at once) cannot take every buffer while reads wait, and the disk gets both.
+  std::array<std::uint32_t, 2> staging_held{};
+  std::uint32_t staging_cap = 0;
 
   // I/O scheduling (mover only, under mu).
   std::deque<IoJob> read_q;
@@ -463,6 +473,7 @@ struct Store::Impl {
     TZ_LOG_DEBUG("store: early write-back of '%s' from %s at trace pos %zu", b.name.c_str(),
                  tier_name(t), trace_pos);
     push_copy(b, t, Tier::kNvme, false);
+    b.ops.back().early = true;
     b.copies[ti(Tier::kNvme)].valid = true;
     ++stats.tiers[ti(t)].write_backs;
     ++stats.early_write_backs;
@@ -928,21 +939,23 @@ struct Store::Impl {
       const std::uint64_t len = std::min(options.chunk_bytes, b.bytes - off);
       int s = -1;
       if (via_staging) {
-        if (staging_free.empty()) break;
+        const std::size_t dir = op.src == Tier::kDevice ? 1 : 0;
+        if (staging_free.empty() || staging_held[dir] >= staging_cap) break;
         s = staging_free.back();
         staging_free.pop_back();
+        ++staging_held[dir];
       }
       ++op.next_chunk;
       ++op.outstanding;
       progress = true;
       if (op.src == Tier::kDevice) {
         // Device -> staging first; the write starts when the copy is done.
-        after_user(b, device->d2h_stream());
+        after_user(b, *piece_d2h);
         Status st = device_copy(staging[static_cast<std::size_t>(s)].data(),
                                 static_cast<std::byte*>(b.dev.data()) + off, len,
-                                gpu::CopyKind::kDeviceToHost, device->d2h_stream());
+                                gpu::CopyKind::kDeviceToHost, *piece_d2h);
         TZ_ASSERT(st.is_ok(), st.to_string().c_str());
-        enqueue_callback(device->d2h_stream(), b, op, k, false, s);
+        enqueue_callback(*piece_d2h, b, op, k, false, s);
         continue;
       }
       IoJob job;
@@ -973,7 +986,10 @@ struct Store::Impl {
 
   // Marks piece k of an NVMe copy finished (or failed) and frees its staging buffer.
   void piece_done(Op& op, int staging_index) {
-    if (staging_index >= 0) staging_free.push_back(staging_index);
+    if (staging_index >= 0) {
+      staging_free.push_back(staging_index);
+      --staging_held[op.src == Tier::kDevice ? 1 : 0];
+    }
     TZ_ASSERT(op.outstanding > 0);
     --op.outstanding;
     ++op.finished;
@@ -1106,7 +1122,7 @@ struct Store::Impl {
                                 std::to_string(job.chunk) + " (bytes " + std::to_string(off) +
                                 ".." + std::to_string(off + len) + ") read from NVMe"));
       } else if (op->dst == Tier::kDevice) {
-        gpu::Stream& s = device->h2d_stream();
+        gpu::Stream& s = *piece_h2d;
         after_user(b, s);
         Status st = device_copy(static_cast<std::byte*>(b.dev.data()) + off, buf, len,
                                 gpu::CopyKind::kHostToDevice, s);
@@ -1123,11 +1139,21 @@ struct Store::Impl {
     finish_copy_if_done(b, *op);
   }
 
+  // An early write-back that nothing waits for yet (no op queued behind it): its staging buffers
+  // and disk slots go to other moves first. Once the block is evicted or pinned again the write
+  // is waited for and takes its turn in decision order.
+  bool deferrable(const Block& b) const { return b.ops.size() == 1 && b.ops.front().early; }
+
   // Picks the I/O jobs to submit now: within the in-flight bound, and in kGrouped mode one
   // direction at a time (reads first; switch when a run is long enough and the other side waits).
   std::vector<IoJob> pick_jobs() {
     std::vector<IoJob> out;
     const std::uint64_t limit = options.max_io_in_flight_bytes;
+    // Writes somebody waits for (a victim's, whose space a load needs) before deferrable ones.
+    std::stable_partition(write_q.begin(), write_q.end(), [&](const IoJob& j) {
+      auto it = blocks.find(j.block);
+      return it == blocks.end() || !deferrable(it->second);
+    });
     auto fits = [&](const IoJob& j) {
       return in_flight_bytes == 0 || in_flight_bytes + j.io_bytes <= limit;
     };
@@ -1215,7 +1241,10 @@ struct Store::Impl {
       for (auto& [id, b] : blocks) {
         if (!b.ops.empty()) busy.push_back(&b);
       }
-      std::sort(busy.begin(), busy.end(), [](const Block* x, const Block* y) {
+      std::sort(busy.begin(), busy.end(), [this](const Block* x, const Block* y) {
+        const bool dx = deferrable(*x);
+        const bool dy = deferrable(*y);
+        if (dx != dy) return dy;
         return x->ops.front().decided < y->ops.front().decided;
       });
       for (Block* b : busy) progress |= advance(*b);
@@ -1291,6 +1320,13 @@ Result<std::unique_ptr<Store>> Store::create(const StoreOptions& options, gpu::D
     }
     impl->staging.push_back(std::move(buf).value());
     impl->staging_free.push_back(static_cast<int>(i));
+  }
+  impl->staging_cap = options.staging_buffers - options.staging_buffers / 4;
+  for (auto [stream, name] : {std::pair{&impl->piece_h2d, "store pieces h2d"},
+                              std::pair{&impl->piece_d2h, "store pieces d2h"}}) {
+    auto created = device.create_stream(name);
+    if (!created) return std::move(created).take_status().with_context("store: stream");
+    *stream = std::move(created).value();
   }
   std::unique_ptr<Store> store(new Store(std::move(impl), options));
   Impl* raw = store->impl_.get();
