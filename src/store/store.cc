@@ -1605,8 +1605,9 @@ Status Store::flush() {
   m.wake();
   m.cv.wait(lock, [&] { return m.idle(); });
   for (const auto& [id, seq] : writes) {
-    const Block& b = m.blocks.at(id);
-    for (const Failure& f : b.failures) {
+    const Block* b = m.find(id);
+    if (b == nullptr) continue;  // destroyed by another thread meanwhile: nothing to keep
+    for (const Failure& f : b->failures) {
       if (f.first_seq <= seq && seq <= f.last_seq) {
         return Status(f.status).with_context("store: flush");
       }
