@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <memory>
@@ -373,6 +374,20 @@ int run(const BenchStoreOptions& o) {
   const double read_gbps = (raw.read_gbps + after_raw.read_gbps) / 2;
   const double write_gbps = (raw.write_gbps + after_raw.write_gbps) / 2;
   const double mixed_gbps = (raw.mixed_gbps + after_raw.mixed_gbps) / 2;
+  // How far the disk's own speed moved between the two measurements (largest relative change of
+  // read, write and mixed): the bound assumes the mean held throughout, so a large change makes
+  // the ratios of this run uncertain by about as much.
+  double raw_change = 0;
+  for (auto [b, a] : {std::pair{raw.read_gbps, after_raw.read_gbps},
+                      std::pair{raw.write_gbps, after_raw.write_gbps},
+                      std::pair{raw.mixed_gbps, after_raw.mixed_gbps}}) {
+    if (b > 0 && a > 0) raw_change = std::max(raw_change, std::abs(a - b) / std::min(a, b));
+  }
+  if (raw_change > 0.15) {
+    TZ_LOG_WARN("bench store: the disk's raw speed changed by %.0f%% between the measurements "
+                "before and after the walk; the bound (their mean) is uncertain by about as much",
+                100 * raw_change);
+  }
   for (nlohmann::json& j : results) {
     const double rd = j["nvme_read_bytes"].get<double>();
     const double wr = j["nvme_write_bytes"].get<double>();
@@ -402,6 +417,7 @@ int run(const BenchStoreOptions& o) {
     j["raw_read_gbps_after"] = after_raw.read_gbps;
     j["raw_write_gbps_after"] = after_raw.write_gbps;
     j["raw_mixed_gbps_after"] = after_raw.mixed_gbps;
+    j["raw_change"] = raw_change;
     if (o.json) {
       std::printf("%s\n", j.dump().c_str());
     } else {
@@ -439,6 +455,7 @@ int run(const BenchStoreOptions& o) {
                             {"step_s", step_sum / n},
                             {"bound_s", bound_sum / n},
                             {"step_over_bound", step_sum / bound_sum},
+                            {"raw_change", raw_change},
                             {"stall_fraction", stall_sum / step_sum},
                             {"nvme_read_bytes", rd_sum / n},
                             {"nvme_write_bytes", wr_sum / n}};
