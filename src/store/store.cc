@@ -111,7 +111,9 @@ struct Copy {
   bool present = false;  // holds space in the tier (logically)
   bool valid = false;    // holds the latest bytes (once queued moves finish)
   bool by_prefetch = false;
-  Tier loaded_from = Tier::kNvme;  // the tier the last load into this copy read
+  // The tier the bytes of this copy were loaded from; kNvme also when they were not loaded (a
+  // fresh or overwritten copy).
+  Tier loaded_from = Tier::kNvme;
   std::uint64_t lru_tick = 0;
 };
 
@@ -395,7 +397,9 @@ struct Store::Impl {
     std::uint64_t need = x.bytes;
     const std::size_t len = trace.size();
     for (const auto& [id, b] : blocks) {
-      if (b.destroyed || id == x.id || b.home != Tier::kNvme) continue;
+      if (b.destroyed || id == x.id) continue;
+      if (b.home == Tier::kHost) need += b.bytes;  // homed there: never leaves
+      if (b.home != Tier::kNvme) continue;
       const bool host = b.copies[ti(Tier::kHost)].present;
       if (!host && !only_valid(b, Tier::kDevice)) continue;
       std::uint64_t next = next_in(any_uses, id, trace_pos, len);
@@ -508,9 +512,7 @@ struct Store::Impl {
       ++ts.write_backs;
     }
     push_free(b, t);
-    b.copies[ti(t)].present = false;
-    b.copies[ti(t)].valid = false;
-    b.copies[ti(t)].by_prefetch = false;
+    b.copies[ti(t)] = Copy{};
     logical_used[ti(t)] -= b.bytes;
     if (b.dirtied_at != kNoPos && !b.copies[ti(Tier::kDevice)].valid &&
         !b.copies[ti(Tier::kHost)].valid) {
@@ -1139,9 +1141,9 @@ struct Store::Impl {
     finish_copy_if_done(b, *op);
   }
 
-  // An early write-back that nothing waits for yet (no op queued behind it): its staging buffers
-  // and disk slots go to other moves first. Once the block is evicted or pinned again the write
-  // is waited for and takes its turn in decision order.
+  // An early write-back that nothing waits for yet (no op queued behind it, no pin waiting for
+  // it): its staging buffers and disk slots go to other moves first. Once the block is evicted
+  // or a pin waits for it, the write takes its turn in decision order.
   bool deferrable(const Block& b) const { return b.ops.size() == 1 && b.ops.front().early; }
 
   // Picks the I/O jobs to submit now: within the in-flight bound, and in kGrouped mode one
@@ -1321,7 +1323,10 @@ Result<std::unique_ptr<Store>> Store::create(const StoreOptions& options, gpu::D
     impl->staging.push_back(std::move(buf).value());
     impl->staging_free.push_back(static_cast<int>(i));
   }
-  impl->staging_cap = options.staging_buffers - options.staging_buffers / 4;
+  // Each direction leaves a quarter of the buffers (at least one, when there are two or more) to
+  // the other.
+  impl->staging_cap = options.staging_buffers -
+                      (options.staging_buffers < 2 ? 0 : std::max(1u, options.staging_buffers / 4));
   for (auto [stream, name] : {std::pair{&impl->piece_h2d, "store pieces h2d"},
                               std::pair{&impl->piece_d2h, "store pieces d2h"}}) {
     auto created = device.create_stream(name);
@@ -1513,6 +1518,7 @@ Result<Lease> Store::pin(BlockId id, Tier tier, Access access) {
   if (access != Access::kRead) {
     for (std::size_t i = 0; i < kTierCount; ++i) b.copies[i].valid = false;
     c.valid = true;
+    if (access == Access::kWrite) c.loaded_from = Tier::kNvme;  // nothing was loaded
     m.drop_stale_copies(b, tier);
     if (access == Access::kWrite) b.error = Status::ok();
     ++b.write_leases[ti(tier)];
@@ -1533,6 +1539,10 @@ Result<Lease> Store::pin(BlockId id, Tier tier, Access access) {
   // flight (an early write-back) only reads it too. Writers wait for every earlier move.
   lease.ready_seq_ = access == Access::kRead ? b.fill_seq[ti(tier)] : b.next_seq - 1;
   lease.first_seq_ = first_seq;
+  // An early write-back this pin waits for is no longer one that nobody waits for.
+  for (Op& op : b.ops) {
+    if (op.seq <= lease.ready_seq_) op.early = false;
+  }
   m.prefetch_ahead();
   return lease;
 }

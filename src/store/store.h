@@ -61,7 +61,8 @@ struct StoreOptions {
   // buffer of the NVMe <-> device pipeline.
   std::uint64_t chunk_bytes = 8ull << 20;
   // Staging buffers allocated once from the pinned pool at create (staging_buffers * chunk_bytes).
-  // Reads into the device and write-backs from it each hold at most three quarters of them.
+  // Reads into the device and write-backs from it each leave a quarter of them (at least one) to
+  // the other direction.
   std::uint32_t staging_buffers = 8;
   // NVMe bytes in flight at most (enough to saturate the disk; each direction counted together).
   std::uint64_t max_io_in_flight_bytes = 64ull << 20;

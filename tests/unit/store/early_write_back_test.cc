@@ -156,14 +156,17 @@ TEST(StoreEarlyWriteBack, MovesNoMoreNvmeBytesThanLru) {
 }
 
 TEST(StoreEarlyWriteBack, FailedWritesSurfaceAsErrorsNotOtherBytes) {
-  // Rare errors, so that most steps follow the trace and write early; the checks are in walk().
+  // Rare errors (one request in 200), so that most steps follow the trace and write early; the
+  // checks are in walk(). Which requests fail depends on timing (reordered completions draw from
+  // the same generator), so the rate is high enough that six seeds never all go without one
+  // (at 1 in 500 a loaded CI run once did).
   std::uint64_t early = 0;
   int errors = 0;
   for (std::uint64_t seed : {11u, 12u, 13u, 14u, 15u, 16u}) {
     std::printf("early write-back walk with EIO: seed %llu\n",
                 static_cast<unsigned long long>(seed));
     nvme::FaultOptions f = reordering(seed);
-    f.eio_rate = 0.002;
+    f.eio_rate = 0.005;
     const WalkResult t = walk(12, 3, 4, 10, Policy::kTrace, f);
     std::printf("  %d pins failed, %llu early write-backs\n", t.errors,
                 static_cast<unsigned long long>(t.early));
