@@ -31,53 +31,77 @@ struct Moved {
   std::uint64_t total = 0;
 };
 
-// Forward 0..L-1 reads each layer's parameters on the device; backward L-1..0 pins them
-// read-write (gradient and update written in place, so every layer goes home dirty); a step mark
-// after each pass pair. Counts the bytes of steps 2.. (step 1 records the trace).
-Moved run(const Pattern& p, Policy policy) {
+// The stage-3 walk over one store: forward 0..L-1 reads each layer's parameters on the device;
+// backward L-1..0 pins them read-write (gradient and update written in place, so every layer goes
+// home dirty). Every block is written once first (write-only pins, a step of its own) so that it
+// has real bytes on NVMe.
+struct Walk {
   Harness h;
-  HarnessOptions o;
-  o.store.policy = policy;
-  o.store.device_budget_bytes = p.device_blocks * p.block_bytes;
-  o.store.host_budget_bytes = p.host_blocks * p.block_bytes;
-  o.store.chunk_bytes = 32 << 10;
-  o.store.staging_buffers = 4;
-  o.swap_bytes = 16ull << 20;
-  h.init(o);
-  if (::testing::Test::HasFatalFailure()) return {};
   std::vector<BlockId> ids;
-  for (int i = 0; i < p.layers; ++i) {
-    auto id = h.store->create_block(p.block_bytes, Tier::kNvme, "p" + std::to_string(i));
-    EXPECT_TRUE(id.is_ok());
-    ids.push_back(*id);
+
+  // False when the set-up failed (the failure is already reported).
+  bool init(const Pattern& p, Policy policy,
+            std::uint32_t host_prefetch_depth = StoreOptions{}.host_prefetch_depth) {
+    HarnessOptions o;
+    o.store.policy = policy;
+    o.store.device_budget_bytes = p.device_blocks * p.block_bytes;
+    o.store.host_budget_bytes = p.host_blocks * p.block_bytes;
+    o.store.chunk_bytes = 32 << 10;
+    o.store.staging_buffers = 4;
+    o.store.host_prefetch_depth = host_prefetch_depth;
+    o.swap_bytes = 16ull << 20;
+    h.init(o);
+    if (::testing::Test::HasFatalFailure()) return false;
+    for (int i = 0; i < p.layers; ++i) {
+      auto id = h.store->create_block(p.block_bytes, Tier::kNvme, "p" + std::to_string(i));
+      EXPECT_TRUE(id.is_ok());
+      if (!id.is_ok()) return false;
+      ids.push_back(*id);
+    }
+    for (int i = 0; i < p.layers; ++i) touch(i, Access::kWrite);
+    h.store->mark_step();
+    return true;
   }
-  auto touch = [&](int i, Access a) {
+  void touch(int i, Access a) {
     auto l = h.store->pin(ids[static_cast<std::size_t>(i)], Tier::kDevice, a);
     EXPECT_TRUE(l.is_ok()) << l.status().to_string();
     if (!l.is_ok()) return;
     EXPECT_TRUE(l->wait().is_ok());
-  };
-  // Step 0 writes every block once (write-only pins) so every block has real bytes on NVMe.
-  for (int i = 0; i < p.layers; ++i) touch(i, Access::kWrite);
-  h.store->mark_step();
-  Moved m;
+  }
+  void forward() {
+    for (int i = 0; i < static_cast<int>(ids.size()); ++i) touch(i, Access::kRead);
+  }
+  // Backward from the last layer down to `last`.
+  void backward(int last = 0) {
+    for (int i = static_cast<int>(ids.size()) - 1; i >= last; --i) touch(i, Access::kReadWrite);
+  }
+  void step() {
+    forward();
+    backward();
+    h.store->mark_step();
+  }
+};
+
+// Counts the bytes of steps 2.. (step 1 records the trace).
+Moved run(const Pattern& p, Policy policy) {
+  Walk w;
+  if (!w.init(p, policy)) return {};
   for (int s = 0; s < p.steps; ++s) {
     if (s == 1) {
-      EXPECT_TRUE(h.store->drain().is_ok());
-      h.store->reset_stats();
+      EXPECT_TRUE(w.h.store->drain().is_ok());
+      w.h.store->reset_stats();
     }
-    for (int i = 0; i < p.layers; ++i) touch(i, Access::kRead);
-    for (int i = p.layers - 1; i >= 0; --i) touch(i, Access::kReadWrite);
-    h.store->mark_step();
+    w.step();
   }
   // Dirty copies still cached are written home too: a policy that writes early is not charged for
   // writes another one merely left for after the last step.
-  EXPECT_TRUE(h.store->flush().is_ok());
-  const StoreStats st = h.store->stats();
+  EXPECT_TRUE(w.h.store->flush().is_ok());
+  const StoreStats st = w.h.store->stats();
+  Moved m;
   m.nvme_read = st.nvme_read_bytes();
   m.nvme_write = st.nvme_write_bytes();
   m.total = st.total_moved_bytes();
-  h.finish();
+  w.h.finish();
   return m;
 }
 
@@ -129,40 +153,19 @@ TEST(StorePolicy, ByteCountsAreDeterministic) {
 // layers 3 and 2 (the host loads keep the other two); Belady's window alone would hold 8..5 and
 // start no read yet.
 std::uint64_t backward_reads_by_layer_8(std::uint32_t host_prefetch_depth) {
-  const std::uint64_t block = 64 << 10;
-  Harness h;
-  HarnessOptions o;
-  o.store.device_budget_bytes = 4 * block;
-  o.store.host_budget_bytes = 8 * block;
-  o.store.chunk_bytes = 32 << 10;
-  o.store.staging_buffers = 4;
-  o.store.host_prefetch_depth = host_prefetch_depth;
-  o.swap_bytes = 16ull << 20;
-  h.init(o);
-  if (::testing::Test::HasFatalFailure()) return 0;
-  std::vector<BlockId> ids;
-  for (int i = 0; i < 16; ++i) ids.push_back(*h.store->create_block(block, Tier::kNvme, "p"));
-  auto touch = [&](int i, Access a) {
-    auto l = h.store->pin(ids[static_cast<std::size_t>(i)], Tier::kDevice, a);
-    ASSERT_TRUE(l.is_ok()) << l.status().to_string();
-    ASSERT_TRUE(l->wait().is_ok());
-  };
-  for (int i = 0; i < 16; ++i) touch(i, Access::kWrite);
-  h.store->mark_step();
-  for (int s = 0; s < 3; ++s) {  // step 1 records, steps 2 and 3 follow
-    for (int i = 0; i < 16; ++i) touch(i, Access::kRead);
-    for (int i = 15; i >= 0; --i) touch(i, Access::kReadWrite);
-    h.store->mark_step();
-  }
-  for (int i = 0; i < 16; ++i) touch(i, Access::kRead);
-  EXPECT_TRUE(h.store->drain().is_ok());
-  const std::uint64_t before = h.store->stats().nvme_read_bytes();
-  for (int i = 15; i >= 8; --i) touch(i, Access::kReadWrite);
-  EXPECT_TRUE(h.store->drain().is_ok());
-  const std::uint64_t reads = h.store->stats().nvme_read_bytes() - before;
-  EXPECT_TRUE(h.store->following_trace());
-  h.finish();
-  return reads / block;
+  const Pattern p{16, 64 << 10, 4, 8, 0};
+  Walk w;
+  if (!w.init(p, Policy::kTrace, host_prefetch_depth)) return 0;
+  for (int s = 0; s < 3; ++s) w.step();  // step 1 records, steps 2 and 3 follow
+  w.forward();
+  EXPECT_TRUE(w.h.store->drain().is_ok());
+  const std::uint64_t before = w.h.store->stats().nvme_read_bytes();
+  w.backward(8);
+  EXPECT_TRUE(w.h.store->drain().is_ok());
+  const std::uint64_t reads = w.h.store->stats().nvme_read_bytes() - before;
+  EXPECT_TRUE(w.h.store->following_trace());
+  w.h.finish();
+  return reads / p.block_bytes;
 }
 
 TEST(StorePolicy, NvmeLoadsStartWhileHostLoadsComeFirst) {
