@@ -371,40 +371,51 @@ int run(const BenchStoreOptions& o) {
       return fail(st);
     }
   }
-  const double read_gbps = (raw.read_gbps + after_raw.read_gbps) / 2;
-  const double write_gbps = (raw.write_gbps + after_raw.write_gbps) / 2;
-  const double mixed_gbps = (raw.mixed_gbps + after_raw.mixed_gbps) / 2;
-  // How far the disk's own speed moved between the two measurements (largest relative change of
-  // read, write and mixed): the bound assumes the mean held throughout, so a large change makes
-  // the ratios of this run uncertain by about as much.
-  double raw_change = 0;
-  for (auto [b, a] : {std::pair{raw.read_gbps, after_raw.read_gbps},
-                      std::pair{raw.write_gbps, after_raw.write_gbps},
-                      std::pair{raw.mixed_gbps, after_raw.mixed_gbps}}) {
-    if (b > 0 && a > 0) raw_change = std::max(raw_change, std::abs(a - b) / std::min(a, b));
-  }
-  if (raw_change > 0.15) {
-    TZ_LOG_WARN("bench store: the disk's raw speed changed by %.0f%% between the measurements "
-                "before and after the walk; the bound (their mean) is uncertain by about as much",
-                100 * raw_change);
-  }
-  for (nlohmann::json& j : results) {
-    const double rd = j["nvme_read_bytes"].get<double>();
-    const double wr = j["nvme_write_bytes"].get<double>();
-    const double h2d = j["h2d_bytes"].get<double>();
-    const double d2h = j["d2h_bytes"].get<double>();
-    const double step_s = j["step_s"].get<double>();
-    // The disk's time for this step's mix, by the best schedule measured: one direction after
-    // the other (serial), or the bytes that pair up as concurrent reads and writes at the
-    // measured mixed rate and the rest alone (mixed). The bound takes the faster, so it never
-    // credits the store for a schedule the disk would have run slower.
+  // The disk's time for a step's reads and writes at the given raw speeds, by the faster schedule
+  // measured: one direction after the other (serial), or the bytes that pair up as concurrent
+  // reads and writes at the mixed rate and the rest alone (mixed). The bound takes the faster, so
+  // it never credits the store for a schedule the disk would have run slower.
+  struct NvmeTime {
+    double serial_s;
+    double mixed_s;
+    double best_s() const { return std::min(serial_s, mixed_s); }
+  };
+  auto nvme_time = [](double rd, double wr, double read_gbps, double write_gbps,
+                      double mixed_gbps) {
     const double serial_s = rd / (read_gbps * 1e9) + wr / (write_gbps * 1e9);
     const double paired = std::min(rd, wr);
     const double mixed_s = mixed_gbps > 0 ? 2 * paired / (mixed_gbps * 1e9) +
                                                 (rd - paired) / (read_gbps * 1e9) +
                                                 (wr - paired) / (write_gbps * 1e9)
                                           : serial_s;
-    const double nvme_s = std::min(serial_s, mixed_s);
+    return NvmeTime{serial_s, mixed_s};
+  };
+  // The bound uses the mean of the measurements before and after the walk. How far the bound
+  // would move with either one alone (`raw_change`) is how uncertain it is when the disk's own
+  // speed drifted during the run.
+  double raw_change = 0;
+  for (nlohmann::json& j : results) {
+    const double rd = j["nvme_read_bytes"].get<double>();
+    const double wr = j["nvme_write_bytes"].get<double>();
+    const double h2d = j["h2d_bytes"].get<double>();
+    const double d2h = j["d2h_bytes"].get<double>();
+    const double step_s = j["step_s"].get<double>();
+    const NvmeTime t = nvme_time(rd, wr, (raw.read_gbps + after_raw.read_gbps) / 2,
+                                 (raw.write_gbps + after_raw.write_gbps) / 2,
+                                 (raw.mixed_gbps + after_raw.mixed_gbps) / 2);
+    const double before_s =
+        nvme_time(rd, wr, raw.read_gbps, raw.write_gbps, raw.mixed_gbps).best_s();
+    const double after_s =
+        nvme_time(rd, wr, after_raw.read_gbps, after_raw.write_gbps, after_raw.mixed_gbps)
+            .best_s();
+    const double change =
+        std::min(before_s, after_s) > 0
+            ? std::abs(after_s - before_s) / std::min(before_s, after_s)
+            : 0.0;
+    raw_change = std::max(raw_change, change);
+    const double serial_s = t.serial_s;
+    const double mixed_s = t.mixed_s;
+    const double nvme_s = t.best_s();
     const double bound_s = std::max({compute_s, nvme_s, h2d / (raw.h2d_gbps * 1e9),
                                       d2h / (raw.d2h_gbps * 1e9)});
     j["bound_s"] = bound_s;
@@ -417,7 +428,7 @@ int run(const BenchStoreOptions& o) {
     j["raw_read_gbps_after"] = after_raw.read_gbps;
     j["raw_write_gbps_after"] = after_raw.write_gbps;
     j["raw_mixed_gbps_after"] = after_raw.mixed_gbps;
-    j["raw_change"] = raw_change;
+    j["raw_change"] = change;
     if (o.json) {
       std::printf("%s\n", j.dump().c_str());
     } else {
@@ -467,6 +478,12 @@ int run(const BenchStoreOptions& o) {
                   100.0 * stall_sum / step_sum, format_bytes(rd_sum / n).c_str(),
                   format_bytes(wr_sum / n).c_str());
     }
+  }
+  if (raw_change > 0.15) {
+    TZ_LOG_WARN("bench store: the disk's speed drifted during the run: the bound from the raw "
+                "measurement before the walk and the one from after it differ by %.0f%%, so the "
+                "ratios (against their mean) are uncertain by about as much",
+                100 * raw_change);
   }
   if (!o.json) {
     std::printf("raw after: disk read %s, write %s, mixed %s (bound uses the means: the faster of "
