@@ -1,0 +1,213 @@
+// The ZeRO engine's model API (DESIGN.md, "One training step"): what a model sees of stages 0-3,
+// the tiered store, the collectives and the optimizer. A model registers its parameters as units
+// (a transformer block, the embeddings, the final norm), asks for a unit's full 16-bit (or fp32)
+// parameters on the device before computing with them, hands back the unit's full gradient, and
+// ends each optimizer step with step(). It never sees shards, tiers or ranks.
+//
+// One Engine per rank. Every rank registers the same units in the same order and makes the same
+// sequence of calls (gather/release/grad/reduce/step, set_tensor/get_tensor): the collectives
+// behind them pair up across ranks as NCCL's do. Calls come from one thread per rank (the rank's
+// thread); the engine runs its own threads (the store's mover, the CPU optimizer's arena).
+//
+// Streams: the model computes on `compute_stream()`. gather() makes that stream wait for the
+// parameters (nothing blocks on the host); release() and reduce() order the engine's use of the
+// buffers after the work enqueued on the compute stream so far, so the model may enqueue its
+// kernels and call them without synchronizing.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "comm/comm.h"
+#include "core/config.h"
+#include "core/dtype.h"
+#include "core/status.h"
+#include "gpu/device.h"
+
+namespace tz::zero {
+
+using UnitId = std::uint32_t;
+
+// One parameter tensor of a unit: a name unique within the unit ("attn.c_attn.weight") and its
+// shape (row-major; numel = product of the dims, > 0).
+struct TensorSpec {
+  std::string name;
+  std::vector<std::int64_t> shape;
+  std::size_t numel() const;
+};
+
+// A unit: the unit of flattening, sharding, gathering and offload (as FSDP's flat parameter per
+// block). Its tensors are laid out in order in one flat buffer, each starting at a multiple of
+// kTensorAlignElems elements; the flat buffer is padded so that it splits into world_size equal
+// shards whose byte sizes suit O_DIRECT (multiples of 4 KiB in every dtype the engine keeps).
+struct UnitSpec {
+  std::string name;  // unique ("h.3", "wte"); names errors and store blocks
+  std::vector<TensorSpec> tensors;
+};
+inline constexpr std::size_t kTensorAlignElems = 128;  // 256 bytes of 16-bit elements
+
+// A typed view of one tensor inside a gathered unit or a gradient buffer: a device pointer of
+// `dtype` elements, valid until the matching release() / reduce().
+struct TensorView {
+  void* data = nullptr;
+  DType dtype = DType::kBF16;
+  const TensorSpec* spec = nullptr;
+  std::size_t numel() const { return spec->numel(); }
+  template <typename T>
+  T* as() const {
+    return static_cast<T*>(data);
+  }
+};
+
+// What gather() and grad() hand out: one view per tensor of the unit, in registration order.
+struct UnitViews {
+  std::vector<TensorView> tensors;
+  const TensorView& operator[](std::size_t i) const { return tensors[i]; }
+  // The view of the tensor named `name`; a programmer error (assert) when there is none.
+  const TensorView& by_name(std::string_view name) const;
+};
+
+// Where each kind of state lives, as the config's offload sections say.
+enum class Placement : std::uint8_t { kDevice, kHost, kNvme };
+std::string_view placement_name(Placement placement);
+
+struct EngineOptions {
+  Config config;            // the resolved DeepSpeed-style config (stage, precision, optimizer,
+                            // scheduler, clipping, accumulation, offload, budgets, overlap)
+  std::string nvme_path;    // overrides both offload sections' nvme_path when non-empty
+  std::uint64_t host_budget_bytes = 0;  // overrides tierzero.host_budget when non-zero
+  // Bytes of activations the model will keep on the device per micro-batch (its own
+  // allocations): counted in the plan's device term so plan and measured peak compare.
+  std::uint64_t activation_bytes = 0;
+  std::uint64_t seed = 1234;  // the engine's own randomness (none today; reserved for dropout)
+};
+
+// Which per-parameter value get_tensor/set_tensor move: the fp32 master weights or one of the
+// optimizer's state arrays (Adam: kState0 = m, kState1 = v; SGD momentum, Lion m, Adagrad sum:
+// kState0), always as fp32 whatever the state dtype.
+enum class TensorState : std::uint8_t { kMaster, kState0, kState1 };
+std::string_view tensor_state_name(TensorState which);
+
+// Per-tier byte counts (device, host, NVMe).
+struct TierBytes {
+  std::uint64_t device = 0;
+  std::uint64_t host = 0;
+  std::uint64_t nvme = 0;
+  nlohmann::ordered_json to_json() const;
+};
+
+// What one optimizer step did and cost, on this rank.
+struct StepReport {
+  std::int64_t step = 0;          // 1-based count of optimizer steps taken (skipped ones too)
+  bool skipped = false;           // an Inf/NaN gradient: no update on any rank, scale lowered
+  double grad_norm = 0;           // global L2 norm of the unscaled gradient (before clipping)
+  double lr = 0;                  // learning rate the update used (after the schedule)
+  double loss_scale = 1;          // scale the step's backward used (1 without fp16)
+  double step_s = 0;              // wall time from the previous step() (or first gather) to now
+  double bound_s = 0;             // the step's lower bound (DESIGN.md) from this step's bytes
+  double stall_s = 0;             // time the rank's thread waited, by cause below
+  double stall_gather_s = 0;
+  double stall_reduce_s = 0;
+  double stall_optimizer_s = 0;
+  TierBytes bytes_in_use;         // now
+  TierBytes peak_bytes;           // since the engine was created
+  std::uint64_t nvme_read_bytes = 0;   // during this step
+  std::uint64_t nvme_write_bytes = 0;  // during this step
+  // Bytes this rank sent per collective during this step, next to DESIGN.md's formula.
+  nlohmann::ordered_json comm_bytes;
+  nlohmann::ordered_json comm_formula_bytes;
+};
+
+class Engine {
+ public:
+  // `device` and `comm` must outlive the engine; comm's world size is the data-parallel degree.
+  // Errors: kInvalidArgument naming the config key for a combination the engine does not support
+  // (offload_param without stage 3, nvme offload without a path, ...); the store's, the
+  // optimizer's and the swap space's errors.
+  static Result<std::unique_ptr<Engine>> create(const EngineOptions& options, gpu::Device& device,
+                                                comm::Comm& comm);
+  virtual ~Engine() = default;
+
+  // --- Registration (before finalize) ---------------------------------------------------------
+  // Adds a unit; units are used in any order later, but registration order is the default
+  // prefetch order before a trace exists. kInvalidArgument for a duplicate name, no tensors or a
+  // zero-sized tensor.
+  virtual Result<UnitId> register_unit(UnitSpec spec) = 0;
+  // Plans every shard and buffer and allocates them (kOutOfMemory / kNoSpace naming the tier,
+  // what is needed and the budget, when the state does not fit). Parameters start at zero.
+  virtual Status finalize() = 0;
+
+  // --- Weights in and out (after finalize; collective: every rank calls with the same args) --
+  // Sets `which` of tensor `tensor` of `unit` from its full fp32 value (`values` holds numel
+  // elements, the same on every rank); each rank keeps its shard. Setting kMaster also refreshes
+  // the 16-bit parameters; the optimizer states are left as they are (zero after finalize).
+  virtual Status set_tensor(UnitId unit, std::size_t tensor, std::span<const float> values,
+                            TensorState which = TensorState::kMaster) = 0;
+  // Gathers the full fp32 value of `which` of a tensor from every rank's shard into `out`
+  // (numel elements) on every rank. kInvalidArgument for a state the optimizer does not keep.
+  virtual Status get_tensor(UnitId unit, std::size_t tensor, std::span<float> out,
+                            TensorState which = TensorState::kMaster) = 0;
+  // The engine's scalar state (steps done, loss scaler, schedule position) for checkpoints, and
+  // its restore (same config; before the first step).
+  virtual nlohmann::ordered_json scalar_state() const = 0;
+  virtual Status restore_scalar_state(const nlohmann::json& state) = 0;
+
+  // --- One micro-batch ------------------------------------------------------------------------
+  // The unit's full parameters in compute_dtype() on the device. The compute stream waits for
+  // them; gathering a unit already gathered adds a reference (each gather needs its release).
+  virtual Result<UnitViews> gather(UnitId unit) = 0;
+  virtual Status release(UnitId unit) = 0;
+  // The unit's full gradient buffer in compute_dtype(), zeroed, on the device: the model writes
+  // (or accumulates into) d(loss_scale() * micro-batch mean loss)/d(param). One per unit at a
+  // time; the same views are returned until reduce().
+  virtual Result<UnitViews> grad(UnitId unit) = 0;
+  // Reduces the unit's gradient across ranks (the same padded reduce-scatter in every stage) and
+  // moves this rank's gradient shard home, accumulating in fp32 over micro-batches. The buffer is
+  // returned to the engine. Exactly one reduce() per unit per micro-batch.
+  virtual Status reduce(UnitId unit) = 0;
+  // Ends an optimizer step after gradient_accumulation_steps micro-batches: overflow check,
+  // global norm and clipping, loss-scale update, schedule, the update (where the config puts it,
+  // in the configured overlap mode) and the new 16-bit parameters sent where the next forward
+  // finds them. Errors name the unit, the rank and what failed; after an error the engine's state
+  // of every earlier completed step is intact.
+  virtual Result<StepReport> step() = 0;
+
+  // --- What the model needs to know ---------------------------------------------------------
+  virtual gpu::Device& device() = 0;
+  virtual gpu::Stream& compute_stream() = 0;
+  virtual DType compute_dtype() const = 0;    // bf16, fp16 or fp32, from the config
+  virtual double loss_scale() const = 0;      // multiply the loss by this before backward
+  virtual int gradient_accumulation_steps() const = 0;
+  virtual int rank() const = 0;
+  virtual int world_size() const = 0;
+  virtual std::int64_t steps_done() const = 0;  // optimizer steps completed (skipped included)
+  virtual std::uint64_t param_count() const = 0;  // sum of every unit's numel (unpadded)
+
+  // --- Accounting -------------------------------------------------------------------------------
+  // The plan (what finalize allocated per tier, by term) and DESIGN.md's formula for the config.
+  virtual nlohmann::ordered_json plan_json() const = 0;
+  virtual TierBytes plan_bytes() const = 0;
+  virtual TierBytes peak_bytes() const = 0;
+  // xxHash3 of every rank's fp32 master weights gathered in unit order (collective), so runs can
+  // be compared bit for bit.
+  virtual Result<std::uint64_t> params_xxh3() = 0;
+
+ protected:
+  Engine() = default;
+};
+
+// Runs `world_size` ranks as threads of this process, each with its own HostDevice (a pool of
+// `device_budget_bytes`; 0 = the default) and a LocalComm of one group, and calls
+// `fn(rank, device, comm)` on rank r's thread. Returns the first rank's error, naming the rank.
+using RankFn = std::function<Status(int rank, gpu::Device& device, comm::Comm& comm)>;
+Status run_local_ranks(int world_size, std::uint64_t device_budget_bytes, const RankFn& fn);
+
+}  // namespace tz::zero
