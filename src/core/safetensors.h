@@ -1,0 +1,119 @@
+// The safetensors file format (Hugging Face): an 8-byte little-endian header length, a JSON header
+// naming each tensor's dtype, shape and byte range, then the raw little-endian tensor bytes. This
+// file owns the format only (no model names): validating a header against the file, streaming
+// tensors (or element ranges of them) in and out as fp32 with the dtype conversions of core/dtype.h,
+// so neither weights nor checkpoints are ever materialised whole in memory.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/dtype.h"
+#include "core/status.h"
+
+namespace tz {
+
+// One tensor of a file. begin/end are byte offsets into the data section (after the header).
+struct SafetensorsEntry {
+  std::string name;
+  DType dtype = DType::kF32;
+  std::vector<std::int64_t> shape;
+  std::uint64_t begin = 0;
+  std::uint64_t end = 0;
+  std::uint64_t numel() const;
+};
+
+// "F32", "BF16", "F16" for the dtypes tierzero reads and writes.
+std::string_view safetensors_dtype_name(DType dtype);
+
+// Reads a file. Move-only; owns the descriptor.
+class SafetensorsReader {
+ public:
+  // Opens and validates the whole header: a length that fits the file, JSON that parses, every
+  // entry with a known dtype (F32, F16, BF16), non-negative dims, a byte range that matches its
+  // shape and dtype, ranges that neither overlap nor leave the data section, and a data section
+  // that the ranges cover exactly. Errors name the file and, where one is at fault, the tensor:
+  // kNotFound / kPermission for a file that cannot be opened, kCorrupt for a malformed one,
+  // kInvalidArgument for a dtype tierzero does not read.
+  static Result<SafetensorsReader> open(const std::string& path);
+  SafetensorsReader(SafetensorsReader&& other) noexcept;
+  SafetensorsReader& operator=(SafetensorsReader&& other) noexcept;
+  SafetensorsReader(const SafetensorsReader&) = delete;
+  SafetensorsReader& operator=(const SafetensorsReader&) = delete;
+  ~SafetensorsReader();
+
+  const std::string& path() const { return path_; }
+  // Entries in file order (by begin offset).
+  const std::vector<SafetensorsEntry>& entries() const { return entries_; }
+  const SafetensorsEntry* find(std::string_view name) const;
+  // The "__metadata__" string map (empty when absent).
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
+
+  // Reads elements [first_elem, first_elem + out.size()) of `entry` converted to fp32. Errors:
+  // kInvalidArgument for a range past the tensor, kIoError (naming file and tensor) for a failed
+  // or short read (a file truncated after open).
+  Status read_f32(const SafetensorsEntry& entry, std::span<float> out,
+                  std::uint64_t first_elem = 0) const;
+  // The raw bytes [begin, begin + out.size()) of `entry` as stored.
+  Status read_raw(const SafetensorsEntry& entry, std::span<std::uint8_t> out,
+                  std::uint64_t first_byte = 0) const;
+
+ private:
+  friend class SafetensorsWriter;  // open_existing reuses the validated header
+  SafetensorsReader() = default;
+  std::string path_;
+  int fd_ = -1;
+  std::uint64_t data_start_ = 0;
+  std::vector<SafetensorsEntry> entries_;
+  std::map<std::string, std::string> metadata_;
+};
+
+// What a writer lays out: names must be unique; data is placed in the given order.
+struct SafetensorsTensorSpec {
+  std::string name;
+  DType dtype = DType::kF32;
+  std::vector<std::int64_t> shape;
+};
+
+// Writes a file whose header is fixed up front, so tensors (or element ranges of them, by several
+// writers of the same file) can be written in any order with pwrite.
+class SafetensorsWriter {
+ public:
+  // Creates (truncating) `path`, writes the header (padded with spaces to a multiple of 8 bytes,
+  // as Hugging Face writes it) and sizes the file. kInvalidArgument for duplicate names or a
+  // negative dim; the errno's error naming the file otherwise.
+  static Result<SafetensorsWriter> create(const std::string& path,
+                                          const std::vector<SafetensorsTensorSpec>& tensors,
+                                          const std::map<std::string, std::string>& metadata = {});
+  // Opens a file that create() made (perhaps another process's) to write ranges into it.
+  static Result<SafetensorsWriter> open_existing(const std::string& path);
+  SafetensorsWriter(SafetensorsWriter&& other) noexcept;
+  SafetensorsWriter& operator=(SafetensorsWriter&& other) noexcept;
+  SafetensorsWriter(const SafetensorsWriter&) = delete;
+  SafetensorsWriter& operator=(const SafetensorsWriter&) = delete;
+  ~SafetensorsWriter();
+
+  const std::string& path() const { return path_; }
+  const std::vector<SafetensorsEntry>& entries() const { return entries_; }
+  // Writes `values` (rounded to the entry's dtype) as elements [first_elem, +values.size()) of the
+  // tensor `name`. kNotFound for an unknown name, kInvalidArgument for a range past the tensor,
+  // the errno's error (kNoSpace, kIoError) naming the file and tensor.
+  Status write_f32(std::string_view name, std::span<const float> values,
+                   std::uint64_t first_elem = 0);
+  // fsyncs and closes. Errors name the file. Idempotent.
+  Status finish();
+
+ private:
+  SafetensorsWriter() = default;
+  std::string path_;
+  int fd_ = -1;
+  std::uint64_t data_start_ = 0;
+  std::vector<SafetensorsEntry> entries_;
+};
+
+}  // namespace tz
