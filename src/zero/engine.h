@@ -54,6 +54,9 @@ struct UnitSpec {
 };
 inline constexpr std::size_t kTensorAlignElems = 128;  // 256 bytes of 16-bit elements
 
+// A unit's flat layout (tensor offsets, padding, shard size): zero/layout.h.
+struct UnitLayout;
+
 // A typed view of one tensor inside a gathered unit or a gradient buffer: a device pointer of
 // `dtype` elements, valid until the matching release() / reduce().
 struct TensorView {
@@ -190,6 +193,14 @@ class Engine {
   virtual int world_size() const = 0;
   virtual std::int64_t steps_done() const = 0;  // optimizer steps completed (skipped included)
   virtual std::uint64_t param_count() const = 0;  // sum of every unit's numel (unpadded)
+  // The registered units (for checkpoints): count, spec and flat layout of each (include
+  // zero/layout.h for UnitLayout's members), the optimizer's state-array count (0, 1 or 2:
+  // cpu::state_count of the spec) and the options the engine was created with.
+  virtual std::size_t unit_count() const = 0;
+  virtual const UnitSpec& unit_spec(UnitId unit) const = 0;
+  virtual const UnitLayout& layout(UnitId unit) const = 0;
+  virtual int optimizer_state_count() const = 0;
+  virtual const EngineOptions& options() const = 0;
 
   // --- Accounting -------------------------------------------------------------------------------
   // The plan (what finalize allocated per tier, by term) and DESIGN.md's formula for the config.

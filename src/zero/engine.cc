@@ -1,0 +1,1172 @@
+// The ZeRO engine (engine.h): one rank's units, their shards as blocks of the tiered store, the
+// gather/grad/reduce protocol of a micro-batch and the optimizer step of stages 0-3 with the
+// optimizer on the device, the CPU or streamed from NVMe. docs/zero.md describes the design.
+//
+// Every stage reduces a unit's full gradient with the same reduce-scatter (ReduceOp::kSum, in the
+// compute dtype, over the same padded layout) into this rank's shard and accumulates it in fp32,
+// and every stage computes the global norm from those shards in unit order, so the update each
+// element sees is the same in every stage and every placement: fp32 masters are bit-identical.
+#include "zero/engine.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <deque>
+#include <limits>
+#include <optional>
+#include <thread>
+#include <unordered_map>
+
+#include <xxhash.h>
+
+#include "comm/local_comm.h"
+#include "core/assert.h"
+#include "core/log.h"
+#include "cpu/optimizer.h"
+#include "cpu/pinned_pool.h"
+#include "gpu/host_device.h"
+#include "store/store.h"
+#include "zero/layout.h"
+#include "zero/loss_scaler.h"
+#include "zero/optimizer_args.h"
+
+namespace tz::zero {
+
+const TensorView& UnitViews::by_name(std::string_view name) const {
+  for (const TensorView& v : tensors) {
+    if (v.spec->name == name) return v;
+  }
+  TZ_ASSERT(false, "no tensor of that name in the unit");
+  return tensors.front();
+}
+
+std::string_view placement_name(Placement placement) {
+  switch (placement) {
+    case Placement::kDevice:
+      return "device";
+    case Placement::kHost:
+      return "host";
+    case Placement::kNvme:
+      return "nvme";
+  }
+  return "?";
+}
+
+std::string_view tensor_state_name(TensorState which) {
+  switch (which) {
+    case TensorState::kMaster:
+      return "master";
+    case TensorState::kState0:
+      return "state0";
+    case TensorState::kState1:
+      return "state1";
+  }
+  return "?";
+}
+
+nlohmann::ordered_json TierBytes::to_json() const {
+  nlohmann::ordered_json j;
+  j["device"] = device;
+  j["host"] = host;
+  j["nvme"] = nvme;
+  return j;
+}
+
+namespace {
+
+using store::Access;
+using store::BlockId;
+using store::Lease;
+using store::Tier;
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+Tier tier_of(Placement p) {
+  switch (p) {
+    case Placement::kDevice:
+      return Tier::kDevice;
+    case Placement::kHost:
+      return Tier::kHost;
+    case Placement::kNvme:
+      return Tier::kNvme;
+  }
+  return Tier::kHost;
+}
+
+Result<Placement> parse_offload(const std::string& device, const char* key) {
+  if (device == "none") return Placement::kDevice;
+  if (device == "cpu") return Placement::kHost;
+  if (device == "nvme") return Placement::kNvme;
+  return Status::invalid_argument(std::string(key) + ": expected none, cpu or nvme, got '" +
+                                  device + "'");
+}
+
+std::size_t round_up(std::size_t x, std::size_t m) { return (x + m - 1) / m * m; }
+
+// fp32 += a 16-bit or fp32 gradient on the host, the same IEEE sums as device_accumulate_coeffs.
+void host_accumulate(float* acc, const void* grad, DType dtype, std::size_t n) {
+  switch (dtype) {
+    case DType::kF32: {
+      const auto* g = static_cast<const float*>(grad);
+      for (std::size_t i = 0; i < n; ++i) acc[i] = acc[i] + g[i];
+      return;
+    }
+    case DType::kBF16: {
+      const auto* g = static_cast<const bf16*>(grad);
+      for (std::size_t i = 0; i < n; ++i) acc[i] = acc[i] + bf16_to_f32(g[i]);
+      return;
+    }
+    case DType::kF16: {
+      const auto* g = static_cast<const fp16*>(grad);
+      for (std::size_t i = 0; i < n; ++i) acc[i] = acc[i] + fp16_to_f32(g[i]);
+      return;
+    }
+  }
+}
+
+// fp32 -> dtype on the host (round to nearest even, as Device::cast).
+void host_cast_from_f32(const float* src, void* dst, DType dtype, std::size_t n) {
+  switch (dtype) {
+    case DType::kF32:
+      std::memcpy(dst, src, n * 4);
+      return;
+    case DType::kBF16: {
+      auto* d = static_cast<bf16*>(dst);
+      for (std::size_t i = 0; i < n; ++i) d[i] = f32_to_bf16(src[i]);
+      return;
+    }
+    case DType::kF16: {
+      auto* d = static_cast<fp16*>(dst);
+      for (std::size_t i = 0; i < n; ++i) d[i] = f32_to_fp16(src[i]);
+      return;
+    }
+  }
+}
+
+// A collective scalar reduction that is exact and identical on every rank: rank r writes its
+// values, each split into four 16-bit pieces stored as small integers in fp32, into slot r of an
+// otherwise zero buffer; an fp32 sum all-reduce of integers below 2^24 with zeros is exact, so
+// every rank decodes every rank's exact values and combines them in rank order.
+constexpr std::size_t kScalarPieces = 4;
+void encode_u64(std::uint64_t x, float* out) {
+  for (std::size_t i = 0; i < kScalarPieces; ++i) {
+    out[i] = static_cast<float>((x >> (16 * i)) & 0xffffu);
+  }
+}
+std::uint64_t decode_u64(const float* in) {
+  std::uint64_t x = 0;
+  for (std::size_t i = 0; i < kScalarPieces; ++i) {
+    x |= static_cast<std::uint64_t>(in[i]) << (16 * i);
+  }
+  return x;
+}
+
+struct DeferredFree {
+  std::unique_ptr<gpu::Event> done;
+  gpu::DeviceBuffer buffer;
+};
+
+struct Unit {
+  UnitSpec spec;
+  UnitLayout layout;
+  std::size_t opt_elems = 0;  // elements of master and states on this rank (P in stage 0, else S)
+  BlockId param = 0;          // stage 3: this rank's shard; stages 0-2: the full unit
+  BlockId master = 0;
+  BlockId state[2] = {0, 0};
+  BlockId grad_acc = 0;  // fp32 reduced gradient shard, accumulated over micro-batches
+  // gather state
+  int gather_refs = 0;
+  Lease param_lease;            // stages 0-2: the full block pinned while gathered
+  gpu::DeviceBuffer gathered;   // stage 3: the all-gathered unit
+  UnitViews views;
+  // gradient state
+  gpu::DeviceBuffer grad_buffer;
+  UnitViews grad_views;
+  int reduces = 0;  // reduce() calls since the last step
+};
+
+class EngineImpl final : public Engine {
+ public:
+  EngineImpl(const EngineOptions& options, gpu::Device& device, comm::Comm& comm)
+      : options_(options),
+        config_(options.config),
+        device_(device),
+        comm_(comm),
+        rank_(comm.rank()),
+        world_(comm.world_size()),
+        scaler_(options.config.fp16) {}
+
+  ~EngineImpl() override {
+    // Work that still reads engine buffers must finish before they go.
+    device_.synchronize().ignore();
+    for (Unit& u : units_) {
+      u.param_lease.release();
+      u.gathered.reset();
+      u.grad_buffer.reset();
+    }
+    deferred_.clear();
+    store_.reset();
+    stage16_.reset();
+    stage32_.reset();
+  }
+
+  Status init() {
+    stage_ = config_.zero.stage;
+    if (stage_ < 0 || stage_ > 3) {
+      return Status::invalid_argument("zero_optimization.stage: expected 0..3, got " +
+                                      std::to_string(stage_));
+    }
+    if (config_.fp16.enabled && config_.bf16) {
+      return Status::invalid_argument("fp16.enabled and bf16.enabled: choose one");
+    }
+    compute_dtype_ = config_.fp16.enabled ? DType::kF16 : config_.bf16 ? DType::kBF16 : DType::kF32;
+    TZ_ASSIGN_OR_RETURN(opt_place_, parse_offload(config_.zero.offload_optimizer.device,
+                                                  "zero_optimization.offload_optimizer.device"));
+    TZ_ASSIGN_OR_RETURN(param_place_, parse_offload(config_.zero.offload_param.device,
+                                                    "zero_optimization.offload_param.device"));
+    if (param_place_ != Placement::kDevice && stage_ != 3) {
+      return Status::invalid_argument(
+          "zero_optimization.offload_param.device: parameter offload needs "
+          "zero_optimization.stage 3 (got stage " + std::to_string(stage_) + ")");
+    }
+    if (opt_place_ == Placement::kNvme || param_place_ == Placement::kNvme) {
+      return Status::unavailable(
+          "zero_optimization.offload_*.device = nvme: NVMe offload is not in this build of the "
+          "engine yet; use none or cpu");
+    }
+    grad_place_ = opt_place_ == Placement::kDevice ? Placement::kDevice : Placement::kHost;
+    if (config_.gradient_accumulation_steps < 1) {
+      return Status::invalid_argument("gradient_accumulation_steps: must be >= 1");
+    }
+    TZ_ASSIGN_OR_RETURN(spec_, cpu::spec_from_config(config_));
+    states_ = cpu::state_count(spec_);
+    if (opt_place_ == Placement::kDevice && spec_.state_dtype != DType::kF32) {
+      return Status::invalid_argument(
+          "tierzero.state_dtype: bf16 optimizer states need the CPU optimizer "
+          "(zero_optimization.offload_optimizer.device cpu or nvme)");
+    }
+    if (opt_place_ != Placement::kDevice) {
+      cpu::OptimizerOptions oo;
+      oo.threads = static_cast<int>(config_.tierzero.optimizer_threads);
+      // Ranks as threads of one process share the cores: binding every rank's arena to the same
+      // cores would serialize them behind one another's pins.
+      oo.pin_threads = comm_.backend() != "local" || world_ == 1;
+      TZ_ASSIGN_OR_RETURN(cpu::CpuOptimizer opt, cpu::CpuOptimizer::create(spec_, oo));
+      cpu_opt_.emplace(std::move(opt));
+    }
+    return Status::ok();
+  }
+
+  // --- Registration ----------------------------------------------------------------------------
+  Result<UnitId> register_unit(UnitSpec spec) override {
+    if (finalized_) {
+      return Status::invalid_argument("register_unit '" + spec.name + "': after finalize()");
+    }
+    if (spec.tensors.empty()) {
+      return Status::invalid_argument("register_unit '" + spec.name + "': no tensors");
+    }
+    for (const Unit& u : units_) {
+      if (u.spec.name == spec.name) {
+        return Status::invalid_argument("register_unit: duplicate unit name '" + spec.name + "'");
+      }
+    }
+    for (std::size_t i = 0; i < spec.tensors.size(); ++i) {
+      const TensorSpec& t = spec.tensors[i];
+      bool bad = t.shape.empty();
+      for (std::int64_t d : t.shape) bad = bad || d <= 0;
+      if (bad) {
+        return Status::invalid_argument("register_unit '" + spec.name + "': tensor '" + t.name +
+                                        "' has an empty or non-positive shape");
+      }
+      for (std::size_t j = 0; j < i; ++j) {
+        if (spec.tensors[j].name == t.name) {
+          return Status::invalid_argument("register_unit '" + spec.name +
+                                          "': duplicate tensor name '" + t.name + "'");
+        }
+      }
+    }
+    Unit& u = units_.emplace_back();
+    u.spec = std::move(spec);
+    u.layout = plan_unit_layout(u.spec, world_);
+    u.opt_elems = stage_ == 0 ? u.layout.padded : u.layout.shard;
+    return static_cast<UnitId>(units_.size() - 1);
+  }
+
+  Status finalize() override {
+    if (finalized_) return Status::invalid_argument("finalize(): called twice");
+    if (units_.empty()) return Status::invalid_argument("finalize(): no units registered");
+    const std::size_t es = dtype_size(compute_dtype_);
+    std::size_t max_padded = 0;
+    std::size_t max_opt = 0;
+    std::size_t max_shard = 0;
+    for (const Unit& u : units_) {
+      max_padded = std::max(max_padded, u.layout.padded);
+      max_opt = std::max(max_opt, u.opt_elems);
+      max_shard = std::max(max_shard, u.layout.shard);
+      param_count_ += u.layout.numel;
+    }
+    // Bytes per tier of the blocks, by home.
+    std::uint64_t home_bytes[store::kTierCount] = {0, 0, 0};
+    const Tier opt_tier = tier_of(opt_place_);
+    const Tier grad_tier = tier_of(grad_place_);
+    const Tier param_tier = tier_of(param_place_);
+    for (const Unit& u : units_) {
+      const std::uint64_t param_bytes = (stage_ == 3 ? u.layout.shard : u.layout.padded) * es;
+      home_bytes[static_cast<int>(param_tier)] += param_bytes;
+      home_bytes[static_cast<int>(opt_tier)] +=
+          static_cast<std::uint64_t>(u.opt_elems) * 4 * (1 + static_cast<std::uint64_t>(states_));
+      home_bytes[static_cast<int>(grad_tier)] += static_cast<std::uint64_t>(u.layout.shard) * 4;
+    }
+    // Device working set outside the store: the gathered units a model holds at once (stage 3;
+    // the tied-weight case holds two), one gradient buffer, the stage-0 full-gradient buffer and
+    // the model's activations.
+    const std::uint64_t gather_reserve = stage_ == 3 ? 3 * max_padded * es : 0;
+    const std::uint64_t grad_reserve = 2 * max_padded * es;
+    const std::uint64_t stage0_reserve = stage_ == 0 ? max_padded * 4 : 0;
+    const std::uint64_t device_budget = config_.tierzero.device_budget > 0
+                                            ? config_.tierzero.device_budget
+                                            : device_.memory_stats().budget_bytes;
+    const std::uint64_t reserve =
+        gather_reserve + grad_reserve + stage0_reserve + options_.activation_bytes + 4096;
+    if (home_bytes[0] + reserve > device_budget) {
+      return Status::out_of_memory(
+          "engine plan: the device tier needs " + std::to_string(home_bytes[0]) +
+          " bytes of parameter/optimizer/gradient state plus " + std::to_string(reserve) +
+          " bytes of working buffers, over the device budget of " + std::to_string(device_budget) +
+          " bytes; offload the optimizer (zero_optimization.offload_optimizer.device cpu) or "
+          "raise stage");
+    }
+    std::uint64_t host_budget = options_.host_budget_bytes > 0 ? options_.host_budget_bytes
+                                                               : config_.tierzero.host_budget;
+    if (host_budget == 0) host_budget = round_up(home_bytes[1], 4096) + (1u << 20);
+    if (home_bytes[1] > host_budget) {
+      return Status::out_of_memory("engine plan: the host tier needs " +
+                                   std::to_string(home_bytes[1]) + " bytes, over the host budget "
+                                   "of " + std::to_string(host_budget) +
+                                   " bytes (tierzero.host_budget)");
+    }
+    store::StoreOptions so;
+    so.device_budget_bytes = device_budget - reserve;
+    so.host_budget_bytes = host_budget;
+    so.chunk_bytes = std::clamp<std::uint64_t>(round_up(max_opt * 4, 4096), 64u << 10, 8u << 20);
+    so.staging_buffers = 4;
+    so.max_io_in_flight_bytes = std::max<std::uint64_t>(so.chunk_bytes * 4, 16u << 20);
+    // Engine host buffers next to the store's: a 16-bit unit (gradient shards coming home and
+    // parameter copies going out) and an fp32 unit (stage 0's gathered gradient).
+    const std::uint64_t stage16_bytes = round_up(max_padded * es, 4096);
+    const std::uint64_t stage32_bytes = round_up(max_padded * 4, 4096);
+    PinnedPoolOptions po;
+    po.budget_bytes = host_budget + so.staging_buffers * so.chunk_bytes + stage16_bytes +
+                      stage32_bytes + (2u << 20);
+    po.slab_bytes = std::min<std::uint64_t>(1ull << 30, round_up(po.budget_bytes, 2u << 20));
+    po.prefault = false;
+    TZ_ASSIGN_OR_RETURN(PinnedPool pool, PinnedPool::create(po));
+    pool_ = std::make_unique<PinnedPool>(std::move(pool));
+    gpu::Device* dev = &device_;
+    PinnedSlabHook hook;
+    hook.name = "device";
+    hook.on_add = [dev](const PinnedSlab& s) { return dev->register_host_memory(s.data, s.bytes); };
+    hook.on_remove = [dev](const PinnedSlab& s) { dev->unregister_host_memory(s.data).ignore(); };
+    TZ_RETURN_IF_ERROR(pool_->add_slab_hook(hook));
+    TZ_ASSIGN_OR_RETURN(store_, store::Store::create(so, device_, *pool_, nullptr));
+    TZ_ASSIGN_OR_RETURN(stage16_, pool_->allocate(stage16_bytes));
+    TZ_ASSIGN_OR_RETURN(stage32_, pool_->allocate(stage32_bytes));
+    TZ_ASSIGN_OR_RETURN(norm_acc_, device_.allocate(sizeof(gpu::NormAccumulator)));
+    TZ_ASSIGN_OR_RETURN(scalars_, device_.allocate(static_cast<std::size_t>(world_) * 2 *
+                                                    kScalarPieces * sizeof(float)));
+
+    for (Unit& u : units_) {
+      const std::string base = u.spec.name + ".r" + std::to_string(rank_);
+      const std::uint64_t param_bytes = (stage_ == 3 ? u.layout.shard : u.layout.padded) * es;
+      TZ_ASSIGN_OR_RETURN(u.param, store_->create_block(param_bytes, param_tier, base + ".param"));
+      TZ_ASSIGN_OR_RETURN(u.master, store_->create_block(u.opt_elems * 4, opt_tier, base + ".master"));
+      for (int s = 0; s < states_; ++s) {
+        TZ_ASSIGN_OR_RETURN(u.state[s], store_->create_block(u.opt_elems * 4, opt_tier,
+                                                             base + ".state" + std::to_string(s)));
+      }
+      TZ_ASSIGN_OR_RETURN(u.grad_acc,
+                          store_->create_block(u.layout.shard * 4, grad_tier, base + ".grad"));
+      // Blocks read as zeros until written, so parameters, states and gradients start at zero.
+    }
+    finalized_ = true;
+    last_step_end_ = Clock::now();
+    comm_base_ = comm_.counters();
+    return Status::ok();
+  }
+
+  // --- Weights in and out ------------------------------------------------------------------------
+  Status set_tensor(UnitId id, std::size_t tensor, std::span<const float> values,
+                    TensorState which) override {
+    TZ_RETURN_IF_ERROR(check_tensor(id, tensor, values.size(), "set_tensor"));
+    Unit& u = units_[id];
+    TZ_ASSIGN_OR_RETURN(BlockId block, state_block(u, which));
+    const std::size_t off = u.layout.offsets[tensor];
+    const std::size_t n = u.spec.tensors[tensor].numel();
+    if (stage_ == 0) {
+      TZ_RETURN_IF_ERROR(write_block(block, off * 4, values.data(), n * 4));
+    } else {
+      auto [b, e] = u.layout.shard_part(u.spec.tensors, tensor, rank_);
+      if (e > b) {
+        const std::size_t shard_off = off + b - static_cast<std::size_t>(rank_) * u.layout.shard;
+        TZ_RETURN_IF_ERROR(write_block(block, shard_off * 4, values.data() + b, (e - b) * 4));
+      }
+    }
+    if (which != TensorState::kMaster) return Status::ok();
+    // The compute-dtype parameters follow the master.
+    const std::size_t es = dtype_size(compute_dtype_);
+    std::vector<std::byte> converted(n * es);
+    host_cast_from_f32(values.data(), converted.data(), compute_dtype_, n);
+    if (stage_ < 3) return write_block(u.param, off * es, converted.data(), n * es);
+    auto [b, e] = u.layout.shard_part(u.spec.tensors, tensor, rank_);
+    if (e == b) return Status::ok();
+    const std::size_t shard_off = off + b - static_cast<std::size_t>(rank_) * u.layout.shard;
+    return write_block(u.param, shard_off * es, converted.data() + b * es, (e - b) * es);
+  }
+
+  Status get_tensor(UnitId id, std::size_t tensor, std::span<float> out,
+                    TensorState which) override {
+    TZ_RETURN_IF_ERROR(check_tensor(id, tensor, out.size(), "get_tensor"));
+    Unit& u = units_[id];
+    TZ_ASSIGN_OR_RETURN(BlockId block, state_block(u, which));
+    const std::size_t off = u.layout.offsets[tensor];
+    const std::size_t n = u.spec.tensors[tensor].numel();
+    if (stage_ == 0) return read_block(block, off * 4, out.data(), n * 4);
+    // All-gather the fp32 shards into a device buffer, then copy the tensor out.
+    const std::size_t s = u.layout.shard;
+    TZ_ASSIGN_OR_RETURN(gpu::DeviceBuffer full, allocate_device(u.layout.padded * 4));
+    auto* base = full.as<std::byte>();
+    TZ_RETURN_IF_ERROR(read_block_to_device(block, 0, base + static_cast<std::size_t>(rank_) * s * 4,
+                                            s * 4));
+    gpu::Stream& st = device_.compute_stream();
+    TZ_RETURN_IF_ERROR(comm_.all_gather(base + static_cast<std::size_t>(rank_) * s * 4, base, s,
+                                        DType::kF32, st));
+    TZ_RETURN_IF_ERROR(device_.copy_async(out.data(), base + off * 4, n * 4,
+                                          gpu::CopyKind::kDeviceToHost, st));
+    TZ_RETURN_IF_ERROR(sync(st, "get_tensor '" + u.spec.name + "'"));
+    return Status::ok();
+  }
+
+  nlohmann::ordered_json scalar_state() const override {
+    nlohmann::ordered_json j;
+    j["steps_done"] = steps_done_;
+    j["updates_done"] = updates_done_;
+    j["loss_scaler"] = scaler_.state();
+    return j;
+  }
+
+  Status restore_scalar_state(const nlohmann::json& state) override {
+    if (steps_done_ != 0) {
+      return Status::invalid_argument("restore_scalar_state: only before the first step");
+    }
+    if (!state.is_object() || !state.contains("steps_done") || !state.contains("updates_done") ||
+        !state.contains("loss_scaler")) {
+      return Status::invalid_argument(
+          "restore_scalar_state: expected an object with steps_done, updates_done, loss_scaler");
+    }
+    TZ_RETURN_IF_ERROR(scaler_.restore(state["loss_scaler"]));
+    steps_done_ = state["steps_done"].get<std::int64_t>();
+    updates_done_ = state["updates_done"].get<std::int64_t>();
+    return Status::ok();
+  }
+
+  // --- One micro-batch ---------------------------------------------------------------------------
+  Result<UnitViews> gather(UnitId id) override {
+    TZ_RETURN_IF_ERROR(check_unit(id, "gather"));
+    Unit& u = units_[id];
+    if (u.gather_refs > 0) {
+      ++u.gather_refs;
+      return u.views;
+    }
+    const auto t0 = Clock::now();
+    gpu::Stream& st = device_.compute_stream();
+    const std::size_t es = dtype_size(compute_dtype_);
+    void* base = nullptr;
+    if (stage_ < 3) {
+      TZ_ASSIGN_OR_RETURN(u.param_lease, store_->pin(u.param, Tier::kDevice, Access::kRead));
+      TZ_RETURN_IF_ERROR(with_unit(u, "gather", u.param_lease.wait()));
+      base = u.param_lease.data();
+    } else {
+      TZ_ASSIGN_OR_RETURN(Lease shard, store_->pin(u.param, Tier::kDevice, Access::kRead));
+      TZ_RETURN_IF_ERROR(with_unit(u, "gather", shard.wait()));
+      TZ_ASSIGN_OR_RETURN(u.gathered, allocate_device(u.layout.padded * es));
+      TZ_RETURN_IF_ERROR(with_unit(
+          u, "gather: all_gather",
+          comm_.all_gather(shard.data(), u.gathered.data(), u.layout.shard, compute_dtype_, st)));
+      shard.release(&st);
+      base = u.gathered.data();
+    }
+    u.views = make_views(u, base, compute_dtype_);
+    u.gather_refs = 1;
+    stall_gather_s_ += seconds_since(t0);
+    return u.views;
+  }
+
+  Status release(UnitId id) override {
+    TZ_RETURN_IF_ERROR(check_unit(id, "release"));
+    Unit& u = units_[id];
+    if (u.gather_refs == 0) {
+      return Status::invalid_argument("release '" + u.spec.name + "': not gathered");
+    }
+    if (--u.gather_refs > 0) return Status::ok();
+    gpu::Stream& st = device_.compute_stream();
+    if (stage_ < 3) {
+      u.param_lease.release(&st);
+    } else {
+      TZ_RETURN_IF_ERROR(defer_free(std::move(u.gathered)));
+    }
+    u.views = UnitViews{};
+    return Status::ok();
+  }
+
+  Result<UnitViews> grad(UnitId id) override {
+    TZ_RETURN_IF_ERROR(check_unit(id, "grad"));
+    Unit& u = units_[id];
+    if (!u.grad_buffer.empty()) return u.grad_views;
+    const std::size_t bytes = u.layout.padded * dtype_size(compute_dtype_);
+    TZ_ASSIGN_OR_RETURN(u.grad_buffer, allocate_device(bytes));
+    TZ_RETURN_IF_ERROR(
+        device_.memset_async(u.grad_buffer.data(), 0, bytes, device_.compute_stream()));
+    u.grad_views = make_views(u, u.grad_buffer.data(), compute_dtype_);
+    return u.grad_views;
+  }
+
+  Status reduce(UnitId id) override {
+    TZ_RETURN_IF_ERROR(check_unit(id, "reduce"));
+    Unit& u = units_[id];
+    if (u.grad_buffer.empty()) {
+      return Status::invalid_argument("reduce '" + u.spec.name + "': no grad() buffer handed out");
+    }
+    const auto t0 = Clock::now();
+    gpu::Stream& st = device_.compute_stream();
+    const std::size_t es = dtype_size(compute_dtype_);
+    const std::size_t s = u.layout.shard;
+    auto* full = u.grad_buffer.as<std::byte>();
+    std::byte* mine = full + static_cast<std::size_t>(rank_) * s * es;
+    // In place: rank r's reduced shard lands where its part of the full gradient was.
+    TZ_RETURN_IF_ERROR(with_unit(u, "reduce: reduce_scatter",
+                                 comm_.reduce_scatter(full, mine, s, compute_dtype_,
+                                                      comm::ReduceOp::kSum, st)));
+    if (grad_place_ == Placement::kDevice) {
+      TZ_ASSIGN_OR_RETURN(Lease acc, store_->pin(u.grad_acc, Tier::kDevice, Access::kReadWrite));
+      TZ_RETURN_IF_ERROR(with_unit(u, "reduce", acc.wait()));
+      gpu::OptimizerStepArgs a = device_accumulate_coeffs();
+      a.param = static_cast<float*>(acc.data());
+      a.grad = mine;
+      a.grad_dtype = compute_dtype_;
+      a.n = s;
+      TZ_RETURN_IF_ERROR(with_unit(u, "reduce: accumulate", device_.optimizer_step(a, st)));
+      acc.release(&st);
+      TZ_RETURN_IF_ERROR(defer_free(std::move(u.grad_buffer)));
+    } else {
+      TZ_RETURN_IF_ERROR(with_unit(u, "reduce: copy to host",
+                                   device_.copy_async(stage16_.data(), mine, s * es,
+                                                      gpu::CopyKind::kDeviceToHost, st)));
+      TZ_RETURN_IF_ERROR(sync(st, "reduce '" + u.spec.name + "'"));
+      u.grad_buffer.reset();
+      TZ_ASSIGN_OR_RETURN(Lease acc, store_->pin(u.grad_acc, Tier::kHost, Access::kReadWrite));
+      TZ_RETURN_IF_ERROR(with_unit(u, "reduce", acc.wait()));
+      host_accumulate(static_cast<float*>(acc.data()), stage16_.data(), compute_dtype_, s);
+      acc.release();
+    }
+    u.grad_views = UnitViews{};
+    ++u.reduces;
+    stall_reduce_s_ += seconds_since(t0);
+    return Status::ok();
+  }
+
+  Result<StepReport> step() override {
+    if (!finalized_) return Status::invalid_argument("step(): before finalize()");
+    const int k = gradient_accumulation_steps();
+    for (const Unit& u : units_) {
+      if (u.reduces != k) {
+        return Status::invalid_argument(
+            "step(): unit '" + u.spec.name + "' was reduced " + std::to_string(u.reduces) +
+            " times since the last step on rank " + std::to_string(rank_) + ", expected " +
+            std::to_string(k) + " (gradient_accumulation_steps)");
+      }
+      if (u.gather_refs != 0 || !u.grad_buffer.empty()) {
+        return Status::invalid_argument("step(): unit '" + u.spec.name +
+                                        "' is still gathered or holds a gradient buffer");
+      }
+    }
+    const auto t_opt = Clock::now();
+    StepReport report;
+    report.loss_scale = scaler_.scale();
+    gpu::Stream& st = device_.compute_stream();
+
+    // Global norm and overflow flag from every rank's reduced shards, in unit order.
+    TZ_ASSIGN_OR_RETURN(gpu::NormAccumulator local, local_norm());
+    TZ_ASSIGN_OR_RETURN(gpu::NormAccumulator total, all_reduce_norm(local));
+    const bool overflow = total.nonfinite_count > 0;
+    const double divisor = report.loss_scale * static_cast<double>(world_) * k;
+    report.grad_norm = overflow ? std::numeric_limits<double>::infinity()
+                                : std::sqrt(total.sum_squares) / divisor;
+    report.lr = spec_.lr;
+    report.skipped = overflow;
+    scaler_.update(overflow);
+    if (!overflow) {
+      double multiplier = 1.0 / divisor;
+      // DeepSpeed's clipping: scale by max_norm / (norm + 1e-6) when that is below 1.
+      if (config_.gradient_clipping > 0) {
+        const double clip = (report.grad_norm + 1e-6) / config_.gradient_clipping;
+        if (clip > 1.0) multiplier /= clip;
+      }
+      cpu::StepArgs args;
+      args.step = ++updates_done_;
+      args.grad_multiplier = static_cast<float>(multiplier);
+      args.grad_dtype = DType::kF32;
+      args.copy_dtype = compute_dtype_ == DType::kF32 ? DType::kBF16 : compute_dtype_;
+      args.lr_override = report.lr;
+      for (Unit& u : units_) TZ_RETURN_IF_ERROR(update_unit(u, args));
+    } else {
+      TZ_LOG_WARN("step %lld: Inf/NaN in the gradient on some rank; update skipped (loss scale %g "
+                  "-> %g)", static_cast<long long>(steps_done_ + 1), report.loss_scale,
+                  scaler_.scale());
+    }
+    TZ_RETURN_IF_ERROR(zero_gradients());
+    TZ_RETURN_IF_ERROR(sync(st, "step"));
+    reap_deferred(true);
+    for (Unit& u : units_) u.reduces = 0;
+    store_->mark_step();
+    ++steps_done_;
+    report.step = steps_done_;
+    report.stall_optimizer_s = seconds_since(t_opt);
+    report.stall_gather_s = stall_gather_s_;
+    report.stall_reduce_s = stall_reduce_s_;
+    report.stall_s = report.stall_gather_s + report.stall_reduce_s + report.stall_optimizer_s;
+    stall_gather_s_ = stall_reduce_s_ = 0;
+    report.step_s = seconds_since(last_step_end_);
+    last_step_end_ = Clock::now();
+    report.bytes_in_use = bytes_in_use();
+    report.peak_bytes = peak_bytes();
+    const comm::CommCounters now = comm_.counters();
+    for (std::size_t op = 0; op < comm::kCollectiveOpCount; ++op) {
+      const auto o = static_cast<comm::CollectiveOp>(op);
+      report.comm_bytes[std::string(comm::collective_op_name(o))] =
+          now.ops[op].bytes_sent - comm_base_.ops[op].bytes_sent;
+    }
+    comm_base_ = now;
+    return report;
+  }
+
+  // --- What the model needs to know -------------------------------------------------------------
+  gpu::Device& device() override { return device_; }
+  gpu::Stream& compute_stream() override { return device_.compute_stream(); }
+  DType compute_dtype() const override { return compute_dtype_; }
+  double loss_scale() const override { return scaler_.scale(); }
+  int gradient_accumulation_steps() const override {
+    return static_cast<int>(config_.gradient_accumulation_steps);
+  }
+  int rank() const override { return rank_; }
+  int world_size() const override { return world_; }
+  std::int64_t steps_done() const override { return steps_done_; }
+  std::uint64_t param_count() const override { return param_count_; }
+  std::size_t unit_count() const override { return units_.size(); }
+  const UnitSpec& unit_spec(UnitId unit) const override {
+    TZ_ASSERT(unit < units_.size(), "unit_spec: unknown unit id");
+    return units_[unit].spec;
+  }
+  const UnitLayout& layout(UnitId unit) const override {
+    TZ_ASSERT(unit < units_.size(), "layout: unknown unit id");
+    return units_[unit].layout;
+  }
+  int optimizer_state_count() const override { return states_; }
+  const EngineOptions& options() const override { return options_; }
+
+  // --- Accounting ---------------------------------------------------------------------------------
+  nlohmann::ordered_json plan_json() const override {
+    nlohmann::ordered_json j;
+    j["stage"] = stage_;
+    j["world_size"] = world_;
+    j["params"] = param_count_;
+    j["plan_bytes"] = plan_bytes().to_json();
+    return j;
+  }
+
+  TierBytes plan_bytes() const override {
+    TierBytes b;
+    if (!store_) return b;
+    b.device = store_->used_bytes(Tier::kDevice);
+    b.host = store_->used_bytes(Tier::kHost);
+    b.nvme = store_->used_bytes(Tier::kNvme);
+    return b;
+  }
+
+  TierBytes peak_bytes() const override {
+    TierBytes b;
+    b.device = device_.memory_stats().peak_bytes;
+    if (pool_) b.host = pool_->stats().peak_bytes;
+    if (store_) b.nvme = store_->stats().tier(Tier::kNvme).peak_bytes;
+    return b;
+  }
+
+  Result<std::uint64_t> params_xxh3() override {
+    XXH3_state_t* state = XXH3_createState();
+    if (state == nullptr) return Status::out_of_memory("params_xxh3: XXH3_createState");
+    XXH3_64bits_reset(state);
+    Status status = Status::ok();
+    std::vector<float> values;
+    for (UnitId id = 0; id < units_.size() && status.is_ok(); ++id) {
+      for (std::size_t t = 0; t < units_[id].spec.tensors.size(); ++t) {
+        values.resize(units_[id].spec.tensors[t].numel());
+        status = get_tensor(id, t, values, TensorState::kMaster);
+        if (!status.is_ok()) break;
+        XXH3_64bits_update(state, values.data(), values.size() * sizeof(float));
+      }
+    }
+    const std::uint64_t h = XXH3_64bits_digest(state);
+    XXH3_freeState(state);
+    if (!status.is_ok()) return status;
+    return h;
+  }
+
+ private:
+  TierBytes bytes_in_use() const {
+    TierBytes b;
+    b.device = device_.memory_stats().in_use_bytes;
+    if (pool_) b.host = pool_->stats().in_use_bytes;
+    if (store_) b.nvme = store_->used_bytes(Tier::kNvme);
+    return b;
+  }
+
+  Status check_unit(UnitId id, const char* what) const {
+    if (!finalized_) return Status::invalid_argument(std::string(what) + ": before finalize()");
+    if (id >= units_.size()) {
+      return Status::invalid_argument(std::string(what) + ": unknown unit id " +
+                                      std::to_string(id));
+    }
+    return Status::ok();
+  }
+
+  Status check_tensor(UnitId id, std::size_t tensor, std::size_t n, const char* what) const {
+    TZ_RETURN_IF_ERROR(check_unit(id, what));
+    const Unit& u = units_[id];
+    if (tensor >= u.spec.tensors.size()) {
+      return Status::invalid_argument(std::string(what) + " '" + u.spec.name +
+                                      "': no tensor " + std::to_string(tensor));
+    }
+    if (n != u.spec.tensors[tensor].numel()) {
+      return Status::invalid_argument(std::string(what) + " '" + u.spec.name + "." +
+                                      u.spec.tensors[tensor].name + "': expected " +
+                                      std::to_string(u.spec.tensors[tensor].numel()) +
+                                      " values, got " + std::to_string(n));
+    }
+    return Status::ok();
+  }
+
+  Result<BlockId> state_block(const Unit& u, TensorState which) const {
+    switch (which) {
+      case TensorState::kMaster:
+        return u.master;
+      case TensorState::kState0:
+        if (states_ >= 1) return u.state[0];
+        break;
+      case TensorState::kState1:
+        if (states_ >= 2) return u.state[1];
+        break;
+    }
+    return Status::invalid_argument("tensor state " + std::string(tensor_state_name(which)) +
+                                    ": the optimizer " + config_.optimizer.type + " keeps " +
+                                    std::to_string(states_) + " state arrays");
+  }
+
+  // Prefixes an error with the unit and rank.
+  Status with_unit(const Unit& u, const char* what, Status s) const {
+    if (s.is_ok()) return s;
+    return std::move(s).with_context("unit '" + u.spec.name + "' on rank " +
+                                     std::to_string(rank_) + ", " + what);
+  }
+
+  Status sync(gpu::Stream& st, const std::string& what) {
+    Status s = st.synchronize();
+    if (s.is_ok()) s = comm_.async_error();
+    if (s.is_ok()) return s;
+    return std::move(s).with_context(what + " on rank " + std::to_string(rank_));
+  }
+
+  UnitViews make_views(const Unit& u, void* base, DType dtype) const {
+    UnitViews v;
+    for (std::size_t t = 0; t < u.spec.tensors.size(); ++t) {
+      TensorView tv;
+      tv.data = static_cast<std::byte*>(base) + u.layout.offsets[t] * dtype_size(dtype);
+      tv.dtype = dtype;
+      tv.spec = &u.spec.tensors[t];
+      v.tensors.push_back(tv);
+    }
+    return v;
+  }
+
+  // Device buffers freed only after the compute stream's work so far (an event), so release()
+  // and reduce() never block; an allocation that does not fit waits for them first.
+  Status defer_free(gpu::DeviceBuffer buffer) {
+    if (buffer.empty()) return Status::ok();
+    TZ_ASSIGN_OR_RETURN(std::unique_ptr<gpu::Event> ev, device_.create_event());
+    TZ_RETURN_IF_ERROR(ev->record(device_.compute_stream()));
+    deferred_.push_back(DeferredFree{std::move(ev), std::move(buffer)});
+    reap_deferred(false);
+    return Status::ok();
+  }
+
+  void reap_deferred(bool all) {
+    while (!deferred_.empty()) {
+      DeferredFree& d = deferred_.front();
+      if (all) {
+        d.done->synchronize().ignore();
+      } else {
+        auto q = d.done->query();
+        if (!q.is_ok() || !*q) break;
+      }
+      deferred_.pop_front();
+    }
+  }
+
+  Result<gpu::DeviceBuffer> allocate_device(std::size_t bytes) {
+    auto b = device_.allocate(bytes);
+    if (b.is_ok() || deferred_.empty()) return b;
+    reap_deferred(true);
+    return device_.allocate(bytes);
+  }
+
+  // Host bytes into a block at `offset`, in its home tier (device blocks through a copy).
+  Status write_block(BlockId block, std::size_t offset, const void* src, std::size_t bytes) {
+    const Tier tier = home_tier(block);
+    const Tier pin_tier = tier == Tier::kDevice ? Tier::kDevice : Tier::kHost;
+    TZ_ASSIGN_OR_RETURN(Lease l, store_->pin(block, pin_tier, Access::kReadWrite));
+    TZ_RETURN_IF_ERROR(l.wait());
+    auto* dst = static_cast<std::byte*>(l.data()) + offset;
+    if (pin_tier == Tier::kHost) {
+      std::memcpy(dst, src, bytes);
+      l.release();
+      return Status::ok();
+    }
+    gpu::Stream& st = device_.compute_stream();
+    TZ_RETURN_IF_ERROR(device_.copy_async(dst, src, bytes, gpu::CopyKind::kHostToDevice, st));
+    TZ_RETURN_IF_ERROR(sync(st, "write_block"));
+    l.release();
+    return Status::ok();
+  }
+
+  Status read_block(BlockId block, std::size_t offset, void* dst, std::size_t bytes) {
+    const Tier tier = home_tier(block);
+    const Tier pin_tier = tier == Tier::kDevice ? Tier::kDevice : Tier::kHost;
+    TZ_ASSIGN_OR_RETURN(Lease l, store_->pin(block, pin_tier, Access::kRead));
+    TZ_RETURN_IF_ERROR(l.wait());
+    const auto* src = static_cast<const std::byte*>(l.data()) + offset;
+    if (pin_tier == Tier::kHost) {
+      std::memcpy(dst, src, bytes);
+      l.release();
+      return Status::ok();
+    }
+    gpu::Stream& st = device_.compute_stream();
+    TZ_RETURN_IF_ERROR(device_.copy_async(dst, src, bytes, gpu::CopyKind::kDeviceToHost, st));
+    TZ_RETURN_IF_ERROR(sync(st, "read_block"));
+    l.release();
+    return Status::ok();
+  }
+
+  // A block's bytes into device memory (synchronously complete on return).
+  Status read_block_to_device(BlockId block, std::size_t offset, void* dst, std::size_t bytes) {
+    const Tier tier = home_tier(block);
+    const Tier pin_tier = tier == Tier::kDevice ? Tier::kDevice : Tier::kHost;
+    TZ_ASSIGN_OR_RETURN(Lease l, store_->pin(block, pin_tier, Access::kRead));
+    TZ_RETURN_IF_ERROR(l.wait());
+    const auto* src = static_cast<const std::byte*>(l.data()) + offset;
+    gpu::Stream& st = device_.compute_stream();
+    TZ_RETURN_IF_ERROR(device_.copy_async(
+        dst, src, bytes,
+        pin_tier == Tier::kHost ? gpu::CopyKind::kHostToDevice : gpu::CopyKind::kDeviceToDevice,
+        st));
+    TZ_RETURN_IF_ERROR(sync(st, "read_block"));
+    l.release();
+    return Status::ok();
+  }
+
+  Tier home_tier(BlockId block) const {
+    // Blocks are created per unit in a fixed pattern; the homes follow from the placements.
+    for (const Unit& u : units_) {
+      if (block == u.param) return tier_of(param_place_);
+      if (block == u.grad_acc) return tier_of(grad_place_);
+      if (block == u.master || (states_ >= 1 && block == u.state[0]) ||
+          (states_ >= 2 && block == u.state[1])) {
+        return tier_of(opt_place_);
+      }
+    }
+    TZ_ASSERT(false, "unknown block");
+    return Tier::kHost;
+  }
+
+  Result<gpu::NormAccumulator> local_norm() {
+    gpu::Stream& st = device_.compute_stream();
+    gpu::NormAccumulator host_acc;
+    TZ_RETURN_IF_ERROR(device_.memset_async(norm_acc_.data(), 0, sizeof(gpu::NormAccumulator), st));
+    auto* dev_acc = norm_acc_.as<gpu::NormAccumulator>();
+    // A device that can read host memory sums host shards with the same kernel as device ones,
+    // so the sum (and so the clip coefficient) does not depend on where the shards live.
+    const bool device_sums = grad_place_ == Placement::kDevice || device_.host_accessible();
+    std::vector<Lease> leases;
+    for (const Unit& u : units_) {
+      const Tier pin_tier = grad_place_ == Placement::kDevice ? Tier::kDevice : Tier::kHost;
+      TZ_ASSIGN_OR_RETURN(Lease l, store_->pin(u.grad_acc, pin_tier, Access::kRead));
+      TZ_RETURN_IF_ERROR(with_unit(u, "norm", l.wait()));
+      if (device_sums) {
+        TZ_RETURN_IF_ERROR(
+            device_.sum_squares(l.data(), DType::kF32, u.layout.shard, dev_acc, st));
+        leases.push_back(std::move(l));
+      } else {
+        const auto* g = static_cast<const float*>(l.data());
+        for (std::size_t i = 0; i < u.layout.shard; ++i) {
+          if (std::isfinite(g[i])) {
+            host_acc.sum_squares += static_cast<double>(g[i]) * g[i];
+          } else {
+            ++host_acc.nonfinite_count;
+          }
+        }
+      }
+    }
+    if (device_sums) {
+      TZ_RETURN_IF_ERROR(device_.copy_async(&host_acc, dev_acc, sizeof(host_acc),
+                                            gpu::CopyKind::kDeviceToHost, st));
+      TZ_RETURN_IF_ERROR(sync(st, "norm"));
+      for (Lease& l : leases) l.release();
+    }
+    return host_acc;
+  }
+
+  Result<gpu::NormAccumulator> all_reduce_norm(const gpu::NormAccumulator& local) {
+    const std::size_t per_rank = 2 * kScalarPieces;
+    std::vector<float> buf(static_cast<std::size_t>(world_) * per_rank, 0.0f);
+    std::uint64_t bits = 0;
+    std::memcpy(&bits, &local.sum_squares, sizeof(bits));
+    encode_u64(bits, buf.data() + static_cast<std::size_t>(rank_) * per_rank);
+    encode_u64(local.nonfinite_count,
+               buf.data() + static_cast<std::size_t>(rank_) * per_rank + kScalarPieces);
+    gpu::Stream& st = device_.compute_stream();
+    const std::size_t bytes = buf.size() * sizeof(float);
+    TZ_RETURN_IF_ERROR(device_.copy_async(scalars_.data(), buf.data(), bytes,
+                                          gpu::CopyKind::kHostToDevice, st));
+    TZ_RETURN_IF_ERROR(comm_.all_reduce(scalars_.data(), scalars_.data(), buf.size(), DType::kF32,
+                                        comm::ReduceOp::kSum, st));
+    TZ_RETURN_IF_ERROR(device_.copy_async(buf.data(), scalars_.data(), bytes,
+                                          gpu::CopyKind::kDeviceToHost, st));
+    TZ_RETURN_IF_ERROR(sync(st, "norm all_reduce"));
+    gpu::NormAccumulator total;
+    for (int r = 0; r < world_; ++r) {
+      const float* slot = buf.data() + static_cast<std::size_t>(r) * per_rank;
+      const std::uint64_t s = decode_u64(slot);
+      double v = 0;
+      std::memcpy(&v, &s, sizeof(v));
+      total.sum_squares += v;
+      total.nonfinite_count += decode_u64(slot + kScalarPieces);
+    }
+    return total;
+  }
+
+  // Stage 0: every rank's reduced shard gathered into the full fp32-exact gradient of the unit,
+  // in 16-bit when the shard holds one micro-batch (its fp32 values are exact 16-bit values, so
+  // the bits match stage 1's) and in fp32 otherwise. Returns the dtype; data in `dev_full`.
+  Result<DType> gather_full_gradient(const Unit& u, const Lease& acc, gpu::DeviceBuffer& dev_full) {
+    gpu::Stream& st = device_.compute_stream();
+    const std::size_t s = u.layout.shard;
+    const DType dt = gradient_accumulation_steps() == 1 ? compute_dtype_ : DType::kF32;
+    const std::size_t es = dtype_size(dt);
+    TZ_ASSIGN_OR_RETURN(dev_full, allocate_device(u.layout.padded * es));
+    auto* mine = dev_full.as<std::byte>() + static_cast<std::size_t>(rank_) * s * es;
+    const bool acc_on_device = grad_place_ == Placement::kDevice;
+    if (dt == DType::kF32) {
+      TZ_RETURN_IF_ERROR(device_.copy_async(mine, acc.data(), s * 4,
+                                            acc_on_device ? gpu::CopyKind::kDeviceToDevice
+                                                          : gpu::CopyKind::kHostToDevice,
+                                            st));
+    } else if (acc_on_device) {
+      TZ_RETURN_IF_ERROR(device_.cast(acc.data(), DType::kF32, mine, dt, s, st));
+    } else {
+      host_cast_from_f32(static_cast<const float*>(acc.data()), stage16_.data(), dt, s);
+      TZ_RETURN_IF_ERROR(
+          device_.copy_async(mine, stage16_.data(), s * es, gpu::CopyKind::kHostToDevice, st));
+    }
+    TZ_RETURN_IF_ERROR(with_unit(u, "step: gradient all_gather",
+                                 comm_.all_gather(mine, dev_full.data(), s, dt, st)));
+    return dt;
+  }
+
+  Status update_unit(Unit& u, const cpu::StepArgs& args) {
+    gpu::Stream& st = device_.compute_stream();
+    const std::size_t es = dtype_size(compute_dtype_);
+    const std::size_t s = u.layout.shard;
+    const std::size_t n = u.opt_elems;
+    const bool on_device = opt_place_ == Placement::kDevice;
+    const Tier state_tier = on_device ? Tier::kDevice : Tier::kHost;
+    TZ_ASSIGN_OR_RETURN(Lease master, store_->pin(u.master, state_tier, Access::kReadWrite));
+    Lease states[2];
+    for (int i = 0; i < states_; ++i) {
+      TZ_ASSIGN_OR_RETURN(states[i], store_->pin(u.state[i], state_tier, Access::kReadWrite));
+    }
+    TZ_ASSIGN_OR_RETURN(Lease acc, store_->pin(u.grad_acc, on_device ? Tier::kDevice : Tier::kHost,
+                                               Access::kRead));
+    TZ_RETURN_IF_ERROR(with_unit(u, "step: master", master.wait()));
+    for (int i = 0; i < states_; ++i) TZ_RETURN_IF_ERROR(with_unit(u, "step: state", states[i].wait()));
+    TZ_RETURN_IF_ERROR(with_unit(u, "step: gradient", acc.wait()));
+
+    // The gradient the update reads.
+    const void* grad = acc.data();
+    DType grad_dtype = DType::kF32;
+    gpu::DeviceBuffer dev_full;
+    if (stage_ == 0) {
+      TZ_ASSIGN_OR_RETURN(grad_dtype, gather_full_gradient(u, acc, dev_full));
+      grad = dev_full.data();
+      if (!on_device) {
+        const std::size_t gb = u.layout.padded * dtype_size(grad_dtype);
+        void* host_full = grad_dtype == DType::kF32 ? stage32_.data() : stage16_.data();
+        TZ_RETURN_IF_ERROR(device_.copy_async(host_full, dev_full.data(), gb,
+                                              gpu::CopyKind::kDeviceToHost, st));
+        TZ_RETURN_IF_ERROR(sync(st, "step '" + u.spec.name + "'"));
+        grad = host_full;
+      }
+    }
+    const bool copy16 = compute_dtype_ != DType::kF32;
+
+    // Where the new compute-dtype parameters go: stages 0-2 the full device block (stage 0 all
+    // of it, stages 1-2 this rank's slice, then all-gathered); stage 3 this rank's shard.
+    const bool whole = stage_ == 0 || stage_ == 3;
+    TZ_ASSIGN_OR_RETURN(Lease param, store_->pin(u.param, Tier::kDevice,
+                                                 whole ? Access::kWrite : Access::kReadWrite));
+    TZ_RETURN_IF_ERROR(with_unit(u, "step: parameters", param.wait()));
+    auto* param_dst = static_cast<std::byte*>(param.data()) +
+                      (whole ? 0 : static_cast<std::size_t>(rank_) * s * es);
+
+    if (on_device) {
+      gpu::OptimizerStepArgs a = device_step_coeffs(spec_, [&] {
+        cpu::StepArgs sa = args;
+        sa.grad_dtype = grad_dtype;
+        return sa;
+      }());
+      a.param = static_cast<float*>(master.data());
+      a.grad = grad;
+      a.grad_dtype = grad_dtype;
+      for (int i = 0; i < states_; ++i) a.state[i] = static_cast<float*>(states[i].data());
+      a.param_copy = copy16 ? param_dst : nullptr;
+      a.copy_dtype = args.copy_dtype;
+      a.n = n;
+      TZ_RETURN_IF_ERROR(with_unit(u, "step: optimizer", device_.optimizer_step(a, st)));
+      if (!copy16) {
+        TZ_RETURN_IF_ERROR(device_.copy_async(param_dst, master.data(), n * 4,
+                                              gpu::CopyKind::kDeviceToDevice, st));
+      }
+    } else {
+      cpu::Shard shard;
+      shard.param = static_cast<float*>(master.data());
+      shard.grad = grad;
+      for (int i = 0; i < states_; ++i) shard.state[i] = states[i].data();
+      shard.param_copy = copy16 ? stage16_.data() : nullptr;
+      shard.n = n;
+      cpu::StepArgs sa = args;
+      sa.grad_dtype = grad_dtype;
+      TZ_RETURN_IF_ERROR(with_unit(u, "step: cpu optimizer",
+                                   cpu_opt_->step(std::span<const cpu::Shard>(&shard, 1), sa)));
+      const void* src = copy16 ? static_cast<const void*>(stage16_.data()) : master.data();
+      TZ_RETURN_IF_ERROR(device_.copy_async(param_dst, src, n * es, gpu::CopyKind::kHostToDevice,
+                                            st));
+    }
+    if (stage_ == 1 || stage_ == 2) {
+      TZ_RETURN_IF_ERROR(with_unit(
+          u, "step: parameter all_gather",
+          comm_.all_gather(param_dst, param.data(), s, compute_dtype_, st)));
+    }
+    // The host staging buffers and the leases' bytes are reused by the next unit: finish here.
+    TZ_RETURN_IF_ERROR(sync(st, "step '" + u.spec.name + "'"));
+    param.release();
+    acc.release();
+    for (int i = 0; i < states_; ++i) states[i].release();
+    master.release();
+    return Status::ok();
+  }
+
+  Status zero_gradients() {
+    gpu::Stream& st = device_.compute_stream();
+    for (const Unit& u : units_) {
+      if (grad_place_ == Placement::kDevice) {
+        TZ_ASSIGN_OR_RETURN(Lease l, store_->pin(u.grad_acc, Tier::kDevice, Access::kWrite));
+        TZ_RETURN_IF_ERROR(l.wait());
+        TZ_RETURN_IF_ERROR(device_.memset_async(l.data(), 0, u.layout.shard * 4, st));
+        l.release(&st);
+      } else {
+        TZ_ASSIGN_OR_RETURN(Lease l, store_->pin(u.grad_acc, Tier::kHost, Access::kWrite));
+        TZ_RETURN_IF_ERROR(l.wait());
+        std::memset(l.data(), 0, u.layout.shard * 4);
+        l.release();
+      }
+    }
+    return Status::ok();
+  }
+
+  EngineOptions options_;
+  Config config_;
+  gpu::Device& device_;
+  comm::Comm& comm_;
+  int rank_;
+  int world_;
+  int stage_ = 0;
+  DType compute_dtype_ = DType::kF32;
+  Placement opt_place_ = Placement::kDevice;
+  Placement param_place_ = Placement::kDevice;
+  Placement grad_place_ = Placement::kDevice;
+  cpu::OptimizerSpec spec_;
+  int states_ = 0;
+  std::optional<cpu::CpuOptimizer> cpu_opt_;
+  LossScaler scaler_;
+
+  std::deque<Unit> units_;  // stable addresses: views point at the specs
+  bool finalized_ = false;
+  std::uint64_t param_count_ = 0;
+  std::unique_ptr<PinnedPool> pool_;
+  std::unique_ptr<store::Store> store_;
+  PinnedBuffer stage16_;
+  PinnedBuffer stage32_;
+  gpu::DeviceBuffer norm_acc_;
+  gpu::DeviceBuffer scalars_;
+  std::deque<DeferredFree> deferred_;
+
+  std::int64_t steps_done_ = 0;
+  std::int64_t updates_done_ = 0;  // the optimizer's step count (skipped steps excluded)
+  Clock::time_point last_step_end_;
+  double stall_gather_s_ = 0;
+  double stall_reduce_s_ = 0;
+  comm::CommCounters comm_base_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<Engine>> Engine::create(const EngineOptions& options, gpu::Device& device,
+                                               comm::Comm& comm) {
+  auto engine = std::make_unique<EngineImpl>(options, device, comm);
+  TZ_RETURN_IF_ERROR(engine->init());
+  return std::unique_ptr<Engine>(std::move(engine));
+}
+
+Status run_local_ranks(int world_size, std::uint64_t device_budget_bytes, const RankFn& fn) {
+  TZ_ASSIGN_OR_RETURN(std::vector<std::unique_ptr<comm::Comm>> comms,
+                      comm::LocalComm::create_group(world_size));
+  const std::uint64_t budget = device_budget_bytes > 0 ? device_budget_bytes : (4ull << 30);
+  std::vector<Status> results(static_cast<std::size_t>(world_size));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world_size; ++r) {
+    threads.emplace_back([&, r] {
+      auto device = gpu::HostDevice::create(budget);
+      Status s = device.is_ok() ? fn(r, **device, *comms[static_cast<std::size_t>(r)])
+                                : device.status();
+      results[static_cast<std::size_t>(r)] = std::move(s);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (int r = 0; r < world_size; ++r) {
+    Status& s = results[static_cast<std::size_t>(r)];
+    if (!s.is_ok()) return std::move(s).with_context("rank " + std::to_string(r));
+  }
+  return Status::ok();
+}
+
+}  // namespace tz::zero
