@@ -153,8 +153,8 @@ class Ops {
   virtual Status residual_forward(Tensor out, ConstTensor a, ConstTensor b, std::int64_t n,
                                   gpu::Stream& stream) = 0;
   // The gradient of a + b reaches both: da and db each receive dout (overwrite or add, each by
-  // its mode); either may be null. Neither may alias dout unless its mode is kAdd and it is the
-  // only one given (then da += dout in place is the common "skip" case).
+  // its mode); either may be null; neither may alias dout. (The skip path of a pre-LN block needs
+  // no call: the residual stream's gradient already is dout.)
   virtual Status residual_backward(Tensor da, Accumulate da_mode, Tensor db, Accumulate db_mode,
                                    ConstTensor dout, std::int64_t n, gpu::Stream& stream) = 0;
 

@@ -1,0 +1,327 @@
+// The fp32 vector primitives of the CPU backend (internal/cpu_kernels.h), compiled once per x86
+// target (EMU128, SSE4, AVX2, AVX3) by re-including this file through foreach_target.h; the
+// HWY_ONCE part dispatches to the best one the CPU supports. Loops run whole vectors with FMA and
+// leave the tail to the scalar formulas of ops_math.h, so results may differ from a scalar loop by
+// rounding only (the tests compare both against float64 references).
+#ifndef HWY_COMPILE_ALL_ATTAINABLE
+#define HWY_COMPILE_ALL_ATTAINABLE
+#endif
+#ifndef HWY_DISABLED_TARGETS
+#define HWY_DISABLED_TARGETS (HWY_SSSE3 | HWY_AVX3_DL)
+#endif
+
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "ops/cpu_kernels.cc"
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+#include <hwy/highway.h>
+#include <hwy/contrib/math/math-inl.h>
+
+#include <cmath>
+#include <cstddef>
+
+#include "ops/internal/cpu_kernels.h"
+#include "ops/ops_math.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace tz::ops::cpu_kernels {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+using D = hn::ScalableTag<float>;
+using V = hn::Vec<D>;
+
+HWY_INLINE float reduce_sum(D d, V v) { return hn::GetLane(hn::SumOfLanes(d, v)); }
+
+float DotImpl(const float* a, const float* b, std::size_t n) {
+  const D d;
+  const std::size_t lanes = hn::Lanes(d);
+  V s0 = hn::Zero(d);
+  V s1 = hn::Zero(d);
+  std::size_t i = 0;
+  for (; i + 2 * lanes <= n; i += 2 * lanes) {
+    s0 = hn::MulAdd(hn::LoadU(d, a + i), hn::LoadU(d, b + i), s0);
+    s1 = hn::MulAdd(hn::LoadU(d, a + i + lanes), hn::LoadU(d, b + i + lanes), s1);
+  }
+  for (; i + lanes <= n; i += lanes) s0 = hn::MulAdd(hn::LoadU(d, a + i), hn::LoadU(d, b + i), s0);
+  float r = reduce_sum(d, hn::Add(s0, s1));
+  for (; i < n; ++i) r += a[i] * b[i];
+  return r;
+}
+
+float SumImpl(const float* a, std::size_t n) {
+  const D d;
+  const std::size_t lanes = hn::Lanes(d);
+  V s = hn::Zero(d);
+  std::size_t i = 0;
+  for (; i + lanes <= n; i += lanes) s = hn::Add(s, hn::LoadU(d, a + i));
+  float r = reduce_sum(d, s);
+  for (; i < n; ++i) r += a[i];
+  return r;
+}
+
+float MaxImpl(const float* a, std::size_t n) {
+  const D d;
+  const std::size_t lanes = hn::Lanes(d);
+  float r = a[0];
+  std::size_t i = 0;
+  if (n >= lanes) {
+    V m = hn::LoadU(d, a);
+    for (i = lanes; i + lanes <= n; i += lanes) m = hn::Max(m, hn::LoadU(d, a + i));
+    r = hn::GetLane(hn::MaxOfLanes(d, m));
+  }
+  for (; i < n; ++i) r = a[i] > r ? a[i] : r;
+  return r;
+}
+
+void AxpyImpl(float alpha, const float* x, float* y, std::size_t n) {
+  const D d;
+  const std::size_t lanes = hn::Lanes(d);
+  const V va = hn::Set(d, alpha);
+  std::size_t i = 0;
+  for (; i + lanes <= n; i += lanes) {
+    hn::StoreU(hn::MulAdd(va, hn::LoadU(d, x + i), hn::LoadU(d, y + i)), d, y + i);
+  }
+  for (; i < n; ++i) y[i] += alpha * x[i];
+}
+
+void ScaleImpl(float alpha, float* x, std::size_t n) {
+  const D d;
+  const std::size_t lanes = hn::Lanes(d);
+  const V va = hn::Set(d, alpha);
+  std::size_t i = 0;
+  for (; i + lanes <= n; i += lanes) hn::StoreU(hn::Mul(va, hn::LoadU(d, x + i)), d, x + i);
+  for (; i < n; ++i) x[i] *= alpha;
+}
+
+void AddImpl(const float* a, const float* b, float* out, std::size_t n) {
+  const D d;
+  const std::size_t lanes = hn::Lanes(d);
+  std::size_t i = 0;
+  for (; i + lanes <= n; i += lanes) {
+    hn::StoreU(hn::Add(hn::LoadU(d, a + i), hn::LoadU(d, b + i)), d, out + i);
+  }
+  for (; i < n; ++i) out[i] = a[i] + b[i];
+}
+
+float ExpShiftedImpl(const float* x, float alpha, float shift, float* out, std::size_t n) {
+  const D d;
+  const std::size_t lanes = hn::Lanes(d);
+  const V va = hn::Set(d, alpha);
+  const V vs = hn::Set(d, shift);
+  V s = hn::Zero(d);
+  std::size_t i = 0;
+  for (; i + lanes <= n; i += lanes) {
+    const V e = hn::Exp(d, hn::MulSub(hn::LoadU(d, x + i), va, vs));
+    hn::StoreU(e, d, out + i);
+    s = hn::Add(s, e);
+  }
+  float r = reduce_sum(d, s);
+  for (; i < n; ++i) {
+    out[i] = expf(x[i] * alpha - shift);
+    r += out[i];
+  }
+  return r;
+}
+
+// gelu_new lane-wise, the expression of math::gelu_forward.
+HWY_INLINE V gelu_vec(D d, V x) {
+  const V u = hn::Mul(hn::Set(d, math::kGeluSqrt2OverPi),
+                      hn::MulAdd(hn::Mul(hn::Set(d, math::kGeluCubic), hn::Mul(x, x)), x, x));
+  const V half_x = hn::Mul(hn::Set(d, 0.5f), x);
+  return hn::MulAdd(half_x, hn::Tanh(d, u), half_x);
+}
+
+// math::gelu_derivative lane-wise.
+HWY_INLINE V gelu_derivative_vec(D d, V x) {
+  const V x2 = hn::Mul(x, x);
+  const V u = hn::Mul(hn::Set(d, math::kGeluSqrt2OverPi),
+                      hn::MulAdd(hn::Mul(hn::Set(d, math::kGeluCubic), x2), x, x));
+  const V th = hn::Tanh(d, u);
+  const V du = hn::Mul(hn::Set(d, math::kGeluSqrt2OverPi),
+                       hn::MulAdd(hn::Set(d, 3.0f * math::kGeluCubic), x2, hn::Set(d, 1.0f)));
+  const V half = hn::Set(d, 0.5f);
+  const V left = hn::Mul(half, hn::Add(hn::Set(d, 1.0f), th));
+  const V sech2 = hn::NegMulAdd(th, th, hn::Set(d, 1.0f));
+  return hn::MulAdd(hn::Mul(hn::Mul(half, x), sech2), du, left);
+}
+
+void GeluForwardImpl(const float* x, float* out, std::size_t n) {
+  const D d;
+  const std::size_t lanes = hn::Lanes(d);
+  std::size_t i = 0;
+  for (; i + lanes <= n; i += lanes) hn::StoreU(gelu_vec(d, hn::LoadU(d, x + i)), d, out + i);
+  for (; i < n; ++i) out[i] = math::gelu_forward(x[i]);
+}
+
+void GeluBackwardImpl(const float* x, const float* dout, float* dx, std::size_t n,
+                      bool accumulate) {
+  const D d;
+  const std::size_t lanes = hn::Lanes(d);
+  std::size_t i = 0;
+  for (; i + lanes <= n; i += lanes) {
+    V g = hn::Mul(hn::LoadU(d, dout + i), gelu_derivative_vec(d, hn::LoadU(d, x + i)));
+    if (accumulate) g = hn::Add(g, hn::LoadU(d, dx + i));
+    hn::StoreU(g, d, dx + i);
+  }
+  for (; i < n; ++i) {
+    const float g = dout[i] * math::gelu_derivative(x[i]);
+    dx[i] = accumulate ? dx[i] + g : g;
+  }
+}
+
+void LayerNormRowImpl(const float* x, const float* w, const float* b, float* out, std::size_t n,
+                      float* mean_out, float* rstd_out) {
+  const D d;
+  const std::size_t lanes = hn::Lanes(d);
+  const int dim = static_cast<int>(n);
+  const float mean = math::layernorm_mean(SumImpl(x, n), dim);
+  const V vm = hn::Set(d, mean);
+  V acc = hn::Zero(d);
+  std::size_t i = 0;
+  for (; i + lanes <= n; i += lanes) {
+    const V dev = hn::Sub(hn::LoadU(d, x + i), vm);
+    acc = hn::MulAdd(dev, dev, acc);
+  }
+  float sq = reduce_sum(d, acc);
+  for (; i < n; ++i) sq += (x[i] - mean) * (x[i] - mean);
+  const float rstd = math::layernorm_rstd(sq, dim);
+  const V vr = hn::Set(d, rstd);
+  for (i = 0; i + lanes <= n; i += lanes) {
+    const V xhat = hn::Mul(hn::Sub(hn::LoadU(d, x + i), vm), vr);
+    hn::StoreU(hn::MulAdd(xhat, hn::LoadU(d, w + i), hn::LoadU(d, b + i)), d, out + i);
+  }
+  for (; i < n; ++i) out[i] = (x[i] - mean) * rstd * w[i] + b[i];
+  *mean_out = mean;
+  *rstd_out = rstd;
+}
+
+void LayerNormRowBackwardImpl(const float* x, const float* w, const float* dout, float mean,
+                              float rstd, float* dx, bool accumulate, float* dw, float* db,
+                              std::size_t n) {
+  const D d;
+  const std::size_t lanes = hn::Lanes(d);
+  const V vm = hn::Set(d, mean);
+  const V vr = hn::Set(d, rstd);
+  V s1 = hn::Zero(d);
+  V s2 = hn::Zero(d);
+  std::size_t i = 0;
+  for (; i + lanes <= n; i += lanes) {
+    const V xhat = hn::Mul(hn::Sub(hn::LoadU(d, x + i), vm), vr);
+    const V g = hn::LoadU(d, dout + i);
+    const V dxhat = hn::Mul(g, hn::LoadU(d, w + i));
+    s1 = hn::Add(s1, dxhat);
+    s2 = hn::MulAdd(dxhat, xhat, s2);
+    if (dw != nullptr) hn::StoreU(hn::MulAdd(g, xhat, hn::LoadU(d, dw + i)), d, dw + i);
+    if (db != nullptr) hn::StoreU(hn::Add(g, hn::LoadU(d, db + i)), d, db + i);
+  }
+  float sum_dxhat = reduce_sum(d, s1);
+  float sum_dxhat_xhat = reduce_sum(d, s2);
+  for (; i < n; ++i) {
+    const float xhat = (x[i] - mean) * rstd;
+    const float dxhat = dout[i] * w[i];
+    sum_dxhat += dxhat;
+    sum_dxhat_xhat += dxhat * xhat;
+    if (dw != nullptr) dw[i] += dout[i] * xhat;
+    if (db != nullptr) db[i] += dout[i];
+  }
+  const float m1 = sum_dxhat / static_cast<float>(n);
+  const float m2 = sum_dxhat_xhat / static_cast<float>(n);
+  const V vm1 = hn::Set(d, m1);
+  const V vm2 = hn::Set(d, m2);
+  for (i = 0; i + lanes <= n; i += lanes) {
+    const V xhat = hn::Mul(hn::Sub(hn::LoadU(d, x + i), vm), vr);
+    const V dxhat = hn::Mul(hn::LoadU(d, dout + i), hn::LoadU(d, w + i));
+    V g = hn::Mul(hn::NegMulAdd(xhat, vm2, hn::Sub(dxhat, vm1)), vr);
+    if (accumulate) g = hn::Add(g, hn::LoadU(d, dx + i));
+    hn::StoreU(g, d, dx + i);
+  }
+  for (; i < n; ++i) {
+    const float xhat = (x[i] - mean) * rstd;
+    const float g = math::layernorm_dx(dout[i] * w[i], xhat, m1, m2, rstd);
+    dx[i] = accumulate ? dx[i] + g : g;
+  }
+}
+
+float CrossEntropyRowImpl(const float* logits, float* grad, std::size_t n, std::size_t target,
+                          float grad_scale) {
+  const float m = MaxImpl(logits, n);
+  const float target_logit = logits[target];
+  float s;
+  if (grad != nullptr) {
+    // grad holds exp(x - max) after this pass (it may be the logits themselves).
+    s = ExpShiftedImpl(logits, 1.0f, m, grad, n);
+    ScaleImpl(grad_scale / s, grad, n);
+    grad[target] -= grad_scale;
+  } else {
+    const D d;
+    const std::size_t lanes = hn::Lanes(d);
+    const V vm = hn::Set(d, m);
+    V acc = hn::Zero(d);
+    std::size_t i = 0;
+    for (; i + lanes <= n; i += lanes) acc = hn::Add(acc, hn::Exp(d, hn::Sub(hn::LoadU(d, logits + i), vm)));
+    s = reduce_sum(d, acc);
+    for (; i < n; ++i) s += expf(logits[i] - m);
+  }
+  math::OnlineSoftmax norm;
+  norm.merge(m, s);
+  return math::cross_entropy_loss(norm.log_sum_exp(), target_logit);
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace tz::ops::cpu_kernels
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace tz::ops::cpu_kernels {
+
+HWY_EXPORT(DotImpl);
+HWY_EXPORT(SumImpl);
+HWY_EXPORT(MaxImpl);
+HWY_EXPORT(AxpyImpl);
+HWY_EXPORT(ScaleImpl);
+HWY_EXPORT(AddImpl);
+HWY_EXPORT(ExpShiftedImpl);
+HWY_EXPORT(GeluForwardImpl);
+HWY_EXPORT(GeluBackwardImpl);
+HWY_EXPORT(LayerNormRowImpl);
+HWY_EXPORT(LayerNormRowBackwardImpl);
+HWY_EXPORT(CrossEntropyRowImpl);
+
+float dot(const float* a, const float* b, std::size_t n) {
+  return HWY_DYNAMIC_DISPATCH(DotImpl)(a, b, n);
+}
+float sum(const float* a, std::size_t n) { return HWY_DYNAMIC_DISPATCH(SumImpl)(a, n); }
+float max(const float* a, std::size_t n) { return HWY_DYNAMIC_DISPATCH(MaxImpl)(a, n); }
+void axpy(float alpha, const float* x, float* y, std::size_t n) {
+  HWY_DYNAMIC_DISPATCH(AxpyImpl)(alpha, x, y, n);
+}
+void scale(float alpha, float* x, std::size_t n) { HWY_DYNAMIC_DISPATCH(ScaleImpl)(alpha, x, n); }
+void add(const float* a, const float* b, float* out, std::size_t n) {
+  HWY_DYNAMIC_DISPATCH(AddImpl)(a, b, out, n);
+}
+float exp_shifted(const float* x, float alpha, float shift, float* out, std::size_t n) {
+  return HWY_DYNAMIC_DISPATCH(ExpShiftedImpl)(x, alpha, shift, out, n);
+}
+void gelu_forward(const float* x, float* out, std::size_t n) {
+  HWY_DYNAMIC_DISPATCH(GeluForwardImpl)(x, out, n);
+}
+void gelu_backward(const float* x, const float* dout, float* dx, std::size_t n, bool accumulate) {
+  HWY_DYNAMIC_DISPATCH(GeluBackwardImpl)(x, dout, dx, n, accumulate);
+}
+void layernorm_row(const float* x, const float* w, const float* b, float* out, std::size_t n,
+                   float* mean, float* rstd) {
+  HWY_DYNAMIC_DISPATCH(LayerNormRowImpl)(x, w, b, out, n, mean, rstd);
+}
+void layernorm_row_backward(const float* x, const float* w, const float* dout, float mean,
+                            float rstd, float* dx, bool accumulate, float* dw, float* db,
+                            std::size_t n) {
+  HWY_DYNAMIC_DISPATCH(LayerNormRowBackwardImpl)(x, w, dout, mean, rstd, dx, accumulate, dw, db,
+                                                 n);
+}
+float cross_entropy_row(const float* logits, float* grad, std::size_t n, std::size_t target,
+                        float grad_scale) {
+  return HWY_DYNAMIC_DISPATCH(CrossEntropyRowImpl)(logits, grad, n, target, grad_scale);
+}
+
+}  // namespace tz::ops::cpu_kernels
+#endif  // HWY_ONCE

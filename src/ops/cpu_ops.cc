@@ -1,0 +1,747 @@
+// The CPU backend of ops/ops.h: matmuls through OpenBLAS's sgemm, everything else from the Highway
+// primitives of cpu_kernels.cc, parallel with one oneTBB arena. Each op is one host_callback on
+// the caller's HostDevice stream; it takes the backend's run lock (ops of one backend run one at
+// a time, each using every thread) and converts 16-bit tensors to fp32 on the way in and out.
+#include <cblas.h>
+#include <tbb/blocked_range.h>
+#include <tbb/info.h>
+#include <tbb/parallel_for.h>
+#include <tbb/task_arena.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <initializer_list>
+#include <memory>
+#include <mutex>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "core/assert.h"
+#include "cpu/simd.h"
+#include "ops/internal/backends.h"
+#include "ops/internal/check.h"
+#include "ops/internal/cpu_kernels.h"
+#include "ops/ops_math.h"
+
+namespace tz::ops::internal {
+namespace {
+
+namespace ck = cpu_kernels;
+using std::size_t;
+
+constexpr size_t kAttnBlock = 64;        // query and key rows per attention block
+constexpr size_t kRowsPerChunk = 32;     // layernorm backward's fixed row chunks (determinism)
+constexpr size_t kElemsPerTask = 16384;  // grain of element-wise loops
+
+// OpenBLAS keeps one process-wide thread pool; calls from two threads at once (two backends, e.g.
+// ranks as threads) are serialised here rather than trusting the build's locking.
+std::mutex& blas_mutex() {
+  static std::mutex mu;
+  return mu;
+}
+
+// Per-thread fp32 scratch: slot `slot` with room for `n` floats (grows, never shrinks).
+float* tls_scratch(int slot, size_t n) {
+  thread_local std::vector<float> buffers[6];
+  std::vector<float>& b = buffers[slot];
+  if (b.size() < n) b.resize(n);
+  return b.data();
+}
+
+// n elements of `t` from element `offset` as fp32: a pointer into t when it is fp32, else the
+// converted copy in `buf`.
+const float* load(ConstTensor t, size_t offset, size_t n, float* buf) {
+  if (t.dtype == DType::kF32) return static_cast<const float*>(t.data) + offset;
+  cpu::convert_16_to_f32(static_cast<const std::uint16_t*>(t.data) + offset, t.dtype, buf, n);
+  return buf;
+}
+
+// As load, but always into `dst`.
+void load_into(ConstTensor t, size_t offset, size_t n, float* dst) {
+  if (t.dtype == DType::kF32) {
+    std::memcpy(dst, static_cast<const float*>(t.data) + offset, n * sizeof(float));
+  } else {
+    cpu::convert_16_to_f32(static_cast<const std::uint16_t*>(t.data) + offset, t.dtype, dst, n);
+  }
+}
+
+// t[offset, offset+n) = src (add: += src), rounding once to t's dtype. `buf` holds n floats
+// (used for 16-bit accumulation only).
+void store(Tensor t, size_t offset, const float* src, size_t n, bool add, float* buf) {
+  if (t.dtype == DType::kF32) {
+    float* dst = static_cast<float*>(t.data) + offset;
+    if (add) {
+      ck::axpy(1.0f, src, dst, n);
+    } else if (dst != src) {
+      std::memcpy(dst, src, n * sizeof(float));
+    }
+    return;
+  }
+  std::uint16_t* dst = static_cast<std::uint16_t*>(t.data) + offset;
+  if (add) {
+    cpu::convert_16_to_f32(dst, t.dtype, buf, n);
+    ck::add(buf, src, buf, n);
+    cpu::convert_f32_to_16(buf, dst, t.dtype, n);
+  } else {
+    cpu::convert_f32_to_16(src, dst, t.dtype, n);
+  }
+}
+
+size_t sz(std::int64_t v) { return static_cast<size_t>(v); }
+
+class CpuOps final : public Ops {
+ public:
+  CpuOps(gpu::Device& device, int threads) : device_(device), threads_(threads), arena_(threads) {
+    openblas_set_num_threads(threads);
+    name_ = "cpu (" + std::string(openblas_get_config()) + "; " + std::to_string(threads) +
+            " threads; " + cpu::simd_dispatch_target() + ")";
+  }
+
+  gpu::Device& device() override { return device_; }
+  std::string_view name() const override { return name_; }
+
+  Status embedding_forward(Tensor out, const std::int32_t* tokens, ConstTensor wte,
+                           ConstTensor wpe, std::int64_t batch, std::int64_t seq,
+                           std::int64_t embd, std::int64_t vocab, gpu::Stream& stream) override {
+    constexpr std::string_view op = "embedding_forward";
+    TZ_RETURN_IF_ERROR(check_sizes(op, {{"batch", batch}, {"seq", seq}, {"embd", embd},
+                                        {"vocab", vocab}}));
+    TZ_RETURN_IF_ERROR(check_tensor(op, "out", out));
+    TZ_RETURN_IF_ERROR(check_present(op, "tokens", tokens));
+    TZ_RETURN_IF_ERROR(check_tensor(op, "wte", wte));
+    TZ_RETURN_IF_ERROR(check_tensor(op, "wpe", wpe));
+    TZ_RETURN_IF_ERROR(check_dtype(op, "wpe", wpe, wte.dtype));
+    return enqueue(stream, [=] {
+      const size_t rows = sz(batch * seq);
+      const size_t c = sz(embd);
+      parallel(rows, 1, [&](size_t r) {
+        const std::int32_t tok = tokens[r];
+        TZ_ASSERT(tok >= 0 && tok < vocab, "embedding_forward: token out of [0, vocab)");
+        const float* w = load(wte, sz(tok) * c, c, tls_scratch(0, c));
+        const float* p = load(wpe, (r % sz(seq)) * c, c, tls_scratch(1, c));
+        float* o = out.dtype == DType::kF32 ? static_cast<float*>(out.data) + r * c
+                                            : tls_scratch(2, c);
+        ck::add(w, p, o, c);
+        store(out, r * c, o, c, false, nullptr);
+      });
+    });
+  }
+
+  Status embedding_backward(Tensor dwte, Tensor dwpe, ConstTensor dout,
+                            const std::int32_t* tokens, std::int64_t batch, std::int64_t seq,
+                            std::int64_t embd, std::int64_t vocab, gpu::Stream& stream) override {
+    constexpr std::string_view op = "embedding_backward";
+    TZ_RETURN_IF_ERROR(check_sizes(op, {{"batch", batch}, {"seq", seq}, {"embd", embd},
+                                        {"vocab", vocab}}));
+    TZ_RETURN_IF_ERROR(check_tensor(op, "dout", dout));
+    TZ_RETURN_IF_ERROR(check_present(op, "tokens", tokens));
+    if (dwte.data != nullptr) TZ_RETURN_IF_ERROR(check_tensor(op, "dwte", dwte));
+    if (dwpe.data != nullptr) TZ_RETURN_IF_ERROR(check_tensor(op, "dwpe", dwpe));
+    return enqueue(stream, [=] {
+      const size_t rows = sz(batch * seq);
+      const size_t c = sz(embd);
+      if (dwte.data != nullptr) {
+        // Rows grouped by token (stable, so each token's rows add in row order): one fp32 sum per
+        // distinct token, rounded into the table once, with no two tasks touching one row.
+        std::vector<std::uint32_t> order(rows);
+        std::iota(order.begin(), order.end(), 0u);
+        std::stable_sort(order.begin(), order.end(),
+                         [&](std::uint32_t a, std::uint32_t b) { return tokens[a] < tokens[b]; });
+        std::vector<size_t> starts;
+        for (size_t i = 0; i < rows; ++i) {
+          if (i == 0 || tokens[order[i]] != tokens[order[i - 1]]) starts.push_back(i);
+        }
+        starts.push_back(rows);
+        parallel(starts.size() - 1, 1, [&](size_t g) {
+          float* acc = tls_scratch(0, c);
+          std::fill(acc, acc + c, 0.0f);
+          for (size_t i = starts[g]; i < starts[g + 1]; ++i) {
+            ck::axpy(1.0f, load(dout, order[i] * c, c, tls_scratch(1, c)), acc, c);
+          }
+          const std::int32_t tok = tokens[order[starts[g]]];
+          TZ_ASSERT(tok >= 0 && tok < vocab, "embedding_backward: token out of [0, vocab)");
+          store(dwte, sz(tok) * c, acc, c, true, tls_scratch(2, c));
+        });
+      }
+      if (dwpe.data != nullptr) {
+        parallel(sz(seq), 1, [&](size_t t) {
+          float* acc = tls_scratch(0, c);
+          std::fill(acc, acc + c, 0.0f);
+          for (size_t b = 0; b < sz(batch); ++b) {
+            ck::axpy(1.0f, load(dout, (b * sz(seq) + t) * c, c, tls_scratch(1, c)), acc, c);
+          }
+          store(dwpe, t * c, acc, c, true, tls_scratch(2, c));
+        });
+      }
+    });
+  }
+
+  Status layernorm_forward(Tensor out, float* mean, float* rstd, ConstTensor x, ConstTensor weight,
+                           ConstTensor bias, std::int64_t rows, std::int64_t dim,
+                           gpu::Stream& stream) override {
+    constexpr std::string_view op = "layernorm_forward";
+    TZ_RETURN_IF_ERROR(check_sizes(op, {{"rows", rows}, {"dim", dim}}));
+    TZ_RETURN_IF_ERROR(check_tensor(op, "out", out));
+    TZ_RETURN_IF_ERROR(check_tensor(op, "x", x));
+    TZ_RETURN_IF_ERROR(check_dtype(op, "x", x, out.dtype));
+    TZ_RETURN_IF_ERROR(check_tensor(op, "weight", weight));
+    TZ_RETURN_IF_ERROR(check_tensor(op, "bias", bias));
+    TZ_RETURN_IF_ERROR(check_dtype(op, "bias", bias, weight.dtype));
+    TZ_RETURN_IF_ERROR(check_present(op, "mean", mean));
+    TZ_RETURN_IF_ERROR(check_present(op, "rstd", rstd));
+    return enqueue(stream, [=, this] {
+      const size_t c = sz(dim);
+      const float* w = whole(kSlotW, weight, c);
+      const float* b = whole(kSlotB, bias, c);
+      parallel(sz(rows), 4, [&](size_t r) {
+        const float* xr = load(x, r * c, c, tls_scratch(0, c));
+        float* o = out.dtype == DType::kF32 ? static_cast<float*>(out.data) + r * c
+                                            : tls_scratch(1, c);
+        ck::layernorm_row(xr, w, b, o, c, mean + r, rstd + r);
+        store(out, r * c, o, c, false, nullptr);
+      });
+    });
+  }
+
+  Status layernorm_backward(Tensor dx, Accumulate dx_mode, Tensor dweight, Tensor dbias,
+                            ConstTensor dout, ConstTensor x, ConstTensor weight, const float* mean,
+                            const float* rstd, std::int64_t rows, std::int64_t dim,
+                            gpu::Stream& stream) override {
+    constexpr std::string_view op = "layernorm_backward";
+    TZ_RETURN_IF_ERROR(check_sizes(op, {{"rows", rows}, {"dim", dim}}));
+    TZ_RETURN_IF_ERROR(check_tensor(op, "dx", dx));
+    TZ_RETURN_IF_ERROR(check_tensor(op, "dout", dout));
+    TZ_RETURN_IF_ERROR(check_dtype(op, "dout", dout, dx.dtype));
+    TZ_RETURN_IF_ERROR(check_tensor(op, "x", x));
+    TZ_RETURN_IF_ERROR(check_dtype(op, "x", x, dx.dtype));
+    TZ_RETURN_IF_ERROR(check_tensor(op, "weight", weight));
+    TZ_RETURN_IF_ERROR(check_optional(op, "dweight", dweight, weight.dtype));
+    TZ_RETURN_IF_ERROR(check_optional(op, "dbias", dbias, weight.dtype));
+    TZ_RETURN_IF_ERROR(check_present(op, "mean", mean));
+    TZ_RETURN_IF_ERROR(check_present(op, "rstd", rstd));
+    return enqueue(stream, [=, this] {
+      const size_t c = sz(dim);
+      const size_t n = sz(rows);
+      const float* w = whole(kSlotW, weight, c);
+      // Fixed chunks of rows, each with its own partial dweight/dbias, summed in chunk order: the
+      // bits do not depend on the thread count.
+      const size_t chunks = (n + kRowsPerChunk - 1) / kRowsPerChunk;
+      float* part_w = scratch(kSlotX, chunks * c);
+      float* part_b = scratch(kSlotY, chunks * c);
+      std::fill(part_w, part_w + chunks * c, 0.0f);
+      std::fill(part_b, part_b + chunks * c, 0.0f);
+      const bool add = dx_mode == Accumulate::kAdd;
+      parallel(chunks, 1, [&](size_t k) {
+        for (size_t r = k * kRowsPerChunk; r < std::min(n, (k + 1) * kRowsPerChunk); ++r) {
+          const float* xr = load(x, r * c, c, tls_scratch(0, c));
+          const float* gr = load(dout, r * c, c, tls_scratch(1, c));
+          const bool direct = dx.dtype == DType::kF32;
+          float* d = direct ? static_cast<float*>(dx.data) + r * c : tls_scratch(2, c);
+          ck::layernorm_row_backward(xr, w, gr, mean[r], rstd[r], d, direct && add,
+                                     part_w + k * c, part_b + k * c, c);
+          if (!direct) store(dx, r * c, d, c, add, tls_scratch(3, c));
+        }
+      });
+      reduce_partials(dweight, part_w, chunks, c);
+      reduce_partials(dbias, part_b, chunks, c);
+    });
+  }
+
+  Status matmul_forward(Tensor out, ConstTensor x, ConstTensor weight, WeightLayout layout,
+                        ConstTensor bias, std::int64_t rows, std::int64_t in_dim,
+                        std::int64_t out_dim, gpu::Stream& stream) override {
+    constexpr std::string_view op = "matmul_forward";
+    TZ_RETURN_IF_ERROR(check_sizes(op, {{"rows", rows}, {"in_dim", in_dim},
+                                        {"out_dim", out_dim}}));
+    TZ_RETURN_IF_ERROR(check_tensor(op, "out", out));
+    TZ_RETURN_IF_ERROR(check_tensor(op, "x", x));
+    TZ_RETURN_IF_ERROR(check_dtype(op, "x", x, out.dtype));
+    TZ_RETURN_IF_ERROR(check_tensor(op, "weight", weight));
+    TZ_RETURN_IF_ERROR(check_optional(op, "bias", bias, weight.dtype));
+    return enqueue(stream, [=, this] {
+      const size_t m = sz(rows);
+      const size_t k = sz(in_dim);
+      const size_t n = sz(out_dim);
+      const float* a = whole(kSlotX, x, m * k);
+      const float* w = whole(kSlotW, weight, k * n);
+      float* y = out.dtype == DType::kF32 ? static_cast<float*>(out.data) : scratch(kSlotY, m * n);
+      float beta = 0.0f;
+      if (bias.data != nullptr) {
+        const float* b = whole(kSlotB, bias, n);
+        parallel(m, 16, [&](size_t r) { std::memcpy(y + r * n, b, n * sizeof(float)); });
+        beta = 1.0f;
+      }
+      const bool in_out = layout == WeightLayout::kInOut;
+      sgemm(false, !in_out, m, n, k, a, k, w, in_out ? n : k, beta, y, n);
+      if (out.dtype != DType::kF32) store_whole(out, y, m * n, false);
+    });
+  }
+
+  Status matmul_backward(Tensor dx, Accumulate dx_mode, Tensor dweight, Tensor dbias,
+                         ConstTensor dout, ConstTensor x, ConstTensor weight, WeightLayout layout,
+                         std::int64_t rows, std::int64_t in_dim, std::int64_t out_dim,
+                         gpu::Stream& stream) override {
+    constexpr std::string_view op = "matmul_backward";
+    TZ_RETURN_IF_ERROR(check_sizes(op, {{"rows", rows}, {"in_dim", in_dim},
+                                        {"out_dim", out_dim}}));
+    TZ_RETURN_IF_ERROR(check_tensor(op, "dout", dout));
+    TZ_RETURN_IF_ERROR(check_tensor(op, "x", x));
+    TZ_RETURN_IF_ERROR(check_dtype(op, "x", x, dout.dtype));
+    TZ_RETURN_IF_ERROR(check_tensor(op, "weight", weight));
+    TZ_RETURN_IF_ERROR(check_optional(op, "dx", dx, dout.dtype));
+    TZ_RETURN_IF_ERROR(check_optional(op, "dweight", dweight, weight.dtype));
+    TZ_RETURN_IF_ERROR(check_optional(op, "dbias", dbias, weight.dtype));
+    return enqueue(stream, [=, this] {
+      const size_t m = sz(rows);
+      const size_t k = sz(in_dim);
+      const size_t n = sz(out_dim);
+      const bool in_out = layout == WeightLayout::kInOut;
+      const float* g = whole(kSlotY, dout, m * n);
+      if (dx.data != nullptr) {
+        const float* w = whole(kSlotW, weight, k * n);
+        const bool direct = dx.dtype == DType::kF32;
+        const bool add = dx_mode == Accumulate::kAdd;
+        float* d = direct ? static_cast<float*>(dx.data) : scratch(kSlotX, m * k);
+        // kInOut: dx = dout W^T with W (k, n); kOutIn: dx = dout W with W (n, k).
+        sgemm(false, in_out, m, k, n, g, n, w, k, direct && add ? 1.0f : 0.0f, d, k);
+        if (!direct) store_whole(dx, d, m * k, add);
+      }
+      if (dweight.data != nullptr) {
+        const float* a = whole(kSlotX, x, m * k);
+        const bool direct = dweight.dtype == DType::kF32;
+        float* dw = direct ? static_cast<float*>(dweight.data) : scratch(kSlotW, k * n);
+        const float beta = direct ? 1.0f : 0.0f;
+        if (in_out) {
+          sgemm(true, false, k, n, m, a, k, g, n, beta, dw, n);  // (k, n) += x^T dout
+        } else {
+          sgemm(true, false, n, k, m, g, n, a, k, beta, dw, k);  // (n, k) += dout^T x
+        }
+        if (!direct) store_whole(dweight, dw, k * n, true);
+      }
+      if (dbias.data != nullptr) {
+        // Column sums in row order over column slices: deterministic, no shared writes.
+        constexpr size_t kCols = 256;
+        parallel((n + kCols - 1) / kCols, 1, [&](size_t s) {
+          const size_t c0 = s * kCols;
+          const size_t cn = std::min(kCols, n - c0);
+          float* acc = tls_scratch(0, cn);
+          std::fill(acc, acc + cn, 0.0f);
+          for (size_t r = 0; r < m; ++r) ck::axpy(1.0f, g + r * n + c0, acc, cn);
+          store(dbias, c0, acc, cn, true, tls_scratch(1, cn));
+        });
+      }
+    });
+  }
+
+  Status attention_forward(Tensor out, float* lse, ConstTensor qkv, std::int64_t batch,
+                           std::int64_t seq, std::int64_t embd, std::int64_t heads,
+                           gpu::Stream& stream) override {
+    constexpr std::string_view op = "attention_forward";
+    TZ_RETURN_IF_ERROR(check_attention(op, batch, seq, embd, heads));
+    TZ_RETURN_IF_ERROR(check_tensor(op, "out", out));
+    TZ_RETURN_IF_ERROR(check_tensor(op, "qkv", qkv));
+    TZ_RETURN_IF_ERROR(check_dtype(op, "qkv", qkv, out.dtype));
+    TZ_RETURN_IF_ERROR(check_present(op, "lse", lse));
+    return enqueue(stream, [=] {
+      const size_t t_len = sz(seq);
+      const size_t hd = sz(embd / heads);
+      const size_t c = sz(embd);
+      const size_t q_blocks = (t_len + kAttnBlock - 1) / kAttnBlock;
+      const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+      parallel(sz(batch * heads) * q_blocks, 1, [&](size_t task) {
+        const size_t qb = task % q_blocks;
+        const size_t bh = task / q_blocks;
+        const size_t b = bh / sz(heads);
+        const size_t h = bh % sz(heads);
+        const size_t q0 = qb * kAttnBlock;
+        const size_t qn = std::min(kAttnBlock, t_len - q0);
+        auto row = [&](size_t t, size_t part) { return ((b * t_len + t) * 3 + part) * c + h * hd; };
+        float* q = tls_scratch(0, kAttnBlock * hd);
+        float* kt = tls_scratch(1, hd * kAttnBlock);
+        float* v = tls_scratch(2, kAttnBlock * hd);
+        float* acc = tls_scratch(3, kAttnBlock * hd);
+        float* s = tls_scratch(4, kAttnBlock);
+        math::OnlineSoftmax norm[kAttnBlock];
+        for (size_t i = 0; i < qn; ++i) {
+          load_into(qkv, row(q0 + i, 0), hd, q + i * hd);
+          ck::scale(scale, q + i * hd, hd);
+        }
+        std::fill(acc, acc + qn * hd, 0.0f);
+        for (size_t k0 = 0; k0 < q0 + qn; k0 += kAttnBlock) {
+          const size_t kn = std::min(kAttnBlock, q0 + qn - k0);
+          load_keys(qkv, row, k0, kn, hd, kt, v);
+          for (size_t i = 0; i < qn; ++i) {
+            const size_t valid = std::min(kn, q0 + i + 1 - std::min(q0 + i + 1, k0));
+            if (valid == 0) continue;
+            scores(q + i * hd, kt, hd, valid, s);
+            const float new_max = std::max(norm[i].max, ck::max(s, valid));
+            const float corr = norm[i].rescale(new_max);
+            const float block_sum = ck::exp_shifted(s, 1.0f, new_max, s, valid);
+            norm[i].sum = norm[i].sum * corr + block_sum;
+            norm[i].max = new_max;
+            float* a = acc + i * hd;
+            ck::scale(corr, a, hd);
+            for (size_t j = 0; j < valid; ++j) ck::axpy(s[j], v + j * hd, a, hd);
+          }
+        }
+        for (size_t i = 0; i < qn; ++i) {
+          float* a = acc + i * hd;
+          ck::scale(1.0f / norm[i].sum, a, hd);
+          store(out, (b * t_len + q0 + i) * c + h * hd, a, hd, false, nullptr);
+          lse[bh * t_len + q0 + i] = norm[i].log_sum_exp();
+        }
+      });
+    });
+  }
+
+  Status attention_backward(Tensor dqkv, Accumulate dqkv_mode, float* delta, ConstTensor dout,
+                            ConstTensor qkv, ConstTensor out, const float* lse, std::int64_t batch,
+                            std::int64_t seq, std::int64_t embd, std::int64_t heads,
+                            gpu::Stream& stream) override {
+    constexpr std::string_view op = "attention_backward";
+    TZ_RETURN_IF_ERROR(check_attention(op, batch, seq, embd, heads));
+    TZ_RETURN_IF_ERROR(check_tensor(op, "dqkv", dqkv));
+    TZ_RETURN_IF_ERROR(check_tensor(op, "dout", dout));
+    TZ_RETURN_IF_ERROR(check_dtype(op, "dout", dout, dqkv.dtype));
+    TZ_RETURN_IF_ERROR(check_tensor(op, "qkv", qkv));
+    TZ_RETURN_IF_ERROR(check_dtype(op, "qkv", qkv, dqkv.dtype));
+    TZ_RETURN_IF_ERROR(check_tensor(op, "out", out));
+    TZ_RETURN_IF_ERROR(check_dtype(op, "out", out, dqkv.dtype));
+    TZ_RETURN_IF_ERROR(check_present(op, "lse", lse));
+    TZ_RETURN_IF_ERROR(check_present(op, "delta", delta));
+    return enqueue(stream, [=] {
+      const size_t t_len = sz(seq);
+      const size_t hd = sz(embd / heads);
+      const size_t c = sz(embd);
+      const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+      const bool add = dqkv_mode == Accumulate::kAdd;
+      // One task per (batch, head): it owns that head's dK and dV, so no two tasks write one
+      // element and the sums run in a fixed order.
+      parallel(sz(batch * heads), 1, [&](size_t bh) {
+        const size_t b = bh / sz(heads);
+        const size_t h = bh % sz(heads);
+        auto row = [&](size_t t, size_t part) { return ((b * t_len + t) * 3 + part) * c + h * hd; };
+        auto out_row = [&](size_t t) { return (b * t_len + t) * c + h * hd; };
+        float* dk = tls_scratch(0, t_len * hd);
+        float* dv = tls_scratch(1, t_len * hd);
+        float* kt = tls_scratch(2, hd * kAttnBlock);  // one key block's k, transposed
+        float* vt = tls_scratch(3, hd * kAttnBlock);  // and its v, transposed
+        float* blk = tls_scratch(4, 5 * kAttnBlock * hd + hd + 2 * kAttnBlock);
+        float* q = blk;                           // the query block's q rows
+        float* g = q + kAttnBlock * hd;           // its dout rows
+        float* dq = g + kAttnBlock * hd;          // its dq accumulators
+        float* krows = dq + kAttnBlock * hd;      // the key block's k rows
+        float* vrows = krows + kAttnBlock * hd;   // and v rows
+        float* tmp = vrows + kAttnBlock * hd;     // one row of hd
+        float* p = tmp + hd;                      // probabilities of one query against the block
+        float* ds = p + kAttnBlock;               // their score gradients
+        std::fill(dk, dk + t_len * hd, 0.0f);
+        std::fill(dv, dv + t_len * hd, 0.0f);
+        for (size_t q0 = 0; q0 < t_len; q0 += kAttnBlock) {
+          const size_t qn = std::min(kAttnBlock, t_len - q0);
+          for (size_t i = 0; i < qn; ++i) {
+            load_into(qkv, row(q0 + i, 0), hd, q + i * hd);
+            load_into(dout, out_row(q0 + i), hd, g + i * hd);
+            const float* o = load(out, out_row(q0 + i), hd, tmp);
+            delta[bh * t_len + q0 + i] = ck::dot(g + i * hd, o, hd);
+          }
+          std::fill(dq, dq + qn * hd, 0.0f);
+          for (size_t k0 = 0; k0 < q0 + qn; k0 += kAttnBlock) {
+            const size_t kn = std::min(kAttnBlock, q0 + qn - k0);
+            for (size_t j = 0; j < kn; ++j) {
+              load_into(qkv, row(k0 + j, 1), hd, krows + j * hd);
+              load_into(qkv, row(k0 + j, 2), hd, vrows + j * hd);
+              for (size_t d = 0; d < hd; ++d) {
+                kt[d * kAttnBlock + j] = krows[j * hd + d];
+                vt[d * kAttnBlock + j] = vrows[j * hd + d];
+              }
+            }
+            for (size_t i = 0; i < qn; ++i) {
+              const size_t t = q0 + i;
+              const size_t valid = std::min(kn, t + 1 - std::min(t + 1, k0));
+              if (valid == 0) continue;
+              const float* qi = q + i * hd;
+              const float* gi = g + i * hd;
+              scores(qi, kt, hd, valid, p);
+              ck::exp_shifted(p, scale, lse[bh * t_len + t], p, valid);  // P = exp(s - lse)
+              scores(gi, vt, hd, valid, ds);                             // dP = dout_i . v_j
+              const float di = delta[bh * t_len + t];
+              for (size_t j = 0; j < valid; ++j) {
+                ck::axpy(p[j], gi, dv + (k0 + j) * hd, hd);
+                const float dsj = p[j] * (ds[j] - di) * scale;  // through the 1/sqrt(hd) too
+                ck::axpy(dsj, krows + j * hd, dq + i * hd, hd);
+                ck::axpy(dsj, qi, dk + (k0 + j) * hd, hd);
+              }
+            }
+          }
+          for (size_t i = 0; i < qn; ++i) {
+            store(dqkv, row(q0 + i, 0), dq + i * hd, hd, add, tmp);
+          }
+        }
+        for (size_t t = 0; t < t_len; ++t) {
+          store(dqkv, row(t, 1), dk + t * hd, hd, add, tmp);
+          store(dqkv, row(t, 2), dv + t * hd, hd, add, tmp);
+        }
+      });
+    });
+  }
+
+  Status gelu_forward(Tensor out, ConstTensor x, std::int64_t n, gpu::Stream& stream) override {
+    constexpr std::string_view op = "gelu_forward";
+    TZ_RETURN_IF_ERROR(check_positive(op, "n", n));
+    TZ_RETURN_IF_ERROR(check_tensor(op, "out", out));
+    TZ_RETURN_IF_ERROR(check_tensor(op, "x", x));
+    TZ_RETURN_IF_ERROR(check_dtype(op, "x", x, out.dtype));
+    return enqueue(stream, [=] {
+      chunks(sz(n), [&](size_t off, size_t len) {
+        const float* xi = load(x, off, len, tls_scratch(0, len));
+        float* o = out.dtype == DType::kF32 ? static_cast<float*>(out.data) + off
+                                            : tls_scratch(1, len);
+        ck::gelu_forward(xi, o, len);
+        store(out, off, o, len, false, nullptr);
+      });
+    });
+  }
+
+  Status gelu_backward(Tensor dx, Accumulate dx_mode, ConstTensor dout, ConstTensor x,
+                       std::int64_t n, gpu::Stream& stream) override {
+    constexpr std::string_view op = "gelu_backward";
+    TZ_RETURN_IF_ERROR(check_positive(op, "n", n));
+    TZ_RETURN_IF_ERROR(check_tensor(op, "dx", dx));
+    TZ_RETURN_IF_ERROR(check_tensor(op, "dout", dout));
+    TZ_RETURN_IF_ERROR(check_dtype(op, "dout", dout, dx.dtype));
+    TZ_RETURN_IF_ERROR(check_tensor(op, "x", x));
+    TZ_RETURN_IF_ERROR(check_dtype(op, "x", x, dx.dtype));
+    return enqueue(stream, [=] {
+      const bool add = dx_mode == Accumulate::kAdd;
+      chunks(sz(n), [&](size_t off, size_t len) {
+        const float* xi = load(x, off, len, tls_scratch(0, len));
+        const float* gi = load(dout, off, len, tls_scratch(1, len));
+        const bool direct = dx.dtype == DType::kF32;
+        float* d = direct ? static_cast<float*>(dx.data) + off : tls_scratch(2, len);
+        ck::gelu_backward(xi, gi, d, len, direct && add);
+        if (!direct) store(dx, off, d, len, add, tls_scratch(3, len));
+      });
+    });
+  }
+
+  Status residual_forward(Tensor out, ConstTensor a, ConstTensor b, std::int64_t n,
+                          gpu::Stream& stream) override {
+    constexpr std::string_view op = "residual_forward";
+    TZ_RETURN_IF_ERROR(check_positive(op, "n", n));
+    TZ_RETURN_IF_ERROR(check_tensor(op, "out", out));
+    TZ_RETURN_IF_ERROR(check_tensor(op, "a", a));
+    TZ_RETURN_IF_ERROR(check_dtype(op, "a", a, out.dtype));
+    TZ_RETURN_IF_ERROR(check_tensor(op, "b", b));
+    TZ_RETURN_IF_ERROR(check_dtype(op, "b", b, out.dtype));
+    return enqueue(stream, [=] {
+      chunks(sz(n), [&](size_t off, size_t len) {
+        const float* ai = load(a, off, len, tls_scratch(0, len));
+        const float* bi = load(b, off, len, tls_scratch(1, len));
+        float* o = out.dtype == DType::kF32 ? static_cast<float*>(out.data) + off
+                                            : tls_scratch(2, len);
+        ck::add(ai, bi, o, len);
+        store(out, off, o, len, false, nullptr);
+      });
+    });
+  }
+
+  Status residual_backward(Tensor da, Accumulate da_mode, Tensor db, Accumulate db_mode,
+                           ConstTensor dout, std::int64_t n, gpu::Stream& stream) override {
+    constexpr std::string_view op = "residual_backward";
+    TZ_RETURN_IF_ERROR(check_positive(op, "n", n));
+    TZ_RETURN_IF_ERROR(check_tensor(op, "dout", dout));
+    TZ_RETURN_IF_ERROR(check_optional(op, "da", da, dout.dtype));
+    TZ_RETURN_IF_ERROR(check_optional(op, "db", db, dout.dtype));
+    return enqueue(stream, [=] {
+      chunks(sz(n), [&](size_t off, size_t len) {
+        const float* g = load(dout, off, len, tls_scratch(0, len));
+        if (da.data != nullptr) store(da, off, g, len, da_mode == Accumulate::kAdd,
+                                      tls_scratch(1, len));
+        if (db.data != nullptr) store(db, off, g, len, db_mode == Accumulate::kAdd,
+                                      tls_scratch(1, len));
+      });
+    });
+  }
+
+  Status cross_entropy_forward(float* losses, ConstTensor logits, const std::int32_t* targets,
+                               std::int64_t rows, std::int64_t vocab,
+                               gpu::Stream& stream) override {
+    return cross_entropy(Tensor{}, losses, logits, targets, rows, vocab, 0.0f, stream,
+                         "cross_entropy_forward");
+  }
+
+  Status cross_entropy_backward(Tensor dlogits, float* losses, ConstTensor logits,
+                                const std::int32_t* targets, std::int64_t rows,
+                                std::int64_t vocab, float grad_scale,
+                                gpu::Stream& stream) override {
+    return cross_entropy(dlogits, losses, logits, targets, rows, vocab, grad_scale, stream,
+                         "cross_entropy_backward");
+  }
+
+ private:
+  // Backend-owned whole-tensor fp32 buffers, used under run_mu_ only.
+  enum Slot { kSlotX, kSlotW, kSlotB, kSlotY, kSlotCount };
+
+  struct NamedSize {
+    std::string_view name;
+    std::int64_t value;
+  };
+  static Status check_sizes(std::string_view op, std::initializer_list<NamedSize> sizes) {
+    for (const NamedSize& s : sizes) TZ_RETURN_IF_ERROR(check_positive(op, s.name, s.value));
+    return Status::ok();
+  }
+  static Status check_attention(std::string_view op, std::int64_t batch, std::int64_t seq,
+                                std::int64_t embd, std::int64_t heads) {
+    TZ_RETURN_IF_ERROR(check_sizes(op, {{"batch", batch}, {"seq", seq}, {"embd", embd},
+                                        {"heads", heads}}));
+    if (embd % heads != 0) {
+      return Status::invalid_argument(std::string(op) + ": embd " + std::to_string(embd) +
+                                      " does not divide by heads " + std::to_string(heads));
+    }
+    return Status::ok();
+  }
+
+  Status check_stream(gpu::Stream& stream) {
+    if (&stream.device() == &device_) return Status::ok();
+    return Status::invalid_argument("ops: the stream '" + stream.name() +
+                                    "' belongs to another device than the Ops object's");
+  }
+
+  // Enqueues `fn` on `stream`: it runs on the stream's worker, under the run lock, inside the
+  // arena (so its parallel loops use this backend's threads).
+  Status enqueue(gpu::Stream& stream, std::function<void()> fn) {
+    TZ_RETURN_IF_ERROR(check_stream(stream));
+    return device_.host_callback(stream, [this, fn = std::move(fn)] {
+      std::lock_guard<std::mutex> lock(run_mu_);
+      arena_.execute(fn);
+    });
+  }
+
+  // fn(i) for i < n, in parallel with grain `grain`.
+  template <typename Fn>
+  static void parallel(size_t n, size_t grain, const Fn& fn) {
+    tbb::parallel_for(tbb::blocked_range<size_t>(0, n, grain),
+                      [&](const tbb::blocked_range<size_t>& r) {
+                        for (size_t i = r.begin(); i != r.end(); ++i) fn(i);
+                      });
+  }
+  // fn(offset, length) over [0, n) in pieces of kElemsPerTask.
+  template <typename Fn>
+  static void chunks(size_t n, const Fn& fn) {
+    parallel((n + kElemsPerTask - 1) / kElemsPerTask, 1, [&](size_t k) {
+      const size_t off = k * kElemsPerTask;
+      fn(off, std::min(kElemsPerTask, n - off));
+    });
+  }
+
+  float* scratch(Slot slot, size_t n) {
+    std::vector<float>& b = scratch_[slot];
+    if (b.size() < n) b.resize(n);
+    return b.data();
+  }
+  // The whole tensor (n elements) as fp32: itself, or converted into slot `slot` in parallel.
+  const float* whole(Slot slot, ConstTensor t, size_t n) {
+    if (t.dtype == DType::kF32) return static_cast<const float*>(t.data);
+    float* dst = scratch(slot, n);
+    chunks(n, [&](size_t off, size_t len) {
+      cpu::convert_16_to_f32(static_cast<const std::uint16_t*>(t.data) + off, t.dtype, dst + off,
+                             len);
+    });
+    return dst;
+  }
+  void store_whole(Tensor t, const float* src, size_t n, bool add) {
+    chunks(n, [&](size_t off, size_t len) {
+      store(t, off, src + off, len, add, tls_scratch(5, len));
+    });
+  }
+  // dst += the sum over `chunks` partial rows of `part` (chunks x n), in chunk order.
+  void reduce_partials(Tensor dst, const float* part, size_t count, size_t n) {
+    if (dst.data == nullptr) return;
+    chunks(n, [&](size_t off, size_t len) {
+      float* acc = tls_scratch(4, len);
+      std::fill(acc, acc + len, 0.0f);
+      for (size_t k = 0; k < count; ++k) ck::axpy(1.0f, part + k * n + off, acc, len);
+      store(dst, off, acc, len, true, tls_scratch(5, len));
+    });
+  }
+
+  // C (m, n) = op(A) op(B) + beta C, row-major, fp32.
+  static void sgemm(bool trans_a, bool trans_b, size_t m, size_t n, size_t k, const float* a,
+                    size_t lda, const float* b, size_t ldb, float beta, float* c, size_t ldc) {
+    std::lock_guard<std::mutex> lock(blas_mutex());
+    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
+                trans_b ? CblasTrans : CblasNoTrans, static_cast<int>(m), static_cast<int>(n),
+                static_cast<int>(k), 1.0f, a, static_cast<int>(lda), b, static_cast<int>(ldb), beta,
+                c, static_cast<int>(ldc));
+  }
+
+  // Keys kn rows from k0 of one head, transposed into kt (hd x kAttnBlock), and its values into
+  // v (kn x hd).
+  template <typename RowFn>
+  static void load_keys(ConstTensor qkv, const RowFn& row, size_t k0, size_t kn, size_t hd,
+                        float* kt, float* v) {
+    float* tmp = tls_scratch(5, hd);
+    for (size_t j = 0; j < kn; ++j) {
+      const float* k = load(qkv, row(k0 + j, 1), hd, tmp);
+      for (size_t d = 0; d < hd; ++d) kt[d * kAttnBlock + j] = k[d];
+      load_into(qkv, row(k0 + j, 2), hd, v + j * hd);
+    }
+  }
+  // s[j] = sum_d q[d] kt[d][j] for j < n: axpy over the keys, no horizontal sums.
+  static void scores(const float* q, const float* kt, size_t hd, size_t n, float* s) {
+    std::fill(s, s + n, 0.0f);
+    for (size_t d = 0; d < hd; ++d) ck::axpy(q[d], kt + d * kAttnBlock, s, n);
+  }
+
+  Status cross_entropy(Tensor dlogits, float* losses, ConstTensor logits,
+                       const std::int32_t* targets, std::int64_t rows, std::int64_t vocab,
+                       float grad_scale, gpu::Stream& stream, std::string_view op) {
+    TZ_RETURN_IF_ERROR(check_sizes(op, {{"rows", rows}, {"vocab", vocab}}));
+    TZ_RETURN_IF_ERROR(check_tensor(op, "logits", logits));
+    TZ_RETURN_IF_ERROR(check_present(op, "targets", targets));
+    const bool grad = op == "cross_entropy_backward";
+    if (grad) {
+      TZ_RETURN_IF_ERROR(check_tensor(op, "dlogits", dlogits));
+      TZ_RETURN_IF_ERROR(check_dtype(op, "dlogits", dlogits, logits.dtype));
+    } else {
+      TZ_RETURN_IF_ERROR(check_present(op, "losses", losses));
+    }
+    return enqueue(stream, [=] {
+      const size_t v = sz(vocab);
+      parallel(sz(rows), 1, [&](size_t r) {
+        const std::int32_t tgt = targets[r];
+        TZ_ASSERT(tgt >= 0 && tgt < vocab, "cross_entropy: target out of [0, vocab)");
+        const float* x = load(logits, r * v, v, tls_scratch(0, v));
+        float* gr = nullptr;
+        if (grad) {
+          gr = dlogits.dtype == DType::kF32 ? static_cast<float*>(dlogits.data) + r * v
+                                            : tls_scratch(1, v);
+        }
+        const float loss = ck::cross_entropy_row(x, gr, v, sz(tgt), grad_scale);
+        if (losses != nullptr) losses[r] = loss;
+        if (grad) store(dlogits, r * v, gr, v, false, nullptr);
+      });
+    });
+  }
+
+  gpu::Device& device_;
+  int threads_;
+  tbb::task_arena arena_;
+  std::string name_;
+  std::mutex run_mu_;  // held while an op runs: ops of this backend run one at a time
+  std::vector<float> scratch_[kSlotCount];  // guarded by run_mu_
+};
+
+}  // namespace
+
+Result<std::unique_ptr<Ops>> create_cpu_ops(gpu::Device& device, const OpsOptions& options) {
+  const int threads = options.cpu_threads > 0 ? options.cpu_threads : tbb::info::default_concurrency();
+  return std::unique_ptr<Ops>(new CpuOps(device, threads));
+}
+
+}  // namespace tz::ops::internal
