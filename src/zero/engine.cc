@@ -26,6 +26,10 @@
 #include "cpu/optimizer.h"
 #include "cpu/pinned_pool.h"
 #include "gpu/host_device.h"
+#include "nvme/io_engine.h"
+#include "nvme/nvme_config.h"
+#include "nvme/probe.h"
+#include "nvme/swap_space.h"
 #include "store/store.h"
 #include "zero/layout.h"
 #include "zero/loss_scaler.h"
@@ -233,10 +237,27 @@ class EngineImpl final : public Engine {
           "zero_optimization.offload_param.device: parameter offload needs "
           "zero_optimization.stage 3 (got stage " + std::to_string(stage_) + ")");
     }
-    if (opt_place_ == Placement::kNvme || param_place_ == Placement::kNvme) {
-      return Status::unavailable(
-          "zero_optimization.offload_*.device = nvme: NVMe offload is not in this build of the "
-          "engine yet; use none or cpu");
+    // NVMe swap paths: EngineOptions::nvme_path overrides both sections' nvme_path.
+    auto add_path = [this](const std::string& p) {
+      if (!p.empty() && std::find(nvme_paths_.begin(), nvme_paths_.end(), p) == nvme_paths_.end()) {
+        nvme_paths_.push_back(p);
+      }
+    };
+    if (!options_.nvme_path.empty()) {
+      add_path(options_.nvme_path);
+    } else {
+      if (opt_place_ == Placement::kNvme) add_path(config_.zero.offload_optimizer.nvme_path);
+      if (param_place_ == Placement::kNvme) add_path(config_.zero.offload_param.nvme_path);
+    }
+    if (opt_place_ == Placement::kNvme && nvme_paths_.empty()) {
+      return Status::invalid_argument(
+          "zero_optimization.offload_optimizer.nvme_path: needed with offload_optimizer.device "
+          "nvme (or pass --nvme-path)");
+    }
+    if (param_place_ == Placement::kNvme && nvme_paths_.empty()) {
+      return Status::invalid_argument(
+          "zero_optimization.offload_param.nvme_path: needed with offload_param.device nvme (or "
+          "pass --nvme-path)");
     }
     grad_place_ = opt_place_ == Placement::kDevice ? Placement::kDevice : Placement::kHost;
     if (config_.gradient_accumulation_steps < 1) {
@@ -340,9 +361,21 @@ class EngineImpl final : public Engine {
           " bytes; offload the optimizer (zero_optimization.offload_optimizer.device cpu) or "
           "raise stage");
     }
+    // NVMe-homed blocks are worked on in the host tier: the largest unit's NVMe-homed state,
+    // times the units in flight at once (the one updated, the next one read ahead, the previous
+    // one being written back, and one more for the forward's parameter loads).
+    std::uint64_t max_unit_nvme = 0;
+    for (const Unit& u : units_) {
+      std::uint64_t b = 0;
+      if (opt_tier == Tier::kNvme) b += u.opt_elems * 4ull * (1 + static_cast<std::uint64_t>(states_));
+      if (param_tier == Tier::kNvme) b += u.layout.shard * es;
+      max_unit_nvme = std::max(max_unit_nvme, round_up(b, 4096 * 4));
+    }
     std::uint64_t host_budget = options_.host_budget_bytes > 0 ? options_.host_budget_bytes
                                                                : config_.tierzero.host_budget;
-    if (host_budget == 0) host_budget = round_up(home_bytes[1], 4096) + (1u << 20);
+    if (host_budget == 0) {
+      host_budget = round_up(home_bytes[1], 4096) + 4 * max_unit_nvme + (1u << 20);
+    }
     if (home_bytes[1] > host_budget) {
       return Status::out_of_memory("engine plan: the host tier needs " +
                                    std::to_string(home_bytes[1]) + " bytes, over the host budget "
@@ -372,7 +405,32 @@ class EngineImpl final : public Engine {
     hook.on_add = [dev](const PinnedSlab& s) { return dev->register_host_memory(s.data, s.bytes); };
     hook.on_remove = [dev](const PinnedSlab& s) { dev->unregister_host_memory(s.data).ignore(); };
     TZ_RETURN_IF_ERROR(pool_->add_slab_hook(hook));
-    TZ_ASSIGN_OR_RETURN(store_, store::Store::create(so, device_, *pool_, nullptr));
+    store::Store::SwapFactory make_swap;
+    if (home_bytes[2] > 0) {
+      TZ_ASSIGN_OR_RETURN(nvme::EngineChoice choice,
+                          nvme::choose_io_engine(config_.tierzero.io_engine, nvme_paths_));
+      nvme::NvmeSettings ns = nvme::nvme_settings(config_, nvme_paths_.size());
+      nvme::SwapOptions sw;
+      sw.paths = nvme_paths_;
+      sw.keep_files = ns.keep_swap_files;
+      sw.direct = choice.direct ? nvme::DirectMode::kPrefer : nvme::DirectMode::kOff;
+      // Every block's extent is 4 KiB-rounded; stripes add at most one per path of slack each.
+      const std::uint64_t need = home_bytes[2] + units_.size() * (states_ + 3) * 4096ull;
+      sw.bytes_per_path = round_up(need / nvme_paths_.size() + sw.stripe_bytes, sw.stripe_bytes) +
+                          4 * sw.stripe_bytes;
+      so.chunk_bytes = std::min<std::uint64_t>(so.chunk_bytes, ns.queue_options.block_bytes);
+      const nvme::IoEngineKind kind = choice.kind;
+      const IoEngineWrapper wrap = options_.wrap_io_engine;
+      make_swap = [sw, ns, kind, wrap]() -> Result<std::unique_ptr<nvme::SwapSpace>> {
+        TZ_ASSIGN_OR_RETURN(std::unique_ptr<nvme::IoEngine> engine,
+                            nvme::make_io_engine(kind, ns.engine_options));
+        if (wrap) engine = wrap(std::move(engine));
+        TZ_ASSIGN_OR_RETURN(nvme::SwapSpace swap,
+                            nvme::SwapSpace::create(sw, std::move(engine), ns.queue_options));
+        return std::make_unique<nvme::SwapSpace>(std::move(swap));
+      };
+    }
+    TZ_ASSIGN_OR_RETURN(store_, store::Store::create(so, device_, *pool_, make_swap));
     TZ_ASSIGN_OR_RETURN(stage16_, pool_->allocate(stage16_bytes));
     TZ_ASSIGN_OR_RETURN(stage32_, pool_->allocate(stage32_bytes));
     TZ_ASSIGN_OR_RETURN(norm_acc_, device_.allocate(sizeof(gpu::NormAccumulator)));
@@ -393,8 +451,6 @@ class EngineImpl final : public Engine {
       // Blocks read as zeros until written, so parameters, states and gradients start at zero.
     }
     finalized_ = true;
-    last_step_end_ = Clock::now();
-    comm_base_ = comm_.counters();
     return Status::ok();
   }
 
@@ -481,6 +537,7 @@ class EngineImpl final : public Engine {
       ++u.gather_refs;
       return u.views;
     }
+    open_step();
     const auto t0 = Clock::now();
     gpu::Stream& st = device_.compute_stream();
     const std::size_t es = dtype_size(compute_dtype_);
@@ -526,6 +583,7 @@ class EngineImpl final : public Engine {
     TZ_RETURN_IF_ERROR(check_unit(id, "grad"));
     Unit& u = units_[id];
     if (!u.grad_buffer.empty()) return u.grad_views;
+    open_step();
     const std::size_t bytes = u.layout.padded * dtype_size(compute_dtype_);
     TZ_ASSIGN_OR_RETURN(u.grad_buffer, allocate_device(bytes));
     TZ_RETURN_IF_ERROR(
@@ -621,7 +679,12 @@ class EngineImpl final : public Engine {
       args.grad_dtype = DType::kF32;
       args.copy_dtype = compute_dtype_ == DType::kF32 ? DType::kBF16 : compute_dtype_;
       args.lr_override = report.lr;
-      for (Unit& u : units_) TZ_RETURN_IF_ERROR(update_unit(u, args));
+      for (std::size_t i = 0; i < units_.size(); ++i) {
+        // NVMe-homed optimizer state: the next unit's reads start while this one updates (the
+        // previous unit's write-back is already in flight from its unpin).
+        if (opt_place_ == Placement::kNvme && i + 1 < units_.size()) prefetch_states(units_[i + 1]);
+        TZ_RETURN_IF_ERROR(update_unit(units_[i], args));
+      }
     } else {
       TZ_LOG_WARN("step %lld: Inf/NaN in the gradient on some rank; update skipped (loss scale %g "
                   "-> %g)", static_cast<long long>(steps_done_ + 1), report.loss_scale,
@@ -639,8 +702,9 @@ class EngineImpl final : public Engine {
     report.stall_reduce_s = stall_reduce_s_;
     report.stall_s = report.stall_gather_s + report.stall_reduce_s + report.stall_optimizer_s;
     stall_gather_s_ = stall_reduce_s_ = 0;
-    report.step_s = seconds_since(last_step_end_);
-    last_step_end_ = Clock::now();
+    open_step();
+    report.step_s = seconds_since(step_start_);
+    step_open_ = false;
     report.bytes_in_use = bytes_in_use();
     report.peak_bytes = peak_bytes();
     const comm::CommCounters now = comm_.counters();
@@ -649,7 +713,9 @@ class EngineImpl final : public Engine {
       report.comm_bytes[std::string(comm::collective_op_name(o))] =
           now.ops[op].bytes_sent - comm_base_.ops[op].bytes_sent;
     }
-    comm_base_ = now;
+    const store::StoreStats ss = store_->stats();
+    report.nvme_read_bytes = ss.nvme_read_bytes() - nvme_read_base_;
+    report.nvme_write_bytes = ss.nvme_write_bytes() - nvme_write_base_;
     return report;
   }
 
@@ -731,6 +797,18 @@ class EngineImpl final : public Engine {
     if (pool_) b.host = pool_->stats().in_use_bytes;
     if (store_) b.nvme = store_->used_bytes(Tier::kNvme);
     return b;
+  }
+
+  // The step's accounting window opens at its first gather or grad (set_tensor and checkpoint
+  // traffic between steps is not the step's).
+  void open_step() {
+    if (step_open_) return;
+    step_open_ = true;
+    step_start_ = Clock::now();
+    comm_base_ = comm_.counters();
+    const store::StoreStats ss = store_->stats();
+    nvme_read_base_ = ss.nvme_read_bytes();
+    nvme_write_base_ = ss.nvme_write_bytes();
   }
 
   Status check_unit(UnitId id, const char* what) const {
@@ -1032,7 +1110,12 @@ class EngineImpl final : public Engine {
     // Where the new compute-dtype parameters go: stages 0-2 the full device block (stage 0 all
     // of it, stages 1-2 this rank's slice, then all-gathered); stage 3 this rank's shard.
     const bool whole = stage_ == 0 || stage_ == 3;
-    TZ_ASSIGN_OR_RETURN(Lease param, store_->pin(u.param, Tier::kDevice,
+    // The CPU optimizer writes a host- or NVMe-homed stage-3 shard in place in the host tier (the
+    // next forward loads it from there); every other destination is the device copy.
+    const Tier param_tier = !on_device && stage_ == 3 && param_place_ != Placement::kDevice
+                                ? Tier::kHost
+                                : Tier::kDevice;
+    TZ_ASSIGN_OR_RETURN(Lease param, store_->pin(u.param, param_tier,
                                                  whole ? Access::kWrite : Access::kReadWrite));
     TZ_RETURN_IF_ERROR(with_unit(u, "step: parameters", param.wait()));
     auto* param_dst = static_cast<std::byte*>(param.data()) +
@@ -1061,15 +1144,21 @@ class EngineImpl final : public Engine {
       shard.param = static_cast<float*>(master.data());
       shard.grad = grad;
       for (int i = 0; i < states_; ++i) shard.state[i] = states[i].data();
-      shard.param_copy = copy16 ? stage16_.data() : nullptr;
+      const bool in_place = param_tier == Tier::kHost;
+      shard.param_copy = !copy16 ? nullptr : in_place ? static_cast<void*>(param_dst)
+                                                      : static_cast<void*>(stage16_.data());
       shard.n = n;
       cpu::StepArgs sa = args;
       sa.grad_dtype = grad_dtype;
       TZ_RETURN_IF_ERROR(with_unit(u, "step: cpu optimizer",
                                    cpu_opt_->step(std::span<const cpu::Shard>(&shard, 1), sa)));
-      const void* src = copy16 ? static_cast<const void*>(stage16_.data()) : master.data();
-      TZ_RETURN_IF_ERROR(device_.copy_async(param_dst, src, n * es, gpu::CopyKind::kHostToDevice,
-                                            st));
+      if (in_place) {
+        if (!copy16) std::memcpy(param_dst, master.data(), n * 4);
+      } else {
+        const void* src = copy16 ? static_cast<const void*>(stage16_.data()) : master.data();
+        TZ_RETURN_IF_ERROR(
+            device_.copy_async(param_dst, src, n * es, gpu::CopyKind::kHostToDevice, st));
+      }
     }
     if (stage_ == 1 || stage_ == 2) {
       TZ_RETURN_IF_ERROR(with_unit(
@@ -1083,6 +1172,11 @@ class EngineImpl final : public Engine {
     for (int i = 0; i < states_; ++i) states[i].release();
     master.release();
     return Status::ok();
+  }
+
+  void prefetch_states(const Unit& u) {
+    store_->prefetch(u.master, Tier::kHost).ignore();
+    for (int i = 0; i < states_; ++i) store_->prefetch(u.state[i], Tier::kHost).ignore();
   }
 
   Status zero_gradients() {
@@ -1114,6 +1208,7 @@ class EngineImpl final : public Engine {
   Placement opt_place_ = Placement::kDevice;
   Placement param_place_ = Placement::kDevice;
   Placement grad_place_ = Placement::kDevice;
+  std::vector<std::string> nvme_paths_;
   cpu::OptimizerSpec spec_;
   int states_ = 0;
   std::optional<cpu::CpuOptimizer> cpu_opt_;
@@ -1132,10 +1227,13 @@ class EngineImpl final : public Engine {
 
   std::int64_t steps_done_ = 0;
   std::int64_t updates_done_ = 0;  // the optimizer's step count (skipped steps excluded)
-  Clock::time_point last_step_end_;
+  bool step_open_ = false;
+  Clock::time_point step_start_;
   double stall_gather_s_ = 0;
   double stall_reduce_s_ = 0;
   comm::CommCounters comm_base_;
+  std::uint64_t nvme_read_base_ = 0;
+  std::uint64_t nvme_write_base_ = 0;
 };
 
 }  // namespace

@@ -32,7 +32,16 @@
 #include "core/status.h"
 #include "gpu/device.h"
 
+namespace tz::nvme {
+class IoEngine;
+}
+
 namespace tz::zero {
+
+// Wraps the I/O engine the engine's swap space would use (tests inject faults with
+// nvme::FaultEngine); empty = no wrapping.
+using IoEngineWrapper =
+    std::function<std::unique_ptr<nvme::IoEngine>(std::unique_ptr<nvme::IoEngine>)>;
 
 using UnitId = std::uint32_t;
 
@@ -91,6 +100,7 @@ struct EngineOptions {
   // allocations): counted in the plan's device term so plan and measured peak compare.
   std::uint64_t activation_bytes = 0;
   std::uint64_t seed = 1234;  // the engine's own randomness (none today; reserved for dropout)
+  IoEngineWrapper wrap_io_engine;  // applied to the swap space's I/O engine (fault tests)
 };
 
 // Which per-parameter value get_tensor/set_tensor move: the fp32 master weights or one of the

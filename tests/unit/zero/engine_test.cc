@@ -48,9 +48,11 @@ std::string config_json(const RunSpec& r) {
     j += "\"fp16\": {\"enabled\": true, \"initial_scale_power\": 12, \"hysteresis\": 1},";
   }
   j += "\"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 0.01, \"weight_decay\": 0.01}},";
+  const std::string path = ::testing::TempDir();
   j += "\"zero_optimization\": {\"stage\": " + std::to_string(r.stage) +
        ", \"offload_optimizer\": {\"device\": \"" + r.offload_optimizer +
-       "\"}, \"offload_param\": {\"device\": \"" + r.offload_param + "\"}}";
+       "\", \"nvme_path\": \"" + path + "\"}, \"offload_param\": {\"device\": \"" +
+       r.offload_param + "\", \"nvme_path\": \"" + path + "\"}}";
   j += "}";
   return j;
 }
@@ -115,10 +117,10 @@ void expect_bit_identical(int ranks, const std::string& dtype, int accumulation)
   const RunResult ref = run(base);
   ASSERT_NE(ref.hash, 0u);
   for (int stage = 0; stage <= 3; ++stage) {
-    for (const std::string opt : {"none", "cpu"}) {
+    for (const std::string opt : {"none", "cpu", "nvme"}) {
       if (stage == 0 && opt != "none") continue;  // DeepSpeed's rule: offload needs stage >= 1
       std::vector<std::string> params = {"none"};
-      if (stage == 3) params.push_back("cpu");
+      if (stage == 3) params = {"none", "cpu", "nvme"};
       for (const std::string& param : params) {
         RunSpec r = base;
         r.stage = stage;
