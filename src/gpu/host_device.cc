@@ -32,6 +32,7 @@ class HostEvent final : public Event {
 
   Status record(Stream& stream) override {
     TZ_ASSERT(&stream.device() == device_, "event recorded on a stream of another device");
+    TZ_RETURN_IF_ERROR(device_->check_fault(HostDevice::kFaultRecord, "event record"));
     std::uint64_t generation;
     {
       std::lock_guard lock(state_->mu);
@@ -137,6 +138,7 @@ Status HostStream::synchronize() {
 Status HostStream::wait(const Event& event) {
   const auto& host_event = static_cast<const HostEvent&>(event);
   TZ_ASSERT(host_event.device() == device_, "stream waits on an event of another device");
+  TZ_RETURN_IF_ERROR(device_->check_fault(HostDevice::kFaultWait, "stream wait"));
   std::shared_ptr<EventState> state = host_event.state();
   std::uint64_t target;
   {
@@ -250,6 +252,30 @@ Status HostDevice::unregister_host_memory(void* ptr) {
   return Status::ok();
 }
 
+void HostDevice::inject_failures(unsigned ops, std::uint64_t after, std::uint64_t count) {
+  std::lock_guard lock(fault_mu_);
+  fault_ops_ = ops;
+  fault_after_ = after;
+  fault_count_ = count;
+}
+
+std::uint64_t HostDevice::injected_failures() const {
+  std::lock_guard lock(fault_mu_);
+  return fault_injected_;
+}
+
+Status HostDevice::check_fault(DeviceFault op, const char* what) {
+  std::lock_guard lock(fault_mu_);
+  if ((fault_ops_ & op) == 0 || fault_count_ == 0) return Status::ok();
+  if (fault_after_ > 0) {
+    --fault_after_;
+    return Status::ok();
+  }
+  --fault_count_;
+  ++fault_injected_;
+  return Status::internal(std::string("HostDevice: injected failure of ") + what);
+}
+
 std::size_t HostDevice::registered_host_ranges() const {
   std::lock_guard lock(mu_);
   return registered_.size();
@@ -257,18 +283,21 @@ std::size_t HostDevice::registered_host_ranges() const {
 
 Status HostDevice::copy_async(void* dst, const void* src, std::size_t bytes, CopyKind /*kind*/,
                               Stream& stream) {
+  TZ_RETURN_IF_ERROR(check_fault(kFaultCopy, "copy_async"));
   if (bytes == 0) return Status::ok();
   host_stream(stream).enqueue("copy", [dst, src, bytes] { std::memcpy(dst, src, bytes); });
   return Status::ok();
 }
 
 Status HostDevice::memset_async(void* dst, int value, std::size_t bytes, Stream& stream) {
+  TZ_RETURN_IF_ERROR(check_fault(kFaultMemset, "memset_async"));
   if (bytes == 0) return Status::ok();
   host_stream(stream).enqueue("memset", [dst, value, bytes] { std::memset(dst, value, bytes); });
   return Status::ok();
 }
 
 Status HostDevice::host_callback(Stream& stream, std::function<void()> fn) {
+  TZ_RETURN_IF_ERROR(check_fault(kFaultCallback, "host_callback"));
   host_stream(stream).enqueue("host_callback", std::move(fn));
   return Status::ok();
 }

@@ -97,6 +97,22 @@ class HostDevice final : public Device {
                      Stream& stream) override;
   Status optimizer_step(const OptimizerStepArgs& args, Stream& stream) override;
 
+  // Fault injection, for tests of the callers' error paths (a GPU fails these calls when it is
+  // lost or a launch is refused): after `after` more calls of the kinds in `ops` (a mask of
+  // DeviceFault bits) succeed, the next `count` of them fail with kInternal and enqueue nothing.
+  // A new call replaces the previous plan; count 0 switches injection off.
+  enum DeviceFault : unsigned {
+    kFaultCopy = 1u << 0,      // copy_async
+    kFaultMemset = 1u << 1,    // memset_async
+    kFaultCallback = 1u << 2,  // host_callback
+    kFaultRecord = 1u << 3,    // Event::record
+    kFaultWait = 1u << 4,      // Stream::wait
+  };
+  void inject_failures(unsigned ops, std::uint64_t after, std::uint64_t count);
+  std::uint64_t injected_failures() const;  // calls failed so far by injection
+  // The injection check of one call of kind `op` (used by this backend's streams and events).
+  Status check_fault(DeviceFault op, const char* what);
+
  private:
   friend class HostStream;
   explicit HostDevice(std::uint64_t budget_bytes) : Device(budget_bytes) {}
@@ -108,6 +124,11 @@ class HostDevice final : public Device {
   void remove_stream(HostStream* stream);
 
   bool poison_ = false;
+  mutable std::mutex fault_mu_;
+  unsigned fault_ops_ = 0;              // guarded by fault_mu_
+  std::uint64_t fault_after_ = 0;       // guarded by fault_mu_
+  std::uint64_t fault_count_ = 0;       // guarded by fault_mu_
+  std::uint64_t fault_injected_ = 0;    // guarded by fault_mu_
   mutable std::mutex mu_;
   std::map<void*, std::size_t> registered_;  // guarded by mu_
   std::vector<HostStream*> streams_;          // guarded by mu_

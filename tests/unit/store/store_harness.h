@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -49,6 +50,8 @@ struct HarnessOptions {
   std::uint64_t swap_bytes = 64ull << 20;
   std::optional<nvme::FaultOptions> faults;  // wrap the engine in FaultEngine
   nvme::IoEngineKind engine = nvme::IoEngineKind::kPsync;
+  // Wraps the engine (after the FaultEngine, if any): a test's own fault injection.
+  std::function<std::unique_ptr<nvme::IoEngine>(std::unique_ptr<nvme::IoEngine>)> wrap_engine;
 };
 
 struct Harness {
@@ -87,6 +90,7 @@ struct Harness {
       fault = f.get();
       e = std::move(f);
     }
+    if (o.wrap_engine) e = o.wrap_engine(std::move(e));
     nvme::SwapOptions so;
     so.paths = {dir.path()};
     so.bytes_per_path = o.swap_bytes;
