@@ -35,6 +35,7 @@ struct RunSpec {
   int steps = 5;
   ModelShape shape;
   std::string extra;  // more top-level JSON members, each followed by a comma
+  std::uint64_t host_budget = 0;  // EngineOptions::host_budget_bytes (0 = the engine's default)
 };
 
 std::string config_json(const RunSpec& r) {
@@ -71,6 +72,7 @@ RunResult run(const RunSpec& r, std::vector<int> poison_steps = {}) {
   std::vector<std::uint64_t> hashes(static_cast<std::size_t>(r.ranks));
   EngineOptions opts;
   opts.config = make_config(config_json(r));
+  opts.host_budget_bytes = r.host_budget;
   Status s = run_local_ranks(r.ranks, 256u << 20, [&](int rank, gpu::Device& dev, comm::Comm& comm) {
     TZ_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::create(opts, dev, comm));
     EngineModel model(*engine, r.shape);
@@ -220,6 +222,29 @@ TEST(ZeroEngine, Fp16OverflowSkipsEveryRankAndHalvesScale) {
     ASSERT_EQ(reps.size(), 4u);
     EXPECT_TRUE(reps[2].skipped);
     EXPECT_FALSE(reps[1].skipped || reps[3].skipped);
+  }
+}
+
+// Both offloads on NVMe with a host tier of four units' state for eight units: every step
+// streams state and parameters from NVMe, and the masters equal the run without offload.
+TEST(ZeroEngine, NvmeStreamingUnderSmallHostTierIsBitIdentical) {
+  std::printf("seed %llu\n", static_cast<unsigned long long>(kSeed));
+  RunSpec base;
+  base.ranks = 2;
+  base.stage = 3;
+  base.dtype = "bf16";
+  base.shape.layers = 8;
+  RunSpec r = base;
+  r.offload_optimizer = "nvme";
+  r.offload_param = "nvme";
+  r.host_budget = 4 * (3 * 2048 * 4 + 2048 * 2) + (64u << 10);
+  const RunResult want = run(base);
+  const RunResult got = run(r);
+  EXPECT_EQ(got.hash, want.hash);
+  ASSERT_EQ(got.reports.size(), 5u);
+  for (std::size_t i = 1; i < got.reports.size(); ++i) {
+    EXPECT_GT(got.reports[i].nvme_read_bytes, 0u) << "step " << i + 1;
+    EXPECT_GT(got.reports[i].nvme_write_bytes, 0u) << "step " << i + 1;
   }
 }
 
