@@ -22,6 +22,7 @@
 #include "nvme/file.h"
 #include "nvme/io_queue.h"
 #include "nvme/probe.h"
+#include "store/pool_registration.h"
 
 namespace tz::cli {
 namespace {
@@ -97,9 +98,7 @@ int run(const BenchNvmeOptions& o) {
   auto queue = nvme::IoQueue::create(std::move(engine).value(), qo);
   if (!queue.is_ok()) return fail(queue.status());
   if (!o.no_register) {
-    std::vector<iovec> regions;
-    for (const PinnedSlab& s : pool->slabs()) regions.push_back({s.data, s.bytes});
-    Status st = queue->register_buffers(regions);
+    Status st = store::register_pool_with_queue(*queue, *pool);
     if (!st.is_ok()) return fail(st);
   }
 

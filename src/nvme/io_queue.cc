@@ -299,12 +299,6 @@ Status IoQueue::pump(bool block) {
   return Status::ok();
 }
 
-Status register_pinned_pool(IoQueue& queue, const PinnedPool& pool) {
-  std::vector<iovec> regions;
-  for (const PinnedSlab& s : pool.slabs()) regions.push_back({s.data, s.bytes});
-  return queue.register_buffers(regions).with_context("registering the pinned pool");
-}
-
 Status IoQueue::poll() { return pump(false); }
 
 bool IoQueue::done(IoOpId id) const {

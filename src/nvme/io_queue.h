@@ -9,6 +9,8 @@
 // IORING_SETUP_SINGLE_ISSUER, so submissions from any other thread fail with EEXIST.
 #pragma once
 
+#include <sys/uio.h>
+
 #include <cstdint>
 #include <deque>
 #include <memory>
@@ -18,7 +20,6 @@
 #include <vector>
 
 #include "core/status.h"
-#include "cpu/pinned_pool.h"
 #include "nvme/io_engine.h"
 
 namespace tz::nvme {
@@ -58,11 +59,6 @@ struct IoQueueStats {
 
 using IoOpId = std::uint64_t;
 
-class IoQueue;
-// Registers every slab of `pool` with the queue's engine (io_uring fixed buffers; a no-op for
-// libaio and psync). The pool must outlive the queue's requests.
-Status register_pinned_pool(IoQueue& queue, const PinnedPool& pool);
-
 class IoQueue {
  public:
   // Takes ownership of the engine. Errors: kInvalidArgument for a block size that is not a
@@ -79,7 +75,8 @@ class IoQueue {
   // Registers the file with the engine. The descriptor stays the caller's; it must stay open
   // while the queue lives. Returns the file id for Transfer::file.
   Result<int> add_file(const IoFile& file);
-  // Registers the regions (the pinned pool's slabs) with the engine as fixed buffers.
+  // Registers the regions with the engine as fixed buffers (the pinned pool's slabs go through
+  // store::register_pool_with_queue, which sits above both nvme/ and cpu/).
   Status register_buffers(std::span<const iovec> regions);
 
   // Starts an operation made of `transfers`. Errors come back before anything is submitted:

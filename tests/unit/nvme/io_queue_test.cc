@@ -12,10 +12,12 @@
 #include <random>
 
 #include "core/trace.h"
+#include "cpu/pinned_pool.h"
 #include "nvme/file.h"
 #include "nvme/nvme_test_util.h"
 #include "nvme/probe.h"
 #include "nvme/swap_space.h"
+#include "store/pool_registration.h"
 
 namespace tz::nvme {
 namespace {
@@ -150,7 +152,7 @@ TEST(IoQueue, SqpollRingMovesDataExactly) {
   po.slab_bytes = 4 << 20;
   auto pool = PinnedPool::create(po);
   ASSERT_TRUE(pool.is_ok());
-  ASSERT_TRUE(register_pinned_pool(*q, *pool).is_ok());
+  ASSERT_TRUE(store::register_pool_with_queue(*q, *pool).is_ok());
   EXPECT_TRUE(q->engine().buffers_registered());
   auto id = q->add_file(file->io_file());
   ASSERT_TRUE(id.is_ok());

@@ -12,6 +12,7 @@
 #include "nvme/io_queue.h"
 #include "nvme/nvme_test_util.h"
 #include "nvme/swap_space.h"
+#include "store/pool_registration.h"
 
 namespace tz::nvme {
 namespace {
@@ -55,9 +56,7 @@ TEST_P(Roundtrip, RandomExtentsAndRangesAreByteExact) {
   po.slab_bytes = 4 << 20;
   auto pool = PinnedPool::create(po);
   ASSERT_TRUE(pool.is_ok()) << pool.status().to_string();
-  std::vector<iovec> regions;
-  for (const PinnedSlab& s : pool->slabs()) regions.push_back({s.data, s.bytes});
-  ASSERT_TRUE(swap->queue().register_buffers(regions).is_ok());
+  ASSERT_TRUE(store::register_pool_with_queue(swap->queue(), *pool).is_ok());
   if (c.engine == IoEngineKind::kIoUring) {
     EXPECT_TRUE(swap->queue().engine().buffers_registered());
   }
