@@ -307,7 +307,8 @@ class CpuOps final : public Ops {
         const bool add = dx_mode == Accumulate::kAdd;
         float* d = direct ? static_cast<float*>(dx.data) : scratch(kSlotX, m * k);
         // kInOut: dx = dout W^T with W (k, n); kOutIn: dx = dout W with W (n, k).
-        sgemm(false, in_out, m, k, n, g, n, w, k, direct && add ? 1.0f : 0.0f, d, k);
+        sgemm(false, in_out, m, k, n, g, n, w, in_out ? n : k, direct && add ? 1.0f : 0.0f, d,
+              k);
         if (!direct) store_whole(dx, d, m * k, add);
       }
       if (dweight.data != nullptr) {
