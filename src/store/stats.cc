@@ -1,7 +1,12 @@
-// Names of tiers and links, and the JSON form of the store's counters.
+// Names of tiers and links, the JSON form of the store's counters, and the store's bookkeeping
+// of them (tier use and peaks, link busy time; Store::Impl, under its mutex).
 #include "store/stats.h"
 
 #include <nlohmann/json.hpp>
+
+#include <algorithm>
+
+#include "store/store_impl.h"
 
 namespace tz::store {
 
@@ -61,6 +66,27 @@ std::string StoreStats::to_json() const {
   j["early_write_backs"] = early_write_backs;
   j["steps"] = steps;
   return j.dump();
+}
+
+// ---- Store::Impl's counters: tier use and peaks, link busy time -------------------------------
+
+// Tier statistics follow the physical use; kept device buffers are reported apart.
+void Store::Impl::update_used(Tier t) {
+  TierStats& ts = stats.tiers[ti(t)];
+  ts.used_bytes = phys_used[ti(t)] - (t == Tier::kDevice ? dev_cache_bytes : 0);
+  ts.cached_bytes = t == Tier::kDevice ? dev_cache_bytes : 0;
+  ts.peak_bytes = std::max(ts.peak_bytes, phys_used[ti(t)]);
+}
+
+void Store::Impl::link_start(Link l) {
+  if (link_active[li(l)]++ == 0) link_busy_since[li(l)] = now_s();
+}
+
+void Store::Impl::link_end(Link l) {
+  TZ_ASSERT(link_active[li(l)] > 0);
+  if (--link_active[li(l)] == 0) {
+    stats.links[li(l)].busy_s += now_s() - link_busy_since[li(l)];
+  }
 }
 
 }  // namespace tz::store

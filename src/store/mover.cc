@@ -1,0 +1,610 @@
+// The mover: the one thread that runs the heads of the blocks' operation chains (allocations in
+// FIFO order per tier, copies, zero fills, frees), the NVMe <-> device staging pipeline, the I/O
+// scheduling (in-flight bound, mixed or grouped directions) and the device completions reported
+// by stream callbacks. It is the only thread that drives the swap space's IoQueue.
+#include <xxhash.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "core/log.h"
+#include "core/trace.h"
+#include "store/store_impl.h"
+
+namespace tz::store {
+
+void Store::Impl::fail_op(Block& b, Op& op, Status st) {
+  if (op.failed) return;
+  op.failed = true;
+  op.status = st;
+  b.error = st;
+  b.skip_until = b.next_seq - 1;
+  b.failures.push_back(Failure{op.seq, b.next_seq - 1, st});
+  if (b.failures.size() > 16) b.failures.pop_front();
+  if (st.code() == ErrorCode::kCorrupt) {
+    ++stats.checksum_failures;
+  } else {
+    ++stats.io_errors;
+  }
+  TZ_LOG_DEBUG("store: %s", st.to_string().c_str());
+}
+
+void* Store::Impl::tier_ptr(Block& b, Tier t) {
+  if (t == Tier::kDevice) return b.dev.data();
+  if (t == Tier::kHost) return b.host.data();
+  return nullptr;
+}
+
+void Store::Impl::free_physical(Block& b, Tier t) {
+  if (t == Tier::kDevice) {
+    if (!b.dev.empty()) {
+      dev_cache.emplace(b.bytes, std::move(b.dev));  // still counted in phys_used
+      dev_cache_bytes += b.bytes;
+      --pending_frees[ti(t)];
+      update_used(t);
+      return;
+    }
+  } else if (t == Tier::kHost) {
+    b.host.reset();
+  } else if (b.has_extent) {
+    swap->free(b.extent);
+    b.has_extent = false;
+    b.nvme_written = false;
+  }
+  phys_used[ti(t)] -= b.bytes;
+  --pending_frees[ti(t)];
+  update_used(t);
+}
+
+// Marks the end of a load into the device for Lease::ready_event. The mover cannot hand a
+// failure to anyone here, and a failed event record means the device is unusable.
+void Store::Impl::record_ready(Block& b, gpu::Stream& stream) {
+  Status st = b.ready_event->record(stream);
+  TZ_ASSERT(st.is_ok(), st.to_string().c_str());
+}
+
+// Orders work on `stream` after the caller's last use of the block's device copy.
+void Store::Impl::after_user(Block& b, gpu::Stream& stream) {
+  if (b.user_event_recorded) {
+    Status st = stream.wait(*b.user_event);
+    TZ_ASSERT(st.is_ok(), st.to_string().c_str());
+  }
+}
+
+void Store::Impl::enqueue_callback(gpu::Stream& stream, Block& b, const Op& op, std::uint32_t chunk,
+                                   bool whole, int staging_index) {
+  DeviceDone done{b.id, op.seq, chunk, whole, staging_index};
+  Status st = device->host_callback(stream, [this, done] {
+    std::lock_guard lock(mu);
+    device_done.push_back(done);
+    wake();
+  });
+  TZ_ASSERT(st.is_ok(), st.to_string().c_str());
+}
+
+Status Store::Impl::device_copy(void* dst, const void* src, std::uint64_t bytes, gpu::CopyKind kind,
+                                gpu::Stream& stream) {
+  return device->copy_async(dst, src, static_cast<std::size_t>(bytes), kind, stream);
+}
+
+// Tries to start op (the head of b's chain). Returns true if it made progress.
+bool Store::Impl::start_op(Block& b, Op& op) {
+  if (op.kind == OpKind::kAlloc) {
+    auto& fifo = alloc_fifo[ti(op.dst)];
+    TZ_ASSERT(!fifo.empty());
+    if (fifo.front() != std::make_pair(b.id, op.seq)) return false;
+    const Tier t = op.dst;
+    if (t != Tier::kDevice && phys_used[ti(t)] + b.bytes > budget[ti(t)]) {
+      return false;  // wait for frees
+    }
+    Status st;
+    if (t == Tier::kDevice) {
+      auto hit = dev_cache.find(b.bytes);
+      if (hit != dev_cache.end()) {
+        b.dev = std::move(hit->second);
+        dev_cache.erase(hit);
+        dev_cache_bytes -= b.bytes;
+        update_used(t);
+        fifo.pop_front();
+        op.started = true;
+        return finish_op(b);  // its bytes were never given back
+      }
+      while (phys_used[ti(t)] + b.bytes > budget[ti(t)] && !dev_cache.empty()) {
+        auto last = std::prev(dev_cache.end());
+        phys_used[ti(t)] -= last->first;
+        dev_cache_bytes -= last->first;
+        dev_cache.erase(last);  // frees the buffer
+        update_used(t);
+      }
+      if (phys_used[ti(t)] + b.bytes > budget[ti(t)]) return false;
+      auto buf = device->allocate(static_cast<std::size_t>(b.bytes));
+      if (buf) {
+        b.dev = std::move(buf).value();
+      } else {
+        st = std::move(buf).take_status();
+      }
+    } else if (t == Tier::kHost) {
+      auto buf = pool->allocate(b.bytes);
+      if (buf) {
+        b.host = std::move(buf).value();
+      } else {
+        if (pending_frees[ti(t)] > 0) return false;  // fragmentation: wait for frees
+        st = std::move(buf).take_status().with_context("store: pinned pool");
+      }
+    } else {
+      TZ_ASSERT(false, "NVMe extents are allocated at create");
+    }
+    fifo.pop_front();
+    op.started = true;
+    if (st.is_ok()) {
+      phys_used[ti(t)] += b.bytes;
+      update_used(t);
+    } else {
+      // The copy is unusable: later reads of the block report this.
+      fail_op(b, op,
+              std::move(st).with_context("store: allocating '" + b.name + "' in the " +
+                                         tier_name(t) + " tier"));
+      op.failed = false;            // the allocation op itself is over
+      phys_used[ti(t)] += b.bytes;  // balanced by the free that follows (logically present)
+    }
+    return finish_op(b);
+  }
+  if (op.kind == OpKind::kFree) {
+    if (op.dst == Tier::kDevice && b.user_event_recorded && !op.started) {
+      // Free only after the caller's device work on the copy: order a callback after it.
+      op.started = true;
+      op.device_pending = true;
+      after_user(b, device->d2h_stream());
+      enqueue_callback(device->d2h_stream(), b, op, 0, true);
+      return true;
+    }
+    if (op.device_pending) return false;
+    op.started = true;
+    free_physical(b, op.dst);
+    return finish_op(b);
+  }
+  if (op.seq <= b.skip_until && !op.started) {
+    op.started = true;
+    op.failed = true;
+    op.status = b.error.is_ok() ? Status::internal("skipped") : b.error;
+    return finish_op(b);
+  }
+  if (op.kind == OpKind::kZero) {
+    op.started = true;
+    if (op.dst == Tier::kDevice) {
+      after_user(b, device->h2d_stream());
+      Status st = device->memset_async(b.dev.data(), 0, b.bytes, device->h2d_stream());
+      TZ_ASSERT(st.is_ok(), st.to_string().c_str());
+      record_ready(b, device->h2d_stream());
+      op.device_pending = true;
+      enqueue_callback(device->h2d_stream(), b, op, 0, true);
+      return true;
+    }
+    if (op.dst == Tier::kHost) std::memset(b.host.data(), 0, b.bytes);
+    if (op.dst == Tier::kNvme) b.nvme_written = false;
+    return finish_op(b);
+  }
+  return start_copy(b, op);
+}
+
+bool Store::Impl::start_copy(Block& b, Op& op) {
+  if (!op.started) {
+    op.started = true;
+    op.start_us = Trace::global().now_us();
+    op.start_s = now_s();
+    link_start(link_of(op.src, op.dst));
+    const bool dev_dst = op.dst == Tier::kDevice;
+    if (tier_ptr(b, op.src) == nullptr && op.src != Tier::kNvme) {
+      fail_op(b, op,
+              Status::internal("store: '" + b.name + "' has no " + tier_name(op.src) +
+                               " copy to read"));
+      return finish_copy_if_done(b, op);
+    }
+    if (op.src == Tier::kNvme && !b.nvme_written) {
+      // Never written: the block reads as zeros.
+      op.zero_fill = true;
+      if (dev_dst) {
+        after_user(b, device->h2d_stream());
+        Status st = device->memset_async(b.dev.data(), 0, b.bytes, device->h2d_stream());
+        TZ_ASSERT(st.is_ok(), st.to_string().c_str());
+        record_ready(b, device->h2d_stream());
+        b.issued_seq = op.seq;
+        op.device_pending = true;
+        enqueue_callback(device->h2d_stream(), b, op, 0, true);
+        return true;
+      }
+      std::memset(b.host.data(), 0, b.bytes);
+      return finish_copy_if_done(b, op);
+    }
+    if (op.src != Tier::kNvme && op.dst != Tier::kNvme) {
+      // Host <-> device: one copy on the direction's stream.
+      gpu::Stream& s = dev_dst ? device->h2d_stream() : device->d2h_stream();
+      after_user(b, s);
+      Status st =
+          device_copy(tier_ptr(b, op.dst), tier_ptr(b, op.src), b.bytes,
+                      dev_dst ? gpu::CopyKind::kHostToDevice : gpu::CopyKind::kDeviceToHost, s);
+      if (!st.is_ok()) {
+        fail_op(b, op, std::move(st).with_context("store: copying '" + b.name + "'"));
+        return finish_copy_if_done(b, op);
+      }
+      if (dev_dst) {
+        record_ready(b, s);
+        b.issued_seq = op.seq;
+      }
+      op.device_pending = true;
+      enqueue_callback(s, b, op, 0, true);
+      return true;
+    }
+    op.chunks = b.chunk_count(options.chunk_bytes);
+    if (op.dst == Tier::kNvme) b.nvme_written = false;  // until every piece has landed
+  }
+  return pump_chunks(b, op);
+}
+
+// Starts the pieces of an NVMe copy that may start now.
+bool Store::Impl::pump_chunks(Block& b, Op& op) {
+  bool progress = false;
+  const bool via_staging = op.src == Tier::kDevice || op.dst == Tier::kDevice;
+  while (!op.failed && op.next_chunk < op.chunks) {
+    const std::uint32_t k = op.next_chunk;
+    const std::uint64_t off = static_cast<std::uint64_t>(k) * options.chunk_bytes;
+    const std::uint64_t len = std::min(options.chunk_bytes, b.bytes - off);
+    int s = -1;
+    if (via_staging) {
+      const std::size_t dir = op.src == Tier::kDevice ? 1 : 0;
+      if (staging_free.empty() || staging_held[dir] >= staging_cap) break;
+      s = staging_free.back();
+      staging_free.pop_back();
+      ++staging_held[dir];
+    }
+    ++op.next_chunk;
+    ++op.outstanding;
+    progress = true;
+    if (op.src == Tier::kDevice) {
+      // Device -> staging first; the write starts when the copy is done.
+      after_user(b, *piece_d2h);
+      Status st = device_copy(staging[static_cast<std::size_t>(s)].data(),
+                              static_cast<std::byte*>(b.dev.data()) + off, len,
+                              gpu::CopyKind::kDeviceToHost, *piece_d2h);
+      TZ_ASSERT(st.is_ok(), st.to_string().c_str());
+      enqueue_callback(*piece_d2h, b, op, k, false, s);
+      continue;
+    }
+    IoJob job;
+    job.block = b.id;
+    job.op_seq = op.seq;
+    job.chunk = k;
+    job.staging = s;
+    std::byte* buf = s >= 0 ? staging[static_cast<std::size_t>(s)].data()
+                            : static_cast<std::byte*>(b.host.data()) + off;
+    job.io_bytes = round_up(len, kAlign);
+    job.data = buf;
+    job.data_len = len;
+    job.dir = op.dst == Tier::kNvme ? nvme::IoOp::kWrite : nvme::IoOp::kRead;
+    job.transfers = swap->transfers(job.dir, b.extent, off, buf, job.io_bytes);
+    queue_job(std::move(job));
+  }
+  return progress;
+}
+
+void Store::Impl::queue_job(IoJob job) {
+  job.order = job_order++;
+  if (job.dir == nvme::IoOp::kRead) {
+    read_q.push_back(std::move(job));
+  } else {
+    write_q.push_back(std::move(job));
+  }
+}
+
+// Marks piece k of an NVMe copy finished (or failed) and frees its staging buffer.
+void Store::Impl::piece_done(Op& op, int staging_index) {
+  if (staging_index >= 0) {
+    staging_free.push_back(staging_index);
+    --staging_held[op.src == Tier::kDevice ? 1 : 0];
+  }
+  TZ_ASSERT(op.outstanding > 0);
+  --op.outstanding;
+  ++op.finished;
+}
+
+bool Store::Impl::finish_copy_if_done(Block& b, Op& op) {
+  if (op.device_pending || op.outstanding > 0) return false;
+  if (!op.failed && op.chunks > 0 && op.finished < op.chunks) return false;
+  const Link l = link_of(op.src, op.dst);
+  link_end(l);
+  if (!op.failed && op.dst == Tier::kNvme) b.nvme_written = true;
+  if (!op.failed && !op.zero_fill) {
+    stats.links[li(l)].bytes += b.bytes;
+    ++stats.links[li(l)].moves;
+    stats.tiers[ti(op.src)].bytes_out += b.bytes;
+    stats.tiers[ti(op.dst)].bytes_in += b.bytes;
+    if (options.trace_spans && Trace::global().enabled()) {
+      const bool nvme_link = op.src == Tier::kNvme || op.dst == Tier::kNvme;
+      const char* track = nvme_link                 ? "store nvme"
+                          : op.dst == Tier::kDevice ? "store copy h2d"
+                                                    : "store copy d2h";
+      Trace::global().span(track, std::string(link_name(l)) + " " + b.name, op.start_us,
+                           Trace::global().now_us());
+    }
+  }
+  return finish_op(b);
+}
+
+bool Store::Impl::finish_op(Block& b) {
+  Op& op = b.ops.front();
+  b.done_seq = op.seq;
+  b.issued_seq = std::max(b.issued_seq, op.seq);
+  b.ops.pop_front();
+  cv.notify_all();
+  return true;
+}
+
+// Runs the chain of b as far as it can go now.
+bool Store::Impl::advance(Block& b) {
+  bool progress = false;
+  while (!b.ops.empty()) {
+    Op& op = b.ops.front();
+    const std::size_t before = b.ops.size();
+    bool p;
+    if (!op.started || op.kind == OpKind::kFree) {
+      p = start_op(b, op);
+    } else if (op.kind == OpKind::kCopy && op.chunks > 0) {
+      p = pump_chunks(b, op);
+      p |= finish_copy_if_done(b, op) ? true : false;
+    } else {
+      p = false;
+    }
+    progress |= p;
+    if (b.ops.size() == before) break;  // head still running
+  }
+  return progress;
+}
+
+Op* Store::Impl::find_op(Block& b, std::uint64_t seq) {
+  if (b.ops.empty() || b.ops.front().seq != seq) return nullptr;
+  return &b.ops.front();
+}
+
+void Store::Impl::apply_device_done(const DeviceDone& d) {
+  auto it = blocks.find(d.block);
+  TZ_ASSERT(it != blocks.end());
+  Block& b = it->second;
+  Op* op = find_op(b, d.op_seq);
+  TZ_ASSERT(op != nullptr, "a device completion for an op that is not running");
+  if (d.whole) {
+    op->device_pending = false;
+    if (op->kind == OpKind::kFree) {
+      free_physical(b, op->dst);
+      finish_op(b);
+    } else if (op->kind == OpKind::kZero) {
+      finish_op(b);
+    } else {
+      finish_copy_if_done(b, *op);
+    }
+    return;
+  }
+  const std::uint64_t off = static_cast<std::uint64_t>(d.chunk) * options.chunk_bytes;
+  const std::uint64_t len = std::min(options.chunk_bytes, b.bytes - off);
+  if (op->src == Tier::kDevice && !op->failed) {
+    // Device -> staging done: checksum the piece and write it.
+    std::byte* buf = staging[static_cast<std::size_t>(d.staging)].data();
+    IoJob job;
+    job.data = buf;
+    job.data_len = len;
+    job.block = b.id;
+    job.op_seq = op->seq;
+    job.chunk = d.chunk;
+    job.staging = d.staging;
+    job.dir = nvme::IoOp::kWrite;
+    job.io_bytes = round_up(len, kAlign);
+    job.transfers = swap->transfers(job.dir, b.extent, off, buf, job.io_bytes);
+    queue_job(std::move(job));
+    return;
+  }
+  // Staging -> device done, or a piece of a failed copy.
+  piece_done(*op, d.staging);
+  finish_copy_if_done(b, *op);
+}
+
+void Store::Impl::apply_io_done(IoJob& job) {
+  auto it = blocks.find(job.block);
+  TZ_ASSERT(it != blocks.end());
+  Block& b = it->second;
+  Op* op = find_op(b, job.op_seq);
+  TZ_ASSERT(op != nullptr, "an I/O completion for an op that is not running");
+  in_flight_bytes -= job.io_bytes;
+  if (job.dir == nvme::IoOp::kRead) {
+    --in_flight_reads;
+  } else {
+    --in_flight_writes;
+  }
+  const std::uint64_t off = static_cast<std::uint64_t>(job.chunk) * options.chunk_bytes;
+  const std::uint64_t len = std::min(options.chunk_bytes, b.bytes - off);
+  if (!job.status.is_ok()) {
+    fail_op(b, *op,
+            std::move(job.status)
+                .with_context(std::string("store: ") +
+                              (job.dir == nvme::IoOp::kRead ? "reading" : "writing") + " block '" +
+                              b.name + "' piece " + std::to_string(job.chunk)));
+  } else if (job.dir == nvme::IoOp::kWrite) {
+    b.sums[job.chunk] = job.sum;
+  } else if (!op->failed) {
+    const std::byte* buf = job.data;
+    if (job.sum != b.sums[job.chunk]) {
+      fail_op(b, *op,
+              Status::corrupt("store: checksum mismatch in block '" + b.name + "' piece " +
+                              std::to_string(job.chunk) + " (bytes " + std::to_string(off) + ".." +
+                              std::to_string(off + len) + ") read from NVMe"));
+    } else if (op->dst == Tier::kDevice) {
+      gpu::Stream& s = *piece_h2d;
+      after_user(b, s);
+      Status st = device_copy(static_cast<std::byte*>(b.dev.data()) + off, buf, len,
+                              gpu::CopyKind::kHostToDevice, s);
+      TZ_ASSERT(st.is_ok(), st.to_string().c_str());
+      if (++op->copies_enqueued == op->chunks) {
+        record_ready(b, s);
+        b.issued_seq = op->seq;
+      }
+      enqueue_callback(s, b, *op, job.chunk, false, job.staging);
+      return;  // the piece finishes when the copy does
+    }
+  }
+  piece_done(*op, job.staging);
+  finish_copy_if_done(b, *op);
+}
+
+// An early write-back that nothing waits for yet (no op queued behind it, no pin waiting for
+// it): its staging buffers and disk slots go to other moves first. Once the block is evicted
+// or a pin waits for it, the write takes its turn in decision order.
+bool Store::Impl::deferrable(const Block& b) const {
+  return b.ops.size() == 1 && b.ops.front().early;
+}
+
+// Picks the I/O jobs to submit now: within the in-flight bound, and in kGrouped mode one
+// direction at a time (reads first; switch when a run is long enough and the other side waits).
+std::vector<IoJob> Store::Impl::pick_jobs() {
+  std::vector<IoJob> out;
+  const std::uint64_t limit = options.max_io_in_flight_bytes;
+  // Writes somebody waits for (a victim's, whose space a load needs) before deferrable ones.
+  std::stable_partition(write_q.begin(), write_q.end(), [&](const IoJob& j) {
+    auto it = blocks.find(j.block);
+    return it == blocks.end() || !deferrable(it->second);
+  });
+  auto fits = [&](const IoJob& j) {
+    return in_flight_bytes == 0 || in_flight_bytes + j.io_bytes <= limit;
+  };
+  auto take = [&](std::deque<IoJob>& q) {
+    IoJob j = std::move(q.front());
+    q.pop_front();
+    in_flight_bytes += j.io_bytes;
+    run_bytes += j.io_bytes;
+    if (j.dir == nvme::IoOp::kRead) {
+      ++in_flight_reads;
+    } else {
+      ++in_flight_writes;
+    }
+    out.push_back(std::move(j));
+  };
+  if (options.io_grouping == IoGrouping::kMixed) {
+    for (;;) {
+      std::deque<IoJob>* q = nullptr;
+      if (!read_q.empty() && (write_q.empty() || read_q.front().order < write_q.front().order)) {
+        q = &read_q;
+      } else if (!write_q.empty()) {
+        q = &write_q;
+      }
+      if (q == nullptr || !fits(q->front())) break;
+      take(*q);
+    }
+    return out;
+  }
+  for (;;) {
+    std::deque<IoJob>& cur = writing ? write_q : read_q;
+    std::deque<IoJob>& other = writing ? read_q : write_q;
+    const std::uint32_t cur_in_flight = writing ? in_flight_writes : in_flight_reads;
+    const std::uint32_t other_in_flight = writing ? in_flight_reads : in_flight_writes;
+    const bool run_over = run_bytes >= options.write_run_bytes;
+    if (!cur.empty() && !(run_over && !other.empty())) {
+      if (other_in_flight > 0 || !fits(cur.front())) break;  // drain the other side first
+      take(cur);
+      continue;
+    }
+    if (other.empty()) break;
+    // Switch direction once the current one has drained.
+    if (cur_in_flight > 0) break;
+    writing = !writing;
+    run_bytes = 0;
+  }
+  return out;
+}
+
+bool Store::Impl::idle() const {
+  if (!read_q.empty() || !write_q.empty() || in_flight_bytes > 0 || !device_done.empty()) {
+    return false;
+  }
+  for (const auto& [id, b] : blocks) {
+    if (!b.ops.empty()) return false;
+  }
+  return true;
+}
+
+// Erases destroyed blocks whose chains have drained.
+void Store::Impl::reap_destroyed() {
+  for (auto it = blocks.begin(); it != blocks.end();) {
+    if (it->second.destroyed && it->second.ops.empty()) {
+      it = blocks.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+void Store::Impl::mover_loop() {
+  std::unordered_map<nvme::IoOpId, IoJob> in_flight;
+  nvme::IoQueue* io = swap ? &swap->queue() : nullptr;
+  std::unique_lock lock(mu);
+  for (;;) {
+    const std::uint64_t seen = events;
+    bool progress = false;
+    // Completions reported by device callbacks.
+    std::vector<DeviceDone> dd;
+    dd.swap(device_done);
+    for (const DeviceDone& d : dd) apply_device_done(d);
+    progress |= !dd.empty();
+    // Chains run in the order their heads were decided, so that staging buffers and disk
+    // slots go to the move decided first (the victim's write-back before a later one).
+    std::vector<Block*> busy;
+    for (auto& [id, b] : blocks) {
+      if (!b.ops.empty()) busy.push_back(&b);
+    }
+    std::sort(busy.begin(), busy.end(), [this](const Block* x, const Block* y) {
+      const bool dx = deferrable(*x);
+      const bool dy = deferrable(*y);
+      if (dx != dy) return dy;
+      return x->ops.front().decided < y->ops.front().decided;
+    });
+    for (Block* b : busy) progress |= advance(*b);
+    reap_destroyed();
+    std::vector<IoJob> jobs = pick_jobs();
+    if (stopping && idle() && in_flight.empty()) break;
+    lock.unlock();
+    std::vector<IoJob> done;
+    for (IoJob& j : jobs) {
+      if (j.dir == nvme::IoOp::kWrite) j.sum = XXH3_64bits(j.data, j.data_len);
+      auto id = io->start(j.transfers);
+      if (!id) {
+        j.status = std::move(id).take_status();
+        done.push_back(std::move(j));
+      } else {
+        in_flight.emplace(*id, std::move(j));
+      }
+    }
+    if (io != nullptr && !in_flight.empty()) {
+      Status st = io->poll();
+      if (!st.is_ok()) TZ_LOG_ERROR("store: I/O engine failed: %s", st.to_string().c_str());
+      for (auto it = in_flight.begin(); it != in_flight.end();) {
+        if (io->done(it->first)) {
+          it->second.status = io->wait(it->first);
+          done.push_back(std::move(it->second));
+          it = in_flight.erase(it);
+        } else {
+          ++it;
+        }
+      }
+    }
+    for (IoJob& j : done) {
+      if (j.dir == nvme::IoOp::kRead && j.status.is_ok()) j.sum = XXH3_64bits(j.data, j.data_len);
+    }
+    lock.lock();
+    for (IoJob& j : done) apply_io_done(j);
+    progress |= !done.empty() || !jobs.empty();
+    if (progress || events != seen) continue;
+    if (!in_flight.empty()) {
+      mover_cv.wait_for(lock, std::chrono::microseconds(200));
+    } else {
+      mover_cv.wait(lock, [&] { return events != seen; });
+    }
+  }
+}
+
+}  // namespace tz::store

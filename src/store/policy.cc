@@ -1,0 +1,160 @@
+// The policy: the access trace recorded per step, the next-use index built from it, victim
+// choice (Belady's farthest next use while the step follows the trace, LRU otherwise) and the
+// prefetch walk along the trace. Runs under Impl::mu.
+#include <algorithm>
+
+#include "core/log.h"
+#include "store/store_impl.h"
+
+namespace tz::store {
+
+std::uint64_t Store::Impl::next_in(const std::unordered_map<BlockId, std::vector<std::uint32_t>>& m,
+                                   BlockId id, std::size_t pos, std::size_t len) {
+  auto it = m.find(id);
+  if (it == m.end() || it->second.empty()) return kNever;
+  const auto& v = it->second;
+  auto p = std::lower_bound(v.begin(), v.end(), static_cast<std::uint32_t>(pos));
+  if (p != v.end()) return *p - pos;
+  return len - pos + v.front();
+}
+
+// Distance (in pins) from the current trace position to the next use of b's copy in `t`.
+// A copy whose block is overwritten (write-only pin) before it is next read holds dead bytes.
+std::uint64_t Store::Impl::next_use(const Block& b, Tier t) const {
+  const std::size_t len = trace.size();
+  std::uint64_t nu;
+  if (t == Tier::kDevice) {
+    nu = next_in(dev_uses, b.id, trace_pos, len);
+  } else {
+    // A host copy serves host pins, and device pins once the device copy is gone. Counting it
+    // as unused while the block is also on the device made every device eviction copy the
+    // block back up to the host tier (a memcpy, and another block pushed out for it).
+    nu = next_in(any_uses, b.id, trace_pos, len);
+  }
+  return next_in(overwrites, b.id, trace_pos, len) < nu ? kNever : nu;
+}
+
+bool Store::Impl::belady() const { return options.policy == Policy::kTrace && following; }
+
+// Victims to free `need` bytes in `t` for `for_block`, without evicting pinned copies or home
+// copies; when `beyond` is set only copies whose next use is farther than it. Empty optional:
+// impossible.
+std::optional<std::vector<BlockId>> Store::Impl::choose_victims(
+    Tier t, std::uint64_t need, BlockId for_block, std::optional<std::uint64_t> beyond) {
+  if (logical_used[ti(t)] + need <= budget[ti(t)]) return std::vector<BlockId>{};
+  struct Cand {
+    std::uint64_t key;  // larger: evict first
+    BlockId id;
+    std::uint64_t bytes;
+  };
+  std::vector<Cand> cands;
+  const bool bel = belady();
+  for (auto& [id, b] : blocks) {
+    if (b.destroyed || id == for_block || id == protect || b.home == t || b.total_leases > 0) {
+      continue;
+    }
+    if (!b.copies[ti(t)].present) continue;
+    std::uint64_t key;
+    if (bel) {
+      key = next_use(b, t);
+      if (beyond && key <= *beyond) continue;
+    } else {
+      if (beyond) continue;  // without a trace nothing is known to be farther
+      key = kNever - b.copies[ti(t)].lru_tick;
+    }
+    cands.push_back({key, id, b.bytes});
+  }
+  std::sort(cands.begin(), cands.end(), [](const Cand& a, const Cand& c) {
+    return a.key != c.key ? a.key > c.key : a.id < c.id;
+  });
+  std::vector<BlockId> out;
+  std::uint64_t freed = 0;
+  const std::uint64_t over = logical_used[ti(t)] + need - budget[ti(t)];
+  for (const Cand& c : cands) {
+    if (freed >= over) break;
+    out.push_back(c.id);
+    freed += c.bytes;
+  }
+  if (freed < over) return std::nullopt;
+  return out;
+}
+
+// Prefetches along the trace from the current position as far as the budgets allow.
+// Device loads: at most `host_prefetch_depth` device copies loaded from the host tier (a memcpy
+// or a DMA, quick to redo), counting the one pinned now, are held for the next uses; past them
+// only loads from NVMe are started, each still by Belady's rule (it may only displace copies
+// used after it), so that a slow read gets the disk while quick host loads run before its use.
+void Store::Impl::prefetch_ahead() {
+  if (!belady() || trace.empty()) return;
+  bool dev_stop = false;
+  bool host_stop = false;
+  std::uint32_t host_sourced = 0;  // device uses in the window whose bytes come from the host
+  const std::size_t len = trace.size();
+  if (trace_pos > 0) {
+    const TraceEntry& cur = trace[trace_pos - 1];
+    const Block* b = find(cur.block);
+    if (cur.tier == Tier::kDevice && b != nullptr && b->leases[ti(Tier::kDevice)] > 0 &&
+        b->copies[ti(Tier::kDevice)].loaded_from == Tier::kHost) {
+      ++host_sourced;
+    }
+  }
+  for (std::size_t d = 0; d < len && !(dev_stop && host_stop); ++d) {
+    const TraceEntry& e = trace[(trace_pos + d) % len];
+    Block* b = find(e.block);
+    if (b == nullptr || e.access == Access::kWrite || !b->error.is_ok()) continue;
+    // Loading bytes that a write-only pin replaces before this use would be wasted.
+    if (next_in(overwrites, b->id, trace_pos, len) < d) continue;
+    if (b->total_leases > 0 && b->copies[ti(e.tier)].valid) continue;
+    bool has_writer = false;
+    for (std::size_t i = 0; i < kTierCount; ++i) has_writer |= b->write_leases[i] > 0;
+    if (has_writer) continue;
+    if (e.tier == Tier::kDevice) {
+      if (dev_stop || b->home == Tier::kDevice) continue;
+      const Copy& dev = b->copies[ti(Tier::kDevice)];
+      const bool from_host =
+          dev.valid ? dev.loaded_from == Tier::kHost : b->copies[ti(Tier::kHost)].valid;
+      const bool far = host_sourced >= options.host_prefetch_depth;
+      if (from_host) ++host_sourced;
+      if (dev.valid || (far && from_host)) continue;
+      if (!try_prefetch(*b, Tier::kDevice, d)) dev_stop = true;
+    } else if (e.tier == Tier::kHost && !host_stop && b->home == Tier::kNvme) {
+      if (!try_prefetch(*b, Tier::kHost, d)) host_stop = true;
+    }
+  }
+}
+
+void Store::Impl::note_pin(const TraceEntry& e) {
+  record.push_back(e);
+  if (!following) return;
+  if (trace_pos < trace.size() && trace[trace_pos] == e) {
+    ++trace_pos;
+    return;
+  }
+  following = false;
+  ++stats.trace_deviations;
+  TZ_LOG_DEBUG(
+      "store: access order left the recorded trace at pin %zu; LRU until the next "
+      "step",
+      trace_pos);
+}
+
+void Store::Impl::build_index() {
+  dev_uses.clear();
+  host_uses.clear();
+  overwrites.clear();
+  any_uses.clear();
+  for (std::size_t i = 0; i < trace.size(); ++i) {
+    const TraceEntry& e = trace[i];
+    const auto pos = static_cast<std::uint32_t>(i);
+    // A write-only pin needs space, not the bytes: it is no reason to keep a copy.
+    if (e.access == Access::kWrite) {
+      overwrites[e.block].push_back(pos);
+      continue;
+    }
+    if (e.tier == Tier::kDevice) dev_uses[e.block].push_back(pos);
+    if (e.tier == Tier::kHost) host_uses[e.block].push_back(pos);
+    any_uses[e.block].push_back(pos);
+  }
+}
+
+}  // namespace tz::store

@@ -1,0 +1,286 @@
+// Residency and budgets: which tiers hold a copy of each block, within each tier's logical byte
+// budget; demand placement (make_resident), eviction with write-back of dirty copies, admission
+// of evicted device copies to the host tier, prefetch placement, and early write-backs. Every
+// function here runs in a caller's thread under Impl::mu and only decides: it appends physical
+// operations to block chains for the mover.
+#include <algorithm>
+#include <string>
+
+#include "core/log.h"
+#include "core/units.h"
+#include "store/store_impl.h"
+
+namespace tz::store {
+
+Block* Store::Impl::find(BlockId id) {
+  auto it = blocks.find(id);
+  return it == blocks.end() || it->second.destroyed ? nullptr : &it->second;
+}
+
+void Store::Impl::wake() {
+  ++events;
+  mover_cv.notify_one();
+}
+
+std::uint64_t Store::Impl::push_op(Block& b, Op op) {
+  op.seq = b.next_seq++;
+  op.decided = ++decisions;
+  if (op.kind == OpKind::kAlloc) alloc_fifo[ti(op.dst)].emplace_back(b.id, op.seq);
+  if (op.kind == OpKind::kFree) ++pending_frees[ti(op.dst)];
+  if (op.kind != OpKind::kFree) b.fill_seq[ti(op.dst)] = op.seq;
+  b.ops.push_back(std::move(op));
+  wake();
+  return b.next_seq - 1;
+}
+
+void Store::Impl::push_alloc(Block& b, Tier t) {
+  Op op;
+  op.kind = OpKind::kAlloc;
+  op.dst = t;
+  push_op(b, std::move(op));
+}
+
+void Store::Impl::push_free(Block& b, Tier t) {
+  Op op;
+  op.kind = OpKind::kFree;
+  op.dst = t;
+  push_op(b, std::move(op));
+}
+
+std::uint64_t Store::Impl::push_copy(Block& b, Tier src, Tier dst, bool prefetch) {
+  Op op;
+  op.kind = OpKind::kCopy;
+  op.src = src;
+  op.dst = dst;
+  op.prefetch = prefetch;
+  return push_op(b, std::move(op));
+}
+
+// Whether a clean copy of `b` admitted to the host tier now would still be there at its next
+// use `nu` pins ahead: not when the blocks needing a host copy before then fill the tier, those
+// with a host copy now and those whose only current copy is on the device (they are demoted to
+// the host when the device drops them). A copy that would be pushed out unused is a memcpy
+// (and an allocation queued behind the block's pending moves) for nothing.
+bool Store::Impl::host_keeps(const Block& x, std::uint64_t nu) const {
+  std::uint64_t need = x.bytes;
+  const std::size_t len = trace.size();
+  for (const auto& [id, b] : blocks) {
+    if (b.destroyed || id == x.id) continue;
+    if (b.home == Tier::kHost) need += b.bytes;  // homed there: never leaves
+    if (b.home != Tier::kNvme) continue;
+    const bool host = b.copies[ti(Tier::kHost)].present;
+    if (!host && !only_valid(b, Tier::kDevice)) continue;
+    std::uint64_t next = next_in(any_uses, id, trace_pos, len);
+    if (next_in(overwrites, id, trace_pos, len) < next) next = kNever;
+    if (next < nu) need += b.bytes;
+  }
+  return need <= budget[ti(Tier::kHost)];
+}
+
+// Makes `b` (just evicted from the device, `valid_elsewhere` or not) a host copy if the policy
+// admits it. Returns true when a host copy was allocated.
+bool Store::Impl::admit_to_host(Block& b) {
+  if (b.home != Tier::kNvme) return false;
+  std::optional<std::uint64_t> beyond;
+  if (belady()) {
+    std::uint64_t nu = next_in(any_uses, b.id, trace_pos, trace.size());
+    if (next_in(overwrites, b.id, trace_pos, trace.size()) < nu) nu = kNever;
+    if (nu == kNever) return false;
+    beyond = nu;
+  }
+  if (!belady() && budget[ti(Tier::kHost)] < b.bytes) return false;
+  if (belady() && b.copies[ti(Tier::kNvme)].valid && !host_keeps(b, *beyond)) return false;
+  std::optional<std::vector<BlockId>> victims;
+  if (belady()) {
+    victims = choose_victims(Tier::kHost, b.bytes, b.id, beyond);
+  } else {
+    victims = choose_victims(Tier::kHost, b.bytes, b.id, std::nullopt);
+  }
+  if (!victims) return false;
+  for (BlockId v : *victims) evict(*find(v), Tier::kHost);
+  TZ_LOG_DEBUG("store: admit '%s' to host", b.name.c_str());
+  push_alloc(b, Tier::kHost);
+  b.copies[ti(Tier::kHost)].present = true;
+  b.copies[ti(Tier::kHost)].lru_tick = ++tick;
+  logical_used[ti(Tier::kHost)] += b.bytes;
+  return true;
+}
+
+// The failure that spoiled a lease's bytes, if any. A read needs every move up to its own to
+// have worked; a write-only pin only its own allocation.
+Status Store::Impl::lease_failure(const Block& b, Access access, std::uint64_t first_seq,
+                                  std::uint64_t ready_seq) {
+  for (const Failure& f : b.failures) {
+    if (access == Access::kWrite) {
+      if (f.first_seq >= first_seq && f.first_seq <= ready_seq) return f.status;
+    } else if (f.first_seq <= ready_seq && ready_seq <= f.last_seq) {
+      return f.status;
+    }
+  }
+  return Status::ok();
+}
+
+bool Store::Impl::only_valid(const Block& b, Tier t) const {
+  if (!b.copies[ti(t)].valid) return false;
+  for (std::size_t i = 0; i < kTierCount; ++i) {
+    if (i != ti(t) && b.copies[i].valid) return false;
+  }
+  return true;
+}
+
+// Early write-back: when the last lease of a block holding the only current bytes in `t` goes,
+// and in the last step that followed the trace the bytes written by the same pin went home
+// (every upper copy evicted before the block was written again), start writing them to NVMe
+// now, keeping the copy in `t` (now clean). Its later eviction is then a free instead of a
+// write with the next load waiting behind it, and the disk works while the step is busy with
+// copies that do not touch it. It allocates nothing, and on a repeating trace it writes the
+// bytes the evictions would have written, only earlier (when the eviction came in the next
+// step, as for the last layers of a backward pass, the write now overlaps this step's reads).
+void Store::Impl::write_back_early(Block& b, Tier t) {
+  if (!belady() || b.total_leases > 0 || b.home != Tier::kNvme || t == Tier::kNvme ||
+      !b.error.is_ok() || !b.copies[ti(t)].present || !only_valid(b, t) || b.dirtied_at == kNoPos ||
+      spill_trace.count(b.dirtied_at) == 0) {
+    return;
+  }
+  TZ_LOG_DEBUG("store: early write-back of '%s' from %s at trace pos %zu", b.name.c_str(),
+               tier_name(t), trace_pos);
+  push_copy(b, t, Tier::kNvme, false);
+  b.ops.back().early = true;
+  b.copies[ti(Tier::kNvme)].valid = true;
+  ++stats.tiers[ti(t)].write_backs;
+  ++stats.early_write_backs;
+}
+
+// Drops b's copy in `t` (an upper, unpinned, non-home copy), writing it down first if it holds
+// the only current bytes.
+void Store::Impl::evict(Block& b, Tier t) {
+  TZ_ASSERT(b.copies[ti(t)].present && b.home != t && b.total_leases == 0);
+  TierStats& ts = stats.tiers[ti(t)];
+  ++ts.evictions;
+  TZ_LOG_DEBUG("store: evict '%s' from %s at trace pos %zu%s", b.name.c_str(), tier_name(t),
+               trace_pos, only_valid(b, t) ? " (dirty)" : "");
+  const bool dirty = only_valid(b, t) && b.error.is_ok();
+  if (t == Tier::kDevice) {
+    Copy& host = b.copies[ti(Tier::kHost)];
+    if (dirty || (!host.valid && b.error.is_ok())) {
+      if (host.present || admit_to_host(b)) {
+        push_copy(b, Tier::kDevice, Tier::kHost, false);
+        host.valid = true;
+        if (dirty) ++ts.write_backs;
+      } else if (dirty) {
+        push_copy(b, Tier::kDevice, b.home, false);
+        b.copies[ti(b.home)].valid = true;
+        ++ts.write_backs;
+      }
+    }
+  } else if (dirty) {
+    TZ_ASSERT(t == Tier::kHost && b.home == Tier::kNvme);
+    push_copy(b, Tier::kHost, Tier::kNvme, false);
+    b.copies[ti(Tier::kNvme)].valid = true;
+    ++ts.write_backs;
+  }
+  push_free(b, t);
+  b.copies[ti(t)] = Copy{};
+  logical_used[ti(t)] -= b.bytes;
+  if (b.dirtied_at != kNoPos && !b.copies[ti(Tier::kDevice)].valid &&
+      !b.copies[ti(Tier::kHost)].valid) {
+    // The bytes of that write pin had to go home: next time write them back at unpin.
+    if (belady()) spill_record.insert(b.dirtied_at);
+    b.dirtied_at = kNoPos;
+  }
+}
+
+// The tier a load into `t` reads from: the valid copy closest to `t`.
+std::optional<Tier> Store::Impl::load_source(const Block& b, Tier t) const {
+  static constexpr std::array<Tier, 3> kOrderDevice = {Tier::kHost, Tier::kNvme, Tier::kDevice};
+  static constexpr std::array<Tier, 3> kOrderHost = {Tier::kDevice, Tier::kNvme, Tier::kHost};
+  static constexpr std::array<Tier, 3> kOrderNvme = {Tier::kHost, Tier::kDevice, Tier::kNvme};
+  const auto& order = t == Tier::kDevice ? kOrderDevice
+                      : t == Tier::kHost ? kOrderHost
+                                         : kOrderNvme;
+  for (Tier s : order) {
+    if (s != t && b.copies[ti(s)].valid) return s;
+  }
+  return std::nullopt;
+}
+
+std::string Store::Impl::pinned_summary(Tier t) const {
+  std::string out;
+  std::uint64_t total = 0;
+  int n = 0;
+  for (const auto& [id, b] : blocks) {
+    if (b.destroyed || !b.copies[ti(t)].present) continue;
+    if (b.total_leases == 0 && b.home != t) continue;
+    total += b.bytes;
+    if (n++ < 8) {
+      out += (out.empty() ? "" : ", ") +
+             ("'" + b.name + "' (" + format_bytes(static_cast<double>(b.bytes)) +
+              (b.home == t && b.total_leases == 0 ? ", home" : ", pinned") + ")");
+    }
+  }
+  if (n > 8) out += ", and " + std::to_string(n - 8) + " more";
+  return format_bytes(static_cast<double>(total)) +
+         " pinned or homed there: " + (out.empty() ? "nothing" : out);
+}
+
+// Allocates b's copy in `t`, evicting as needed (demand: any unpinned copy).
+Status Store::Impl::make_resident(Block& b, Tier t) {
+  if (b.copies[ti(t)].present) return Status::ok();
+  auto victims = choose_victims(t, b.bytes, b.id, std::nullopt);
+  if (!victims) {
+    return Status::out_of_memory(
+        std::string("store: cannot place '") + b.name + "' (" +
+        format_bytes(static_cast<double>(b.bytes)) + ") in the " + tier_name(t) + " tier: budget " +
+        format_bytes(static_cast<double>(budget[ti(t)])) + ", " + pinned_summary(t));
+  }
+  for (BlockId v : *victims) evict(*find(v), t);
+  push_alloc(b, t);
+  b.copies[ti(t)].present = true;
+  logical_used[ti(t)] += b.bytes;
+  return Status::ok();
+}
+
+// Starts loading b into t ahead of its use `distance` pins from now; false when the budget
+// does not allow it without evicting something needed sooner.
+bool Store::Impl::try_prefetch(Block& b, Tier t, std::optional<std::uint64_t> distance) {
+  if (b.copies[ti(t)].valid) return true;
+  if (!b.error.is_ok()) return true;  // nothing to gain; pins report the error
+  if (b.copies[ti(t)].present) {
+    // A stale copy: reload it in place.
+  } else {
+    std::optional<std::vector<BlockId>> victims;
+    if (distance) {
+      victims = choose_victims(t, b.bytes, b.id, distance);
+    } else if (logical_used[ti(t)] + b.bytes <= budget[ti(t)]) {
+      victims = std::vector<BlockId>{};
+    }
+    if (!victims) return false;
+    for (BlockId v : *victims) evict(*find(v), t);
+    push_alloc(b, t);
+    b.copies[ti(t)].present = true;
+    logical_used[ti(t)] += b.bytes;
+  }
+  auto src = load_source(b, t);
+  TZ_ASSERT(src.has_value(), "a block without a current copy");
+  TZ_LOG_DEBUG("store: prefetch '%s' %s -> %s at trace pos %zu", b.name.c_str(), tier_name(*src),
+               tier_name(t), trace_pos);
+  push_copy(b, *src, t, true);
+  b.copies[ti(t)].valid = true;
+  b.copies[ti(t)].by_prefetch = true;
+  b.copies[ti(t)].loaded_from = *src;
+  b.copies[ti(t)].lru_tick = ++tick;
+  ++stats.tiers[ti(t)].prefetches;
+  return true;
+}
+
+// A write makes the block's other upper copies stale: free them now rather than hold space.
+void Store::Impl::drop_stale_copies(Block& b, Tier written) {
+  for (Tier u : {Tier::kDevice, Tier::kHost}) {
+    if (u == written || u == b.home || !b.copies[ti(u)].present || b.leases[ti(u)] > 0) continue;
+    push_free(b, u);
+    b.copies[ti(u)] = Copy{};
+    logical_used[ti(u)] -= b.bytes;
+  }
+}
+
+}  // namespace tz::store

@@ -1,0 +1,170 @@
+// Store::Impl: the state behind the public Store, shared by the files that implement it along
+// its seams: residency.cc (copies, budgets, evictions, demand loads), policy.cc (trace, Belady,
+// LRU, the prefetch walk), mover.cc (the mover thread: physical operations, staging, I/O
+// scheduling), stats.cc (counters) and store.cc (the public API). Included only by them.
+//
+// Threading: the logical layer (residency, budgets, pins, policy) runs in the caller's thread
+// under `mu` and turns decisions into per-block chains of physical operations (allocate, copy,
+// zero, free); the mover thread runs the head of every chain, drives the swap space's IoQueue and
+// starts copies on the device's streams, whose host callbacks report back.
+//
+// Why no deadlock: an operation waits only for operations decided before it (the earlier ops of
+// its chain, allocations ahead of it in its tier's FIFO, and frees decided before it that free
+// the physical space the decision counted on). Copies need only staging buffers, which copies
+// return by themselves, so everything decided earlier finishes.
+#pragma once
+
+#include <condition_variable>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <thread>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "store/store.h"
+#include "store/store_internal.h"
+
+namespace tz::store {
+
+struct Store::Impl {
+  StoreOptions options;
+  gpu::Device* device = nullptr;
+  PinnedPool* pool = nullptr;
+  std::unique_ptr<nvme::SwapSpace> swap;
+
+  mutable std::mutex mu;
+  std::condition_variable cv;        // leases and drain wait here
+  std::condition_variable mover_cv;  // the mover waits here
+  std::uint64_t events = 0;          // bumped on anything the mover should look at
+  bool stopping = false;
+
+  std::map<BlockId, Block> blocks;  // ordered: deterministic iteration
+  BlockId next_id = 1;
+  std::array<std::uint64_t, kTierCount> logical_used{};
+  std::array<std::uint64_t, kTierCount> budget{};
+  std::array<std::uint64_t, kTierCount> phys_used{};
+  std::array<std::uint64_t, kTierCount> pending_frees{};
+  std::array<std::deque<std::pair<BlockId, std::uint64_t>>, kTierCount> alloc_fifo;
+  std::uint64_t tick = 0;
+  std::uint64_t decisions = 0;  // ops pushed so far (Op::decided)
+  BlockId protect = 0;          // the block being pinned: never a victim while its pin is placed
+
+  // Device buffers of evicted copies, kept for the next allocation of the same size (counted in
+  // phys_used): device memory that is mapped and touched once, not per load (on HostDevice a fresh
+  // buffer costs a page fault per 4 KiB on first use).
+  std::multimap<std::uint64_t, gpu::DeviceBuffer> dev_cache;
+  std::uint64_t dev_cache_bytes = 0;
+
+  // Staging buffers of the NVMe <-> device pipeline, and the streams its pieces are copied on: not
+  // the device's h2d/d2h streams, where a whole-block copy would hold up every piece behind it
+  // (and with them the staging buffers the disk needs).
+  std::vector<PinnedBuffer> staging;
+  std::unique_ptr<gpu::Stream> piece_h2d;
+  std::unique_ptr<gpu::Stream> piece_d2h;
+  std::vector<int> staging_free;
+  // Staging buffers held by NVMe -> device reads [0] and device -> NVMe writes [1]: neither
+  // direction may hold more than staging_cap, so that a run of write-backs (whose pieces are
+  // ready at once) cannot take every buffer while reads wait, and the disk gets both.
+  std::array<std::uint32_t, 2> staging_held{};
+  std::uint32_t staging_cap = 0;
+
+  // I/O scheduling (mover only, under mu).
+  std::deque<IoJob> read_q;
+  std::deque<IoJob> write_q;
+  std::uint64_t job_order = 0;
+  bool writing = false;         // kGrouped: the direction being issued
+  std::uint64_t run_bytes = 0;  // bytes issued in the current direction's run
+  std::uint64_t in_flight_bytes = 0;
+  std::uint32_t in_flight_reads = 0;
+  std::uint32_t in_flight_writes = 0;
+  std::vector<DeviceDone> device_done;
+
+  // Policy.
+  std::vector<TraceEntry> trace;
+  std::vector<TraceEntry> record;
+  std::size_t trace_pos = 0;
+  bool following = false;
+  std::unordered_map<BlockId, std::vector<std::uint32_t>> dev_uses;
+  std::unordered_map<BlockId, std::vector<std::uint32_t>> host_uses;
+  std::unordered_map<BlockId, std::vector<std::uint32_t>> any_uses;
+  std::unordered_map<BlockId, std::vector<std::uint32_t>> overwrites;  // write-only pins
+  // Trace positions of write pins whose bytes went home before being overwritten (in the pin's
+  // own step or the next), learned during the current step (spill_record) and in the last step
+  // that followed the trace (spill_trace).
+  std::unordered_set<std::uint32_t> spill_record;
+  std::unordered_set<std::uint32_t> spill_trace;
+
+  // Statistics.
+  StoreStats stats;
+  std::array<int, kLinkCount> link_active{};
+  std::array<double, kLinkCount> link_busy_since{};
+
+  std::thread mover;
+
+  // ---- residency.cc (residency and budgets: copies, evictions, admission, demand loads) ----
+  Block* find(BlockId id);
+  void wake();
+  std::uint64_t push_op(Block& b, Op op);
+  void push_alloc(Block& b, Tier t);
+  void push_free(Block& b, Tier t);
+  std::uint64_t push_copy(Block& b, Tier src, Tier dst, bool prefetch);
+  bool host_keeps(const Block& x, std::uint64_t nu) const;
+  bool admit_to_host(Block& b);
+  bool only_valid(const Block& b, Tier t) const;
+  void write_back_early(Block& b, Tier t);
+  void evict(Block& b, Tier t);
+  std::optional<Tier> load_source(const Block& b, Tier t) const;
+  std::string pinned_summary(Tier t) const;
+  Status make_resident(Block& b, Tier t);
+  bool try_prefetch(Block& b, Tier t, std::optional<std::uint64_t> distance);
+  void drop_stale_copies(Block& b, Tier written);
+  static Status lease_failure(const Block& b, Access access, std::uint64_t first_seq,
+                              std::uint64_t ready_seq);
+
+  // ---- policy.cc (the trace, Belady and LRU victims, the prefetch walk) ----
+  static std::uint64_t next_in(const std::unordered_map<BlockId, std::vector<std::uint32_t>>& m,
+                               BlockId id, std::size_t pos, std::size_t len);
+  std::uint64_t next_use(const Block& b, Tier t) const;
+  bool belady() const;
+  std::optional<std::vector<BlockId>> choose_victims(Tier t, std::uint64_t need, BlockId for_block,
+                                                     std::optional<std::uint64_t> beyond);
+  void prefetch_ahead();
+  void note_pin(const TraceEntry& e);
+  void build_index();
+
+  // ---- mover.cc (physical operations: allocations, copies, the staging pipeline, I/O scheduling)
+  // ----
+  void fail_op(Block& b, Op& op, Status st);
+  void* tier_ptr(Block& b, Tier t);
+  void free_physical(Block& b, Tier t);
+  void record_ready(Block& b, gpu::Stream& stream);
+  void after_user(Block& b, gpu::Stream& stream);
+  void enqueue_callback(gpu::Stream& stream, Block& b, const Op& op, std::uint32_t chunk,
+                        bool whole, int staging_index = -1);
+  Status device_copy(void* dst, const void* src, std::uint64_t bytes, gpu::CopyKind kind,
+                     gpu::Stream& stream);
+  bool start_op(Block& b, Op& op);
+  bool start_copy(Block& b, Op& op);
+  bool pump_chunks(Block& b, Op& op);
+  void queue_job(IoJob job);
+  void piece_done(Op& op, int staging_index);
+  bool finish_copy_if_done(Block& b, Op& op);
+  bool finish_op(Block& b);
+  bool advance(Block& b);
+  Op* find_op(Block& b, std::uint64_t seq);
+  void apply_device_done(const DeviceDone& d);
+  void apply_io_done(IoJob& job);
+  bool deferrable(const Block& b) const;
+  std::vector<IoJob> pick_jobs();
+  bool idle() const;
+  void reap_destroyed();
+  void mover_loop();
+
+  // ---- stats.cc (statistics) ----
+  void update_used(Tier t);
+  void link_start(Link l);
+  void link_end(Link l);
+};
+
+}  // namespace tz::store

@@ -1,0 +1,167 @@
+// The store's internal vocabulary (block state): a block, its copies per tier, its chain of
+// physical operations, and what the mover hands around (I/O jobs, device completions). Included
+// only by src/store/*.cc.
+//
+// Invariants of a block (checked by Store::Impl::check_invariants): a present copy holds its
+// bytes in the tier's logical use; ops in its chain have increasing seq and seq > done_seq;
+// done_seq <= issued_seq < next_seq; a block with no valid copy has lost its bytes (error set).
+#pragma once
+
+#include <array>
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <limits>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/assert.h"
+#include "core/status.h"
+#include "cpu/pinned_pool.h"
+#include "gpu/device.h"
+#include "nvme/swap_space.h"
+#include "store/stats.h"
+#include "store/store.h"
+
+namespace tz::store {
+
+constexpr std::uint64_t kAlign = 4096;
+constexpr std::uint64_t kNever = std::numeric_limits<std::uint64_t>::max();
+constexpr std::uint32_t kNoPos = std::numeric_limits<std::uint32_t>::max();
+
+inline std::uint64_t round_up(std::uint64_t v, std::uint64_t a) { return (v + a - 1) / a * a; }
+inline std::size_t ti(Tier t) { return static_cast<std::size_t>(t); }
+inline std::size_t li(Link l) { return static_cast<std::size_t>(l); }
+
+inline Link link_of(Tier src, Tier dst) {
+  if (src == Tier::kNvme && dst == Tier::kHost) return Link::kNvmeToHost;
+  if (src == Tier::kHost && dst == Tier::kNvme) return Link::kHostToNvme;
+  if (src == Tier::kNvme && dst == Tier::kDevice) return Link::kNvmeToDevice;
+  if (src == Tier::kDevice && dst == Tier::kNvme) return Link::kDeviceToNvme;
+  if (src == Tier::kHost && dst == Tier::kDevice) return Link::kHostToDevice;
+  TZ_ASSERT(src == Tier::kDevice && dst == Tier::kHost, "copy within one tier");
+  return Link::kDeviceToHost;
+}
+
+inline double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+enum class OpKind : std::uint8_t { kAlloc, kCopy, kZero, kFree };
+
+struct Op {
+  OpKind kind = OpKind::kAlloc;
+  std::uint64_t seq = 0;
+  std::uint64_t decided = 0;  // store-wide decision order: chains start their heads in this order
+  Tier src = Tier::kNvme;
+  Tier dst = Tier::kHost;  // the tier allocated, written, zeroed or freed
+  bool prefetch = false;
+  bool early = false;  // an early write-back: nobody waits for it until an op is queued behind it
+  // Mover-side progress.
+  bool started = false;
+  bool failed = false;
+  Status status;
+  std::uint32_t chunks = 0;       // pieces of a copy that touches NVMe
+  std::uint32_t next_chunk = 0;   // next piece to start
+  std::uint32_t outstanding = 0;  // pieces started and not finished
+  std::uint32_t finished = 0;
+  std::uint32_t copies_enqueued = 0;  // NVMe -> device: staging -> device copies enqueued
+  bool device_pending = false;        // a whole-block device copy or memset in flight
+  bool zero_fill = false;             // a load of a never-written NVMe copy: no bytes moved
+  double start_us = 0;
+  double start_s = 0;
+};
+
+struct Failure {
+  std::uint64_t first_seq = 0;  // the op that failed
+  std::uint64_t last_seq = 0;   // every op enqueued when it failed is skipped
+  Status status;
+};
+
+struct Copy {
+  bool present = false;  // holds space in the tier (logically)
+  bool valid = false;    // holds the latest bytes (once queued moves finish)
+  bool by_prefetch = false;
+  // The tier the bytes of this copy were loaded from; kNvme also when they were not loaded (a
+  // fresh or overwritten copy).
+  Tier loaded_from = Tier::kNvme;
+  std::uint64_t lru_tick = 0;
+};
+
+struct Block {
+  BlockId id = 0;
+  std::string name;
+  std::uint64_t bytes = 0;
+  Tier home = Tier::kNvme;
+  std::array<Copy, kTierCount> copies{};
+  std::array<int, kTierCount> leases{};
+  std::array<int, kTierCount> write_leases{};
+  int total_leases = 0;
+  bool destroyed = false;
+  Status error;  // logical poison: read pins fail until a write pin
+  // Physical.
+  gpu::DeviceBuffer dev;
+  PinnedBuffer host;
+  nvme::SwapExtent extent;
+  bool has_extent = false;
+  bool nvme_written = false;  // the extent holds data (else it reads as zeros)
+  std::vector<std::uint64_t> sums;
+  std::unique_ptr<gpu::Event> user_event;  // recorded by Lease::release(writer)
+  bool user_event_recorded = false;
+  std::unique_ptr<gpu::Event> ready_event;  // recorded after the last load into the device
+  // Chain.
+  std::deque<Op> ops;
+  std::uint64_t next_seq = 1;
+  std::uint64_t done_seq = 0;    // ops with seq <= done_seq are finished
+  std::uint64_t issued_seq = 0;  // ops with seq <= issued_seq have enqueued their last copy
+  std::deque<Failure> failures;  // most recent last, bounded
+  std::uint64_t skip_until = 0;  // copies with seq <= this are skipped (failed)
+  // Per tier, the last op that allocated, loaded or zeroed that tier's copy: a read pin of a
+  // current copy waits for it and not for later copies out of the tier (an early write-back).
+  std::array<std::uint64_t, kTierCount> fill_seq{};
+  // Trace position of the write pin whose bytes are in the upper copies and not yet home.
+  std::uint32_t dirtied_at = kNoPos;
+
+  std::uint32_t chunk_count(std::uint64_t chunk_bytes) const {
+    return static_cast<std::uint32_t>((bytes + chunk_bytes - 1) / chunk_bytes);
+  }
+};
+
+struct IoJob {
+  BlockId block = 0;
+  std::uint64_t op_seq = 0;
+  std::uint32_t chunk = 0;
+  nvme::IoOp dir = nvme::IoOp::kRead;
+  std::vector<nvme::Transfer> transfers;
+  std::uint64_t io_bytes = 0;  // rounded to 4 KiB
+  std::uint64_t order = 0;     // arrival, for mixed scheduling
+  int staging = -1;
+  // The piece's bytes: hashed by the mover outside the lock (before a write is submitted, after
+  // a read completes); the sum is stored or checked under the lock at completion.
+  const std::byte* data = nullptr;
+  std::uint64_t data_len = 0;
+  std::uint64_t sum = 0;
+  // Filled by the mover after completion.
+  Status status;
+};
+
+// A report from a device stream's host callback.
+struct DeviceDone {
+  BlockId block = 0;
+  std::uint64_t op_seq = 0;
+  std::uint32_t chunk = 0;
+  bool whole = false;  // a whole-block copy or memset (not a pipeline piece)
+  int staging = -1;    // the staging buffer a piece used
+};
+
+struct TraceEntry {
+  BlockId block = 0;
+  Tier tier = Tier::kHost;
+  Access access = Access::kRead;
+  bool operator==(const TraceEntry& o) const {
+    return block == o.block && tier == o.tier && access == o.access;
+  }
+};
+
+}  // namespace tz::store
