@@ -26,6 +26,7 @@
 #include "nvme/io_engine.h"
 #include "nvme/probe.h"
 #include "nvme/swap_space.h"
+#include "store/pool_registration.h"
 #include "store/store.h"
 
 namespace tz::cli {
@@ -206,9 +207,8 @@ int run(const BenchStoreOptions& o) {
   {
     auto swap = make_swap();
     if (!swap) return fail(swap.status());
-    std::vector<iovec> regions;
-    for (const PinnedSlab& sl : pool->slabs()) regions.push_back(iovec{sl.data, sl.bytes});
-    (*swap)->queue().register_buffers(regions).ignore();
+    // Unregistered buffers work too (slower on io_uring); the store logs the same refusal.
+    store::register_pool_with_queue((*swap)->queue(), *pool).ignore();
     if (Status st = measure_disk(**swap, *pool, *model, *chunk, *in_flight, &raw); !st.is_ok()) {
       return fail(st);
     }

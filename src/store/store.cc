@@ -11,6 +11,7 @@
 
 #include "core/assert.h"
 #include "core/log.h"
+#include "store/pool_registration.h"
 #include "store/store_impl.h"
 
 namespace tz::store {
@@ -88,9 +89,7 @@ Result<std::unique_ptr<Store>> Store::create(const StoreOptions& options, gpu::D
       }
     }
     if (st.is_ok() && raw->swap && raw->options.register_pool_buffers) {
-      std::vector<iovec> regions;
-      for (const PinnedSlab& s : raw->pool->slabs()) regions.push_back(iovec{s.data, s.bytes});
-      Status reg = raw->swap->queue().register_buffers(regions);
+      Status reg = register_pool_with_queue(raw->swap->queue(), *raw->pool);
       if (!reg.is_ok()) {
         TZ_LOG_INFO("store: pinned buffers not registered with the I/O engine: %s",
                     reg.to_string().c_str());
