@@ -112,9 +112,12 @@ const std::vector<KeySpec>& schema() {
       {"optimizer.params.torch_adam", Kind::kBool, 0, 0, kNone, false,
        "Accepted for DeepSpeed compatibility; no effect.", nullptr},
       {"scheduler.type", Kind::kString, 0, 0, kNone, "",
-       "Learning-rate schedule name (accepted; schedules are not implemented yet).", nullptr},
+       "Learning-rate schedule: WarmupLR, WarmupDecayLR, WarmupCosineLR or OneCycle (learning "
+       "rate only), with DeepSpeed's formulas; empty = the constant optimizer.params.lr.",
+       TZ_BIND(scheduler.type)},
       {"scheduler.params", Kind::kAny, 0, 0, kNone, json::object(),
-       "Learning-rate schedule parameters (accepted as they are).", nullptr},
+       "The schedule's parameters (the scheduler.params.* rows below; each type takes its own).",
+       nullptr},
 
       {"zero_optimization.stage", Kind::kInt, 0, 3, kNone, 0,
        "ZeRO stage: 0 data parallel, 1 optimizer states, 2 + gradients, 3 + parameters sharded.",
@@ -233,6 +236,115 @@ const std::vector<KeySpec>& schema() {
        TZ_BIND(tierzero.seed)},
   };
   return kSchema;
+}
+
+// The scheduler types and the parameters each takes (DeepSpeed's names and defaults).
+constexpr unsigned kWarmupLR = 1, kWarmupDecayLR = 2, kWarmupCosineLR = 4, kOneCycle = 8;
+constexpr unsigned kAllSchedules = kWarmupLR | kWarmupDecayLR | kWarmupCosineLR | kOneCycle;
+struct ScheduleType {
+  const char* name;
+  unsigned bit;
+};
+constexpr ScheduleType kScheduleTypes[] = {{"WarmupLR", kWarmupLR},
+                                           {"WarmupDecayLR", kWarmupDecayLR},
+                                           {"WarmupCosineLR", kWarmupCosineLR},
+                                           {"OneCycle", kOneCycle}};
+
+struct ScheduleParam {
+  KeySpec spec;       // path = "scheduler.params.<name>"
+  unsigned types;     // the schedule types that take it
+  unsigned required;  // the types for which it has no default
+};
+
+const std::vector<ScheduleParam>& schedule_params() {
+  static const std::vector<ScheduleParam> kParams = {
+      {{"scheduler.params.warmup_min_lr", Kind::kFloat, 0, 10, kNone, 0.0,
+        "WarmupLR/WarmupDecayLR: learning rate at the start of warm-up.",
+        TZ_BIND(scheduler.warmup_min_lr)},
+       kWarmupLR | kWarmupDecayLR, 0},
+      {{"scheduler.params.warmup_max_lr", Kind::kFloat, 0, 10, kNone, 0.001,
+        "WarmupLR/WarmupDecayLR: learning rate at the end of warm-up.",
+        TZ_BIND(scheduler.warmup_max_lr)},
+       kWarmupLR | kWarmupDecayLR, 0},
+      {{"scheduler.params.warmup_num_steps", Kind::kInt, 0, 9.2e18, kNone, 1000,
+        "Warm-up length in steps (at least 2 is used, as DeepSpeed does).",
+        TZ_BIND(scheduler.warmup_num_steps)},
+       kWarmupLR | kWarmupDecayLR | kWarmupCosineLR, 0},
+      {{"scheduler.params.warmup_type", Kind::kEnum, 0, 0, {"log", "linear"}, "log",
+        "Warm-up curve: log (min + delta * ln(i+1)/ln(warmup_num_steps)) or linear.",
+        TZ_BIND(scheduler.warmup_type)},
+       kWarmupLR | kWarmupDecayLR | kWarmupCosineLR, 0},
+      {{"scheduler.params.total_num_steps", Kind::kInt, 1, 9.2e18, kNone, nullptr,
+        "WarmupDecayLR/WarmupCosineLR: total training steps (required).",
+        TZ_BIND(scheduler.total_num_steps)},
+       kWarmupDecayLR | kWarmupCosineLR, kWarmupDecayLR | kWarmupCosineLR},
+      {{"scheduler.params.warmup_min_ratio", Kind::kFloat, 0, 1, kNone, 0.0,
+        "WarmupCosineLR: learning-rate ratio (of optimizer.params.lr) at the start of warm-up.",
+        TZ_BIND(scheduler.warmup_min_ratio)},
+       kWarmupCosineLR, 0},
+      {{"scheduler.params.cos_min_ratio", Kind::kFloat, 0, 1, kNone, 0.0001,
+        "WarmupCosineLR: learning-rate ratio at the end of the cosine decay.",
+        TZ_BIND(scheduler.cos_min_ratio)},
+       kWarmupCosineLR, 0},
+      {{"scheduler.params.cycle_min_lr", Kind::kFloat, 0, 10, kNone, nullptr,
+        "OneCycle: lower learning rate of the cycle (required).", TZ_BIND(scheduler.cycle_min_lr)},
+       kOneCycle, kOneCycle},
+      {{"scheduler.params.cycle_max_lr", Kind::kFloat, 0, 10, kNone, nullptr,
+        "OneCycle: upper learning rate of the cycle (required).", TZ_BIND(scheduler.cycle_max_lr)},
+       kOneCycle, kOneCycle},
+      {{"scheduler.params.decay_lr_rate", Kind::kFloat, 0, 1e9, kNone, 0.0,
+        "OneCycle: after the cycle, lr = cycle_min_lr / (1 + rate * steps / decay_step_size).",
+        TZ_BIND(scheduler.decay_lr_rate)},
+       kOneCycle, 0},
+      {{"scheduler.params.cycle_first_step_size", Kind::kFloat, 1, 9.2e18, kNone, 2000,
+        "OneCycle: steps of the increasing half.", TZ_BIND(scheduler.cycle_first_step_size)},
+       kOneCycle, 0},
+      {{"scheduler.params.cycle_second_step_size", Kind::kFloat, 1, 9.2e18, kNone, nullptr,
+        "OneCycle: steps of the decreasing half (default: cycle_first_step_size).",
+        TZ_BIND(scheduler.cycle_second_step_size)},
+       kOneCycle, 0},
+      {{"scheduler.params.cycle_first_stair_count", Kind::kInt, 0, 9.2e18, kNone, 0,
+        "OneCycle: accepted; DeepSpeed stores it and does not use it.",
+        TZ_BIND(scheduler.cycle_first_stair_count)},
+       kOneCycle, 0},
+      {{"scheduler.params.cycle_second_stair_count", Kind::kInt, 0, 9.2e18, kNone, nullptr,
+        "OneCycle: accepted; DeepSpeed stores it and does not use it.",
+        TZ_BIND(scheduler.cycle_second_stair_count)},
+       kOneCycle, 0},
+      {{"scheduler.params.decay_step_size", Kind::kFloat, 0, 9.2e18, kNone, 0,
+        "OneCycle: interval of the post-cycle decay (0 = no decay: cycle_min_lr).",
+        TZ_BIND(scheduler.decay_step_size)},
+       kOneCycle, 0},
+      {{"scheduler.params.cycle_momentum", Kind::kBool, 0, 0, kNone, true,
+        "OneCycle: accepted; momentum cycling is not applied (learning rate only).",
+        TZ_BIND(scheduler.cycle_momentum)},
+       kOneCycle, 0},
+      {{"scheduler.params.cycle_min_mom", Kind::kFloat, 0, 1, kNone, 0.8,
+        "OneCycle: accepted, not applied.", TZ_BIND(scheduler.cycle_min_mom)},
+       kOneCycle, 0},
+      {{"scheduler.params.cycle_max_mom", Kind::kFloat, 0, 1, kNone, 0.9,
+        "OneCycle: accepted, not applied.", TZ_BIND(scheduler.cycle_max_mom)},
+       kOneCycle, 0},
+      {{"scheduler.params.decay_mom_rate", Kind::kFloat, 0, 1e9, kNone, 0.0,
+        "OneCycle: accepted, not applied.", TZ_BIND(scheduler.decay_mom_rate)},
+       kOneCycle, 0},
+      {{"scheduler.params.last_batch_iteration", Kind::kFloat, -1, 9.2e18, kNone, -1,
+        "Schedule position at start, a whole number (-1 = the beginning; a restored checkpoint "
+        "overrides it).",
+        [](Config& c, const json& v) {
+          c.scheduler.last_batch_iteration = static_cast<std::int64_t>(v.get<double>());
+        }},
+       kAllSchedules, 0},
+  };
+  return kParams;
+}
+
+std::string schedule_types_text(unsigned types) {
+  std::string out;
+  for (const ScheduleType& t : kScheduleTypes) {
+    if (types & t.bit) out += (out.empty() ? "" : ", ") + std::string(t.name);
+  }
+  return out;
 }
 
 #undef TZ_BIND
@@ -517,6 +629,93 @@ void check_rules(const Config& c, Validator& v) {
   }
 }
 
+// The scheduler section: the type must be one we implement and every parameter must belong to
+// it (an error naming the key otherwise); the resolved section lists the type's parameters.
+void check_scheduler(const json& user, ConfigLoad& out, Validator& v) {
+  const std::string& type = out.config.scheduler.type;
+  const json* given = find_path(user, "scheduler.params");
+  if (given != nullptr && !given->is_object()) {
+    v.error("scheduler.params", "scheduler.params: " + show(*given) + " is not an object");
+    return;
+  }
+  if (type.empty()) {
+    if (given != nullptr && !given->empty()) {
+      v.error("scheduler.params", "scheduler.params: given without scheduler.type (one of " +
+                                      schedule_types_text(kAllSchedules) + ")");
+    }
+    return;
+  }
+  unsigned bit = 0;
+  for (const ScheduleType& t : kScheduleTypes) {
+    if (lower(t.name) == lower(type)) {
+      bit = t.bit;
+      out.config.scheduler.type = t.name;
+      out.resolved["scheduler"]["type"] = t.name;
+    }
+  }
+  if (bit == 0) {
+    v.error("scheduler.type", "scheduler.type: \"" + type + "\" is not one of " +
+                                  schedule_types_text(kAllSchedules) +
+                                  " (LRRangeTest is not supported)");
+    return;
+  }
+  const std::string& name = out.config.scheduler.type;
+  if (given != nullptr) {
+    for (auto it = given->begin(); it != given->end(); ++it) {
+      const std::string key = "scheduler.params." + it.key();
+      bool found = false;
+      for (const ScheduleParam& p : schedule_params()) found = found || (key == p.spec.path && (p.types & bit));
+      if (!found) {
+        std::string accepted;
+        for (const ScheduleParam& p : schedule_params()) {
+          if (p.types & bit) {
+            accepted += (accepted.empty() ? "" : ", ") +
+                        std::string(p.spec.path).substr(std::string("scheduler.params.").size());
+          }
+        }
+        v.error(key, key + ": not a parameter of " + name + " (accepted: " + accepted + ")");
+      }
+    }
+  }
+  json resolved = json::object();
+  for (const ScheduleParam& p : schedule_params()) {
+    if (!(p.types & bit)) continue;
+    const std::string short_name =
+        std::string(p.spec.path).substr(std::string("scheduler.params.").size());
+    json value = p.spec.default_value;
+    if (given != nullptr && given->contains(short_name)) {
+      // None (null) means the default, as in DeepSpeed's keyword arguments.
+      if (!(*given)[short_name].is_null()) {
+        auto converted = v.convert(p.spec, (*given)[short_name]);
+        if (!converted) continue;
+        value = std::move(*converted);
+      }
+    } else if (p.required & bit) {
+      v.error(p.spec.path, std::string(p.spec.path) + ": required by scheduler.type " + name);
+      continue;
+    }
+    if (!value.is_null()) p.spec.apply(out.config, value);
+    resolved[short_name] = value;
+  }
+  out.resolved["scheduler"]["params"] = std::move(resolved);
+  const SchedulerConfig& sc = out.config.scheduler;
+  if (bit == kOneCycle) {
+    if (sc.cycle_max_lr < sc.cycle_min_lr) {
+      v.error("scheduler.params.cycle_max_lr", "scheduler.params.cycle_max_lr: below cycle_min_lr");
+    }
+    if (sc.cycle_momentum) {
+      v.warning("scheduler.params.cycle_momentum",
+                "scheduler.params.cycle_momentum: momentum cycling is not applied; OneCycle "
+                "schedules the learning rate only");
+    }
+  }
+  if ((bit & (kWarmupDecayLR | kWarmupCosineLR)) && sc.total_num_steps > 0 &&
+      sc.total_num_steps < std::max<std::int64_t>(2, sc.warmup_num_steps)) {
+    v.warning("scheduler.params.total_num_steps",
+              "scheduler.params.total_num_steps: less than warmup_num_steps");
+  }
+}
+
 }  // namespace
 
 bool ConfigLoad::ok() const {
@@ -592,6 +791,7 @@ ConfigLoad load_config_text(std::string_view text) {
     out.config.zero.offload_optimizer.device = "cpu";
     out.resolved["zero_optimization"]["offload_optimizer"]["device"] = "cpu";
   }
+  check_scheduler(user, out, v);
   if (out.ok()) check_rules(out.config, v);
   return out;
 }
@@ -619,6 +819,14 @@ std::vector<ConfigKeyDoc> config_key_docs() {
   std::vector<ConfigKeyDoc> docs;
   for (const KeySpec& s : schema()) {
     docs.push_back({s.path, kind_name(s.kind), accepted_text(s), s.default_value.dump(), s.doc});
+  }
+  for (const ScheduleParam& p : schedule_params()) {
+    const KeySpec& s = p.spec;
+    docs.push_back({s.path, kind_name(s.kind),
+                    accepted_text(s) + " (" + schedule_types_text(p.types) + ")",
+                    s.default_value.is_null() ? std::string("required or derived")
+                                              : s.default_value.dump(),
+                    s.doc});
   }
   return docs;
 }

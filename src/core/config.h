@@ -82,6 +82,39 @@ struct OptimizerConfig {
   bool nesterov = false;
 };
 
+// The DeepSpeed `scheduler` section (deepspeed/runtime/lr_schedules.py): the type and the
+// parameters of that type, each with DeepSpeed's default (other types' fields keep theirs). The
+// formulas are zero/schedule.h's.
+struct SchedulerConfig {
+  std::string type;  // "" (constant optimizer.params.lr) | WarmupLR | WarmupDecayLR |
+                     // WarmupCosineLR | OneCycle
+  // WarmupLR, WarmupDecayLR
+  double warmup_min_lr = 0.0;
+  double warmup_max_lr = 0.001;
+  // WarmupLR, WarmupDecayLR, WarmupCosineLR
+  std::int64_t warmup_num_steps = 1000;
+  std::string warmup_type = "log";  // log | linear
+  std::int64_t total_num_steps = 0;  // WarmupDecayLR, WarmupCosineLR (required)
+  // WarmupCosineLR
+  double warmup_min_ratio = 0.0;
+  double cos_min_ratio = 0.0001;
+  // OneCycle (learning-rate part; the momentum keys are accepted and not applied)
+  double cycle_min_lr = 0.0;  // required
+  double cycle_max_lr = 0.0;  // required
+  double decay_lr_rate = 0.0;
+  double cycle_first_step_size = 2000;
+  double cycle_second_step_size = -1;  // -1 (DeepSpeed's None): the first step size
+  std::int64_t cycle_first_stair_count = 0;
+  std::int64_t cycle_second_stair_count = -1;
+  double decay_step_size = 0;
+  bool cycle_momentum = true;
+  double cycle_min_mom = 0.8;
+  double cycle_max_mom = 0.9;
+  double decay_mom_rate = 0.0;
+  // Every type: the schedule position at start (-1 = from the beginning).
+  std::int64_t last_batch_iteration = -1;
+};
+
 struct TierzeroConfig {
   std::string io_engine = "auto";  // auto | io_uring | libaio | psync
   std::uint64_t device_budget = 0;  // 0 = what the device has
@@ -105,6 +138,7 @@ struct Config {
   bool bf16 = false;
   Fp16Config fp16;
   OptimizerConfig optimizer;
+  SchedulerConfig scheduler;
   ZeroConfig zero;
   AioConfig aio;
   TierzeroConfig tierzero;

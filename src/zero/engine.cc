@@ -34,6 +34,7 @@
 #include "zero/layout.h"
 #include "zero/loss_scaler.h"
 #include "zero/optimizer_args.h"
+#include "zero/schedule.h"
 
 namespace tz::zero {
 
@@ -663,7 +664,9 @@ class EngineImpl final : public Engine {
     const double divisor = report.loss_scale * static_cast<double>(world_) * k;
     report.grad_norm = overflow ? std::numeric_limits<double>::infinity()
                                 : std::sqrt(total.sum_squares) / divisor;
-    report.lr = spec_.lr;
+    // DeepSpeed steps the schedule only after an applied update.
+    report.lr = scheduled_lr(config_.scheduler, spec_.lr,
+                             config_.scheduler.last_batch_iteration + updates_done_);
     report.skipped = overflow;
     scaler_.update(overflow);
     if (!overflow) {

@@ -248,6 +248,24 @@ TEST(ZeroEngine, NvmeStreamingUnderSmallHostTierIsBitIdentical) {
   }
 }
 
+// The schedule advances only after applied updates (DeepSpeed): WarmupLR linear from 0.001 to
+// 0.01 over 4 steps; update t uses iteration t - 2; step 3 overflows, so step 4 repeats its lr.
+TEST(ZeroEngine, ScheduleFollowsAppliedUpdates) {
+  RunSpec r;
+  r.ranks = 2;
+  r.stage = 1;
+  r.dtype = "fp16";
+  r.extra = R"("scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": 0.001,
+               "warmup_max_lr": 0.01, "warmup_num_steps": 4, "warmup_type": "linear"}},)";
+  const RunResult got = run(r, {2});
+  ASSERT_EQ(got.reports.size(), 5u);
+  const double want[] = {0.001, 0.001, 0.00325, 0.00325, 0.0055};
+  for (std::size_t i = 0; i < 5; ++i) {
+    EXPECT_NEAR(got.reports[i].lr, want[i], 1e-15) << "step " << i + 1;
+  }
+  EXPECT_TRUE(got.reports[2].skipped);
+}
+
 TEST(ZeroEngine, RejectsParamOffloadBelowStage3) {
   // The config loader already rejects the combination; a Config built in code reaches the engine.
   EngineOptions opts;
