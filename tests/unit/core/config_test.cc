@@ -71,6 +71,9 @@ TEST(Config, SizeStringsAndAuto) {
 TEST(Config, EachBadFileGivesOneErrorNamingTheKey) {
   const std::map<std::string, std::string> expected_key = {
       {"stage4", "zero_optimization.stage"},
+      {"scheduler_unknown_type", "scheduler.type"},
+      {"scheduler_param_of_other_type", "scheduler.params.cos_min_ratio"},
+      {"scheduler_missing_total_steps", "scheduler.params.total_num_steps"},
       {"offload_param_gpu", "zero_optimization.offload_param.device"},
       {"nvme_without_path", "zero_optimization.offload_optimizer.nvme_path"},
       {"negative_micro_batch", "train_micro_batch_size_per_gpu"},
