@@ -39,4 +39,20 @@ Status check_dtype(std::string_view op, std::string_view arg, ConstTensor t, DTy
                                   " like the op's other tensors of its kind");
 }
 
+Status check_sizes(std::string_view op, std::initializer_list<NamedSize> sizes) {
+  for (const NamedSize& s : sizes) TZ_RETURN_IF_ERROR(check_positive(op, s.name, s.value));
+  return Status::ok();
+}
+
+Status check_attention(std::string_view op, std::int64_t batch, std::int64_t seq,
+                       std::int64_t embd, std::int64_t heads) {
+  TZ_RETURN_IF_ERROR(
+      check_sizes(op, {{"batch", batch}, {"seq", seq}, {"embd", embd}, {"heads", heads}}));
+  if (embd % heads != 0) {
+    return Status::invalid_argument(std::string(op) + ": embd " + std::to_string(embd) +
+                                    " does not divide by heads " + std::to_string(heads));
+  }
+  return Status::ok();
+}
+
 }  // namespace tz::ops::internal

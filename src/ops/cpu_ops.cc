@@ -588,25 +588,6 @@ class CpuOps final : public Ops {
   // Backend-owned whole-tensor fp32 buffers, used under run_mu_ only.
   enum Slot { kSlotX, kSlotW, kSlotB, kSlotY, kSlotCount };
 
-  struct NamedSize {
-    std::string_view name;
-    std::int64_t value;
-  };
-  static Status check_sizes(std::string_view op, std::initializer_list<NamedSize> sizes) {
-    for (const NamedSize& s : sizes) TZ_RETURN_IF_ERROR(check_positive(op, s.name, s.value));
-    return Status::ok();
-  }
-  static Status check_attention(std::string_view op, std::int64_t batch, std::int64_t seq,
-                                std::int64_t embd, std::int64_t heads) {
-    TZ_RETURN_IF_ERROR(check_sizes(op, {{"batch", batch}, {"seq", seq}, {"embd", embd},
-                                        {"heads", heads}}));
-    if (embd % heads != 0) {
-      return Status::invalid_argument(std::string(op) + ": embd " + std::to_string(embd) +
-                                      " does not divide by heads " + std::to_string(heads));
-    }
-    return Status::ok();
-  }
-
   Status check_stream(gpu::Stream& stream) {
     if (&stream.device() == &device_) return Status::ok();
     return Status::invalid_argument("ops: the stream '" + stream.name() +

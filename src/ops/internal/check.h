@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <string_view>
 
 #include "core/status.h"
@@ -20,5 +21,15 @@ Status check_tensor(std::string_view op, std::string_view arg, ConstTensor t);
 Status check_optional(std::string_view op, std::string_view arg, ConstTensor t, DType dtype);
 // `t` has `dtype` (the dtype every act or every param tensor of one op shares).
 Status check_dtype(std::string_view op, std::string_view arg, ConstTensor t, DType dtype);
+
+// Every size is > 0.
+struct NamedSize {
+  std::string_view name;
+  std::int64_t value;
+};
+Status check_sizes(std::string_view op, std::initializer_list<NamedSize> sizes);
+// Attention's sizes: all > 0 and embd divisible by heads.
+Status check_attention(std::string_view op, std::int64_t batch, std::int64_t seq,
+                       std::int64_t embd, std::int64_t heads);
 
 }  // namespace tz::ops::internal

@@ -1,0 +1,675 @@
+// CUDA kernels of the ops CUDA backend (internal/cuda_kernels.h) for everything but the matmuls
+// (cuBLAS, cuda_ops.cc). The per-element math is ops/ops_math.h, shared with the CPU backend. No
+// kernel uses atomics: every sum runs in a fixed order, so results are deterministic.
+// Attention is the blocked online-softmax form: K/V tiles in shared memory, one thread per query
+// (forward, dQ) or per key (dK, dV), never a T x T matrix. Built for sm_80 and sm_90.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "core/dtype.h"
+#include "ops/internal/cuda_kernels.h"
+#include "ops/ops_math.h"
+
+namespace tz::ops::cuda_kernels {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr unsigned kMaxBlocks = 4096;
+constexpr int kAttnRows = 64;  // query (or key) rows per attention thread block, one per thread
+constexpr int kAttnTile = 32;  // rows of the other side per shared-memory tile
+
+cudaStream_t as_stream(void* s) { return static_cast<cudaStream_t>(s); }
+unsigned grid_for(std::int64_t n) {
+  const std::int64_t b = (n + kThreads - 1) / kThreads;
+  return static_cast<unsigned>(b < static_cast<std::int64_t>(kMaxBlocks) ? (b > 0 ? b : 1)
+                                                                         : kMaxBlocks);
+}
+int last_error() { return static_cast<int>(cudaGetLastError()); }
+
+template <typename T>
+__device__ float ld(const T* p, std::int64_t i) {
+  return to_f32(p[i]);
+}
+template <typename T>
+__device__ void st(T* p, std::int64_t i, float v) {
+  p[i] = from_f32<T>(v);
+}
+
+#define TZ_GRID_STRIDE(i, n)                                                          \
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; \
+       i < (n); i += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
+
+__device__ float warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ float warp_max(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+// Sum (or max) over the block of kThreads threads; every thread gets the result.
+template <bool kMax>
+__device__ float block_reduce(float v, float* shared) {
+  v = kMax ? warp_max(v) : warp_sum(v);
+  const int warp = threadIdx.x / 32;
+  if (threadIdx.x % 32 == 0) shared[warp] = v;
+  __syncthreads();
+  float r = shared[0];
+  for (int w = 1; w < kThreads / 32; ++w) r = kMax ? fmaxf(r, shared[w]) : r + shared[w];
+  __syncthreads();
+  return r;
+}
+
+// ---- embedding ----
+
+template <typename T>
+__global__ void embedding_forward_kernel(T* out, const std::int32_t* tok, const T* wte,
+                                         const T* wpe, std::int64_t rows, std::int64_t seq,
+                                         std::int64_t c) {
+  TZ_GRID_STRIDE(i, rows * c) {
+    const std::int64_t r = i / c;
+    const std::int64_t k = i % c;
+    st(out, i, ld(wte, tok[r] * c + k) + ld(wpe, (r % seq) * c + k));
+  }
+}
+
+// Thread (r, k): when row r is its token's first occurrence, sums every row of that token in row
+// order (fp32) and adds the sum into the table once.
+template <typename T>
+__global__ void embedding_wte_kernel(T* dwte, const T* dout, const std::int32_t* tok,
+                                     std::int64_t rows, std::int64_t c) {
+  const std::int64_t k = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
+  if (k >= c) return;
+  for (std::int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
+    const std::int32_t t = tok[r];
+    bool first = true;
+    for (std::int64_t r2 = 0; r2 < r && first; ++r2) first = tok[r2] != t;
+    if (!first) continue;
+    float s = 0;
+    for (std::int64_t r2 = r; r2 < rows; ++r2) {
+      if (tok[r2] == t) s += ld(dout, r2 * c + k);
+    }
+    st(dwte, t * c + k, ld(dwte, t * c + k) + s);
+  }
+}
+
+template <typename T>
+__global__ void embedding_wpe_kernel(T* dwpe, const T* dout, std::int64_t batch, std::int64_t seq,
+                                     std::int64_t c) {
+  TZ_GRID_STRIDE(i, seq * c) {
+    const std::int64_t t = i / c;
+    const std::int64_t k = i % c;
+    float s = 0;
+    for (std::int64_t b = 0; b < batch; ++b) s += ld(dout, (b * seq + t) * c + k);
+    st(dwpe, i, ld(dwpe, i) + s);
+  }
+}
+
+// ---- layernorm: one warp per row ----
+
+template <typename T>
+__global__ void layernorm_forward_kernel(T* out, float* mean, float* rstd, const T* x, const T* w,
+                                         const T* b, std::int64_t rows, int dim) {
+  const std::int64_t row = blockIdx.x * static_cast<std::int64_t>(blockDim.x / 32) + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (row >= rows) return;
+  const T* xr = x + row * dim;
+  float s = 0;
+  for (int k = lane; k < dim; k += 32) s += ld(xr, k);
+  const float m = math::layernorm_mean(warp_sum(s), dim);
+  float sq = 0;
+  for (int k = lane; k < dim; k += 32) {
+    const float d = ld(xr, k) - m;
+    sq += d * d;
+  }
+  const float rs = math::layernorm_rstd(warp_sum(sq), dim);
+  for (int k = lane; k < dim; k += 32) {
+    st(out, row * dim + k, (ld(xr, k) - m) * rs * ld(w, k) + ld(b, k));
+  }
+  if (lane == 0) {
+    mean[row] = m;
+    rstd[row] = rs;
+  }
+}
+
+template <typename T>
+__global__ void layernorm_dx_kernel(T* dx, bool add, const T* dout, const T* x, const T* w,
+                                    const float* mean, const float* rstd, std::int64_t rows,
+                                    int dim) {
+  const std::int64_t row = blockIdx.x * static_cast<std::int64_t>(blockDim.x / 32) + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (row >= rows) return;
+  const float m = mean[row];
+  const float rs = rstd[row];
+  float s1 = 0;
+  float s2 = 0;
+  for (int k = lane; k < dim; k += 32) {
+    const float dxhat = ld(dout, row * dim + k) * ld(w, k);
+    s1 += dxhat;
+    s2 += dxhat * (ld(x, row * dim + k) - m) * rs;
+  }
+  const float m1 = warp_sum(s1) / static_cast<float>(dim);
+  const float m2 = warp_sum(s2) / static_cast<float>(dim);
+  for (int k = lane; k < dim; k += 32) {
+    const std::int64_t i = row * dim + k;
+    const float g = math::layernorm_dx(ld(dout, i) * ld(w, k), (ld(x, i) - m) * rs, m1, m2, rs);
+    st(dx, i, add ? ld(dx, i) + g : g);
+  }
+}
+
+// One thread per column: dweight += sum_r dout * xhat, dbias += sum_r dout, in row order.
+template <typename T>
+__global__ void layernorm_params_kernel(T* dw, T* db, const T* dout, const T* x,
+                                        const float* mean, const float* rstd, std::int64_t rows,
+                                        int dim) {
+  TZ_GRID_STRIDE(k, dim) {
+    float sw = 0;
+    float sb = 0;
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const float g = ld(dout, r * dim + k);
+      sw += g * (ld(x, r * dim + k) - mean[r]) * rstd[r];
+      sb += g;
+    }
+    if (dw != nullptr) st(dw, k, ld(dw, k) + sw);
+    if (db != nullptr) st(db, k, ld(db, k) + sb);
+  }
+}
+
+// ---- matmul helpers ----
+
+template <typename T>
+__global__ void broadcast_rows_kernel(T* out, const T* bias, std::int64_t rows, std::int64_t cols) {
+  TZ_GRID_STRIDE(i, rows * cols) { out[i] = bias[i % cols]; }
+}
+
+template <typename T>
+__global__ void column_sums_kernel(T* dbias, const T* dout, std::int64_t rows, std::int64_t cols) {
+  TZ_GRID_STRIDE(k, cols) {
+    float s = 0;
+    for (std::int64_t r = 0; r < rows; ++r) s += ld(dout, r * cols + k);
+    st(dbias, k, ld(dbias, k) + s);
+  }
+}
+
+// ---- attention ----
+
+struct AttnShape {
+  std::int64_t seq;
+  int embd;
+  int heads;
+  int hd;
+  float scale;
+  // Element offset of head `h`'s part (0 q, 1 k, 2 v) of position t of batch b in qkv.
+  __device__ std::int64_t qkv(std::int64_t b, std::int64_t t, int part, int h) const {
+    return ((b * seq + t) * 3 + part) * embd + static_cast<std::int64_t>(h) * hd;
+  }
+  __device__ std::int64_t out(std::int64_t b, std::int64_t t, int h) const {
+    return (b * seq + t) * embd + static_cast<std::int64_t>(h) * hd;
+  }
+};
+
+// Loads rows [r0, r0 + kAttnTile) of part `part` of one head into tile (kAttnTile x HD).
+template <typename T, int HD>
+__device__ void load_tile(float (*tile)[HD], const T* qkv, const AttnShape& s, std::int64_t b,
+                          int h, std::int64_t r0, int part) {
+  for (int idx = threadIdx.x; idx < kAttnTile * HD; idx += blockDim.x) {
+    const int j = idx / HD;
+    const int d = idx % HD;
+    tile[j][d] = (r0 + j < s.seq && d < s.hd) ? ld(qkv, s.qkv(b, r0 + j, part, h) + d) : 0.0f;
+  }
+}
+
+// grid (query blocks, batch*heads), kAttnRows threads; thread = one query row.
+template <typename T, int HD>
+__global__ void attention_forward_kernel(T* out, float* lse, const T* qkv, AttnShape s) {
+  __shared__ float ks[kAttnTile][HD];
+  __shared__ float vs[kAttnTile][HD];
+  const std::int64_t bh = blockIdx.y;
+  const std::int64_t b = bh / s.heads;
+  const int h = static_cast<int>(bh % s.heads);
+  const std::int64_t q0 = static_cast<std::int64_t>(blockIdx.x) * kAttnRows;
+  const std::int64_t t = q0 + threadIdx.x;
+  const bool active = t < s.seq;
+  float q[HD];
+  float acc[HD];
+#pragma unroll
+  for (int d = 0; d < HD; ++d) {
+    q[d] = active && d < s.hd ? ld(qkv, s.qkv(b, t, 0, h) + d) * s.scale : 0.0f;
+    acc[d] = 0.0f;
+  }
+  math::OnlineSoftmax norm;
+  const std::int64_t last = q0 + kAttnRows - 1 < s.seq ? q0 + kAttnRows - 1 : s.seq - 1;
+  for (std::int64_t k0 = 0; k0 <= last; k0 += kAttnTile) {
+    load_tile<T, HD>(ks, qkv, s, b, h, k0, 1);
+    load_tile<T, HD>(vs, qkv, s, b, h, k0, 2);
+    __syncthreads();
+    if (active) {
+      for (int j = 0; j < kAttnTile && k0 + j <= t; ++j) {
+        float sc = 0;
+#pragma unroll
+        for (int d = 0; d < HD; ++d) sc += q[d] * ks[j][d];
+        const float new_max = fmaxf(norm.max, sc);
+        const float corr = norm.rescale(new_max);
+        const float p = expf(sc - new_max);
+        norm.sum = norm.sum * corr + p;
+        norm.max = new_max;
+#pragma unroll
+        for (int d = 0; d < HD; ++d) acc[d] = acc[d] * corr + p * vs[j][d];
+      }
+    }
+    __syncthreads();
+  }
+  if (!active) return;
+  const float inv = 1.0f / norm.sum;
+  for (int d = 0; d < s.hd; ++d) st(out, s.out(b, t, h) + d, acc[d] * inv);
+  lse[bh * s.seq + t] = norm.log_sum_exp();
+}
+
+template <typename T>
+__global__ void attention_delta_kernel(float* delta, const T* dout, const T* out, std::int64_t bhs,
+                                       AttnShape s) {
+  TZ_GRID_STRIDE(i, bhs) {
+    const std::int64_t t = i % s.seq;
+    const std::int64_t bh = i / s.seq;
+    const std::int64_t b = bh / s.heads;
+    const int h = static_cast<int>(bh % s.heads);
+    float acc = 0;
+    for (int d = 0; d < s.hd; ++d) acc += ld(dout, s.out(b, t, h) + d) * ld(out, s.out(b, t, h) + d);
+    delta[i] = acc;
+  }
+}
+
+// dQ: thread = one query row, over key tiles up to it.
+template <typename T, int HD>
+__global__ void attention_dq_kernel(T* dqkv, bool add, const T* dout, const T* qkv,
+                                    const float* lse, const float* delta, AttnShape s) {
+  __shared__ float ks[kAttnTile][HD];
+  __shared__ float vs[kAttnTile][HD];
+  const std::int64_t bh = blockIdx.y;
+  const std::int64_t b = bh / s.heads;
+  const int h = static_cast<int>(bh % s.heads);
+  const std::int64_t q0 = static_cast<std::int64_t>(blockIdx.x) * kAttnRows;
+  const std::int64_t t = q0 + threadIdx.x;
+  const bool active = t < s.seq;
+  float q[HD];
+  float g[HD];
+  float dq[HD];
+#pragma unroll
+  for (int d = 0; d < HD; ++d) {
+    q[d] = active && d < s.hd ? ld(qkv, s.qkv(b, t, 0, h) + d) : 0.0f;
+    g[d] = active && d < s.hd ? ld(dout, s.out(b, t, h) + d) : 0.0f;
+    dq[d] = 0.0f;
+  }
+  const float l = active ? lse[bh * s.seq + t] : 0.0f;
+  const float di = active ? delta[bh * s.seq + t] : 0.0f;
+  const std::int64_t last = q0 + kAttnRows - 1 < s.seq ? q0 + kAttnRows - 1 : s.seq - 1;
+  for (std::int64_t k0 = 0; k0 <= last; k0 += kAttnTile) {
+    load_tile<T, HD>(ks, qkv, s, b, h, k0, 1);
+    load_tile<T, HD>(vs, qkv, s, b, h, k0, 2);
+    __syncthreads();
+    if (active) {
+      for (int j = 0; j < kAttnTile && k0 + j <= t; ++j) {
+        float sc = 0;
+        float dp = 0;
+#pragma unroll
+        for (int d = 0; d < HD; ++d) {
+          sc += q[d] * ks[j][d];
+          dp += g[d] * vs[j][d];
+        }
+        const float p = expf(sc * s.scale - l);
+        const float ds = p * (dp - di) * s.scale;
+#pragma unroll
+        for (int d = 0; d < HD; ++d) dq[d] += ds * ks[j][d];
+      }
+    }
+    __syncthreads();
+  }
+  if (!active) return;
+  for (int d = 0; d < s.hd; ++d) {
+    const std::int64_t i = s.qkv(b, t, 0, h) + d;
+    st(dqkv, i, add ? ld(dqkv, i) + dq[d] : dq[d]);
+  }
+}
+
+// Loads query rows [r0, r0 + kAttnTile): q, dout, lse and delta, into shared tiles.
+template <typename T, int HD>
+__device__ void load_query_tile(float (*qs)[HD], float (*gs)[HD], float* ls, float* ds,
+                                const T* qkv, const T* dout, const float* lse,
+                                const float* delta, const AttnShape& s, std::int64_t b, int h,
+                                std::int64_t bh, std::int64_t r0) {
+  for (int idx = threadIdx.x; idx < kAttnTile * HD; idx += blockDim.x) {
+    const int j = idx / HD;
+    const int d = idx % HD;
+    const bool in = r0 + j < s.seq && d < s.hd;
+    qs[j][d] = in ? ld(qkv, s.qkv(b, r0 + j, 0, h) + d) : 0.0f;
+    gs[j][d] = in ? ld(dout, s.out(b, r0 + j, h) + d) : 0.0f;
+  }
+  for (int j = threadIdx.x; j < kAttnTile; j += blockDim.x) {
+    ls[j] = r0 + j < s.seq ? lse[bh * s.seq + r0 + j] : 0.0f;
+    ds[j] = r0 + j < s.seq ? delta[bh * s.seq + r0 + j] : 0.0f;
+  }
+}
+
+// dK, dV: thread = one key row, over query tiles from its own block to the end.
+template <typename T, int HD>
+__global__ void attention_dkv_kernel(T* dqkv, bool add, const T* dout, const T* qkv,
+                                     const float* lse, const float* delta, AttnShape s) {
+  __shared__ float qs[kAttnTile][HD];
+  __shared__ float gs[kAttnTile][HD];
+  __shared__ float ls[kAttnTile];
+  __shared__ float dls[kAttnTile];
+  const std::int64_t bh = blockIdx.y;
+  const std::int64_t b = bh / s.heads;
+  const int h = static_cast<int>(bh % s.heads);
+  const std::int64_t k0 = static_cast<std::int64_t>(blockIdx.x) * kAttnRows;
+  const std::int64_t j = k0 + threadIdx.x;
+  const bool active = j < s.seq;
+  float k[HD];
+  float v[HD];
+  float dk[HD];
+  float dv[HD];
+#pragma unroll
+  for (int d = 0; d < HD; ++d) {
+    k[d] = active && d < s.hd ? ld(qkv, s.qkv(b, j, 1, h) + d) : 0.0f;
+    v[d] = active && d < s.hd ? ld(qkv, s.qkv(b, j, 2, h) + d) : 0.0f;
+    dk[d] = 0.0f;
+    dv[d] = 0.0f;
+  }
+  for (std::int64_t r0 = k0; r0 < s.seq; r0 += kAttnTile) {
+    load_query_tile<T, HD>(qs, gs, ls, dls, qkv, dout, lse, delta, s, b, h, bh, r0);
+    __syncthreads();
+    if (active) {
+      for (int i = 0; i < kAttnTile && r0 + i < s.seq; ++i) {
+        if (r0 + i < j) continue;  // causal: query r0+i sees key j only when j <= r0+i
+        float sc = 0;
+        float dp = 0;
+#pragma unroll
+        for (int d = 0; d < HD; ++d) {
+          sc += qs[i][d] * k[d];
+          dp += gs[i][d] * v[d];
+        }
+        const float p = expf(sc * s.scale - ls[i]);
+        const float dsc = p * (dp - dls[i]) * s.scale;
+#pragma unroll
+        for (int d = 0; d < HD; ++d) {
+          dv[d] += p * gs[i][d];
+          dk[d] += dsc * qs[i][d];
+        }
+      }
+    }
+    __syncthreads();
+  }
+  if (!active) return;
+  for (int d = 0; d < s.hd; ++d) {
+    const std::int64_t ik = s.qkv(b, j, 1, h) + d;
+    const std::int64_t iv = s.qkv(b, j, 2, h) + d;
+    st(dqkv, ik, add ? ld(dqkv, ik) + dk[d] : dk[d]);
+    st(dqkv, iv, add ? ld(dqkv, iv) + dv[d] : dv[d]);
+  }
+}
+
+// ---- element-wise ----
+
+template <typename T>
+__global__ void gelu_forward_kernel(T* out, const T* x, std::int64_t n) {
+  TZ_GRID_STRIDE(i, n) { st(out, i, math::gelu_forward(ld(x, i))); }
+}
+template <typename T>
+__global__ void gelu_backward_kernel(T* dx, bool add, const T* dout, const T* x, std::int64_t n) {
+  TZ_GRID_STRIDE(i, n) {
+    const float g = ld(dout, i) * math::gelu_derivative(ld(x, i));
+    st(dx, i, add ? ld(dx, i) + g : g);
+  }
+}
+template <typename T>
+__global__ void residual_forward_kernel(T* out, const T* a, const T* b, std::int64_t n) {
+  TZ_GRID_STRIDE(i, n) { st(out, i, ld(a, i) + ld(b, i)); }
+}
+template <typename T>
+__global__ void accumulate_kernel(T* dst, bool add, const T* src, std::int64_t n) {
+  TZ_GRID_STRIDE(i, n) { st(dst, i, add ? ld(dst, i) + ld(src, i) : ld(src, i)); }
+}
+
+// ---- cross-entropy: one block per row ----
+
+template <typename T>
+__global__ void cross_entropy_kernel(T* dlogits, float* losses, const T* logits,
+                                     const std::int32_t* targets, std::int64_t rows,
+                                     std::int64_t vocab, float grad_scale) {
+  __shared__ float shared[kThreads / 32];
+  for (std::int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const T* x = logits + r * vocab;
+    float m = -INFINITY;
+    for (std::int64_t k = threadIdx.x; k < vocab; k += blockDim.x) m = fmaxf(m, ld(x, k));
+    m = block_reduce<true>(m, shared);
+    float s = 0;
+    for (std::int64_t k = threadIdx.x; k < vocab; k += blockDim.x) s += expf(ld(x, k) - m);
+    s = block_reduce<false>(s, shared);
+    math::OnlineSoftmax norm;
+    norm.merge(m, s);
+    const float l = norm.log_sum_exp();
+    const std::int32_t tgt = targets[r];
+    const float target_logit = ld(x, tgt);
+    __syncthreads();  // every thread has read the target's logit before any overwrites it
+    if (threadIdx.x == 0 && losses != nullptr) losses[r] = math::cross_entropy_loss(l, target_logit);
+    if (dlogits != nullptr) {
+      for (std::int64_t k = threadIdx.x; k < vocab; k += blockDim.x) {
+        st(dlogits, r * vocab + k, math::cross_entropy_grad(ld(x, k), l, k == tgt, grad_scale));
+      }
+    }
+    __syncthreads();
+  }
+}
+
+// Runs fn(T{}) for the storage type of dt.
+template <typename Fn>
+void dispatch(DType dt, Fn&& fn) {
+  switch (dt) {
+    case DType::kF32: fn(float{}); break;
+    case DType::kBF16: fn(bf16{}); break;
+    case DType::kF16: fn(fp16{}); break;
+  }
+}
+
+template <typename Fn>
+void dispatch_hd(int hd, Fn&& fn) {
+  if (hd <= 32) {
+    fn(std::integral_constant<int, 32>{});
+  } else if (hd <= 64) {
+    fn(std::integral_constant<int, 64>{});
+  } else {
+    fn(std::integral_constant<int, kMaxHeadDim>{});
+  }
+}
+
+AttnShape attn_shape(std::int64_t seq, std::int64_t embd, std::int64_t heads) {
+  AttnShape s;
+  s.seq = seq;
+  s.embd = static_cast<int>(embd);
+  s.heads = static_cast<int>(heads);
+  s.hd = static_cast<int>(embd / heads);
+  s.scale = 1.0f / sqrtf(static_cast<float>(s.hd));
+  return s;
+}
+
+unsigned warps_grid(std::int64_t rows) {
+  return static_cast<unsigned>((rows + kThreads / 32 - 1) / (kThreads / 32));
+}
+
+}  // namespace
+
+int embedding_forward(void* out, const std::int32_t* tokens, const void* wte, const void* wpe,
+                      std::int64_t batch, std::int64_t seq, std::int64_t embd, DType dt,
+                      void* stream) {
+  dispatch(dt, [&](auto tag) {
+    using T = decltype(tag);
+    embedding_forward_kernel<T><<<grid_for(batch * seq * embd), kThreads, 0, as_stream(stream)>>>(
+        static_cast<T*>(out), tokens, static_cast<const T*>(wte), static_cast<const T*>(wpe),
+        batch * seq, seq, embd);
+  });
+  return last_error();
+}
+
+int embedding_backward(void* dwte, void* dwpe, const void* dout, const std::int32_t* tokens,
+                       std::int64_t batch, std::int64_t seq, std::int64_t embd, DType dt,
+                       void* stream) {
+  dispatch(dt, [&](auto tag) {
+    using T = decltype(tag);
+    if (dwte != nullptr) {
+      const std::int64_t rows = batch * seq;
+      const dim3 grid(static_cast<unsigned>((embd + kThreads - 1) / kThreads),
+                      static_cast<unsigned>(rows < 65535 ? rows : 65535));
+      embedding_wte_kernel<T><<<grid, kThreads, 0, as_stream(stream)>>>(
+          static_cast<T*>(dwte), static_cast<const T*>(dout), tokens, rows, embd);
+    }
+    if (dwpe != nullptr) {
+      embedding_wpe_kernel<T><<<grid_for(seq * embd), kThreads, 0, as_stream(stream)>>>(
+          static_cast<T*>(dwpe), static_cast<const T*>(dout), batch, seq, embd);
+    }
+  });
+  return last_error();
+}
+
+int layernorm_forward(void* out, float* mean, float* rstd, const void* x, const void* weight,
+                      const void* bias, std::int64_t rows, std::int64_t dim, DType dt,
+                      void* stream) {
+  dispatch(dt, [&](auto tag) {
+    using T = decltype(tag);
+    layernorm_forward_kernel<T><<<warps_grid(rows), kThreads, 0, as_stream(stream)>>>(
+        static_cast<T*>(out), mean, rstd, static_cast<const T*>(x),
+        static_cast<const T*>(weight), static_cast<const T*>(bias), rows, static_cast<int>(dim));
+  });
+  return last_error();
+}
+
+int layernorm_backward(void* dx, bool add, void* dweight, void* dbias, const void* dout,
+                       const void* x, const void* weight, const float* mean, const float* rstd,
+                       std::int64_t rows, std::int64_t dim, DType dt, void* stream) {
+  dispatch(dt, [&](auto tag) {
+    using T = decltype(tag);
+    layernorm_dx_kernel<T><<<warps_grid(rows), kThreads, 0, as_stream(stream)>>>(
+        static_cast<T*>(dx), add, static_cast<const T*>(dout), static_cast<const T*>(x),
+        static_cast<const T*>(weight), mean, rstd, rows, static_cast<int>(dim));
+    if (dweight != nullptr || dbias != nullptr) {
+      layernorm_params_kernel<T><<<grid_for(dim), kThreads, 0, as_stream(stream)>>>(
+          static_cast<T*>(dweight), static_cast<T*>(dbias), static_cast<const T*>(dout),
+          static_cast<const T*>(x), mean, rstd, rows, static_cast<int>(dim));
+    }
+  });
+  return last_error();
+}
+
+int broadcast_rows(void* out, const void* bias, std::int64_t rows, std::int64_t cols, DType dt,
+                   void* stream) {
+  dispatch(dt, [&](auto tag) {
+    using T = decltype(tag);
+    broadcast_rows_kernel<T><<<grid_for(rows * cols), kThreads, 0, as_stream(stream)>>>(
+        static_cast<T*>(out), static_cast<const T*>(bias), rows, cols);
+  });
+  return last_error();
+}
+
+int column_sums(void* dbias, const void* dout, std::int64_t rows, std::int64_t cols, DType dt,
+                void* stream) {
+  dispatch(dt, [&](auto tag) {
+    using T = decltype(tag);
+    column_sums_kernel<T><<<grid_for(cols), kThreads, 0, as_stream(stream)>>>(
+        static_cast<T*>(dbias), static_cast<const T*>(dout), rows, cols);
+  });
+  return last_error();
+}
+
+int attention_forward(void* out, float* lse, const void* qkv, std::int64_t batch,
+                      std::int64_t seq, std::int64_t embd, std::int64_t heads, DType dt,
+                      void* stream) {
+  const AttnShape s = attn_shape(seq, embd, heads);
+  const dim3 grid(static_cast<unsigned>((seq + kAttnRows - 1) / kAttnRows),
+                  static_cast<unsigned>(batch * heads));
+  dispatch(dt, [&](auto tag) {
+    using T = decltype(tag);
+    dispatch_hd(s.hd, [&](auto hd) {
+      attention_forward_kernel<T, decltype(hd)::value><<<grid, kAttnRows, 0, as_stream(stream)>>>(
+          static_cast<T*>(out), lse, static_cast<const T*>(qkv), s);
+    });
+  });
+  return last_error();
+}
+
+int attention_backward(void* dqkv, bool add, float* delta, const void* dout, const void* qkv,
+                       const void* out, const float* lse, std::int64_t batch, std::int64_t seq,
+                       std::int64_t embd, std::int64_t heads, DType dt, void* stream) {
+  const AttnShape s = attn_shape(seq, embd, heads);
+  const dim3 grid(static_cast<unsigned>((seq + kAttnRows - 1) / kAttnRows),
+                  static_cast<unsigned>(batch * heads));
+  dispatch(dt, [&](auto tag) {
+    using T = decltype(tag);
+    const std::int64_t bhs = batch * heads * seq;
+    attention_delta_kernel<T><<<grid_for(bhs), kThreads, 0, as_stream(stream)>>>(
+        delta, static_cast<const T*>(dout), static_cast<const T*>(out), bhs, s);
+    dispatch_hd(s.hd, [&](auto hd) {
+      constexpr int HD = decltype(hd)::value;
+      attention_dq_kernel<T, HD><<<grid, kAttnRows, 0, as_stream(stream)>>>(
+          static_cast<T*>(dqkv), add, static_cast<const T*>(dout), static_cast<const T*>(qkv), lse,
+          delta, s);
+      attention_dkv_kernel<T, HD><<<grid, kAttnRows, 0, as_stream(stream)>>>(
+          static_cast<T*>(dqkv), add, static_cast<const T*>(dout), static_cast<const T*>(qkv), lse,
+          delta, s);
+    });
+  });
+  return last_error();
+}
+
+int gelu_forward(void* out, const void* x, std::int64_t n, DType dt, void* stream) {
+  dispatch(dt, [&](auto tag) {
+    using T = decltype(tag);
+    gelu_forward_kernel<T><<<grid_for(n), kThreads, 0, as_stream(stream)>>>(
+        static_cast<T*>(out), static_cast<const T*>(x), n);
+  });
+  return last_error();
+}
+
+int gelu_backward(void* dx, bool add, const void* dout, const void* x, std::int64_t n, DType dt,
+                  void* stream) {
+  dispatch(dt, [&](auto tag) {
+    using T = decltype(tag);
+    gelu_backward_kernel<T><<<grid_for(n), kThreads, 0, as_stream(stream)>>>(
+        static_cast<T*>(dx), add, static_cast<const T*>(dout), static_cast<const T*>(x), n);
+  });
+  return last_error();
+}
+
+int residual_forward(void* out, const void* a, const void* b, std::int64_t n, DType dt,
+                     void* stream) {
+  dispatch(dt, [&](auto tag) {
+    using T = decltype(tag);
+    residual_forward_kernel<T><<<grid_for(n), kThreads, 0, as_stream(stream)>>>(
+        static_cast<T*>(out), static_cast<const T*>(a), static_cast<const T*>(b), n);
+  });
+  return last_error();
+}
+
+int accumulate(void* dst, bool add, const void* src, std::int64_t n, DType dt, void* stream) {
+  dispatch(dt, [&](auto tag) {
+    using T = decltype(tag);
+    accumulate_kernel<T><<<grid_for(n), kThreads, 0, as_stream(stream)>>>(
+        static_cast<T*>(dst), add, static_cast<const T*>(src), n);
+  });
+  return last_error();
+}
+
+int cross_entropy(void* dlogits, float* losses, const void* logits, const std::int32_t* targets,
+                  std::int64_t rows, std::int64_t vocab, float grad_scale, DType dt,
+                  void* stream) {
+  const unsigned grid = static_cast<unsigned>(rows < kMaxBlocks ? rows : kMaxBlocks);
+  dispatch(dt, [&](auto tag) {
+    using T = decltype(tag);
+    cross_entropy_kernel<T><<<grid, kThreads, 0, as_stream(stream)>>>(
+        static_cast<T*>(dlogits), losses, static_cast<const T*>(logits), targets, rows, vocab,
+        grad_scale);
+  });
+  return last_error();
+}
+
+}  // namespace tz::ops::cuda_kernels

@@ -1,0 +1,346 @@
+// The CUDA backend of ops/ops.h: matmuls through cuBLAS (cublasGemmEx, fp32 accumulation for
+// fp32, bf16 and fp16 storage), the other ops as the kernels of cuda_kernels.cu. Every op is
+// enqueued on the caller's CudaDevice stream; every cuBLAS call and kernel launch is checked and
+// a failure comes back as kDeviceError naming the op. Built only with TZ_CUDA.
+#if defined(TZ_HAVE_CUDA)
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <initializer_list>
+#include <memory>
+#include <string>
+
+#include "gpu/cuda_check.h"
+#include "ops/internal/backends.h"
+#include "ops/internal/check.h"
+#include "ops/internal/cuda_kernels.h"
+
+namespace tz::ops::internal {
+namespace {
+
+namespace ck = cuda_kernels;
+
+Status cublas_status(cublasStatus_t st, std::string_view what) {
+  if (st == CUBLAS_STATUS_SUCCESS) return Status::ok();
+  return Status(ErrorCode::kDeviceError, static_cast<int>(st),
+                std::string(what) + " failed: " + cublasGetStatusString(st));
+}
+
+cudaDataType_t cuda_type(DType dt) {
+  switch (dt) {
+    case DType::kF32: return CUDA_R_32F;
+    case DType::kBF16: return CUDA_R_16BF;
+    case DType::kF16: return CUDA_R_16F;
+  }
+  return CUDA_R_32F;
+}
+
+class CudaOps final : public Ops {
+ public:
+  CudaOps(gpu::Device& device, cublasHandle_t handle, std::string name)
+      : device_(device), handle_(handle), name_(std::move(name)) {}
+  ~CudaOps() override { cublasDestroy(handle_); }
+
+  gpu::Device& device() override { return device_; }
+  std::string_view name() const override { return name_; }
+
+  Status embedding_forward(Tensor out, const std::int32_t* tokens, ConstTensor wte,
+                           ConstTensor wpe, std::int64_t batch, std::int64_t seq,
+                           std::int64_t embd, std::int64_t vocab, gpu::Stream& stream) override {
+    constexpr std::string_view op = "embedding_forward";
+    TZ_RETURN_IF_ERROR(check_sizes(op, {{"batch", batch}, {"seq", seq}, {"embd", embd},
+                                        {"vocab", vocab}}));
+    TZ_RETURN_IF_ERROR(check_present(op, "tokens", tokens));
+    TZ_RETURN_IF_ERROR(same_dtype(op, out, {{"wte", wte}, {"wpe", wpe}}));
+    TZ_RETURN_IF_ERROR(prepare(stream));
+    return launched(op, ck::embedding_forward(out.data, tokens, wte.data, wpe.data, batch, seq,
+                                              embd, out.dtype, raw(stream)));
+  }
+
+  Status embedding_backward(Tensor dwte, Tensor dwpe, ConstTensor dout,
+                            const std::int32_t* tokens, std::int64_t batch, std::int64_t seq,
+                            std::int64_t embd, std::int64_t vocab, gpu::Stream& stream) override {
+    constexpr std::string_view op = "embedding_backward";
+    TZ_RETURN_IF_ERROR(check_sizes(op, {{"batch", batch}, {"seq", seq}, {"embd", embd},
+                                        {"vocab", vocab}}));
+    TZ_RETURN_IF_ERROR(check_present(op, "tokens", tokens));
+    TZ_RETURN_IF_ERROR(check_tensor(op, "dout", dout));
+    TZ_RETURN_IF_ERROR(check_optional(op, "dwte", dwte, dout.dtype));
+    TZ_RETURN_IF_ERROR(check_optional(op, "dwpe", dwpe, dout.dtype));
+    TZ_RETURN_IF_ERROR(prepare(stream));
+    return launched(op, ck::embedding_backward(dwte.data, dwpe.data, dout.data, tokens, batch, seq,
+                                               embd, dout.dtype, raw(stream)));
+  }
+
+  Status layernorm_forward(Tensor out, float* mean, float* rstd, ConstTensor x, ConstTensor weight,
+                           ConstTensor bias, std::int64_t rows, std::int64_t dim,
+                           gpu::Stream& stream) override {
+    constexpr std::string_view op = "layernorm_forward";
+    TZ_RETURN_IF_ERROR(check_sizes(op, {{"rows", rows}, {"dim", dim}}));
+    TZ_RETURN_IF_ERROR(same_dtype(op, out, {{"x", x}, {"weight", weight}, {"bias", bias}}));
+    TZ_RETURN_IF_ERROR(check_present(op, "mean", mean));
+    TZ_RETURN_IF_ERROR(check_present(op, "rstd", rstd));
+    TZ_RETURN_IF_ERROR(prepare(stream));
+    return launched(op, ck::layernorm_forward(out.data, mean, rstd, x.data, weight.data, bias.data,
+                                              rows, dim, out.dtype, raw(stream)));
+  }
+
+  Status layernorm_backward(Tensor dx, Accumulate dx_mode, Tensor dweight, Tensor dbias,
+                            ConstTensor dout, ConstTensor x, ConstTensor weight, const float* mean,
+                            const float* rstd, std::int64_t rows, std::int64_t dim,
+                            gpu::Stream& stream) override {
+    constexpr std::string_view op = "layernorm_backward";
+    TZ_RETURN_IF_ERROR(check_sizes(op, {{"rows", rows}, {"dim", dim}}));
+    TZ_RETURN_IF_ERROR(same_dtype(op, dx, {{"dout", dout}, {"x", x}, {"weight", weight}}));
+    TZ_RETURN_IF_ERROR(check_optional(op, "dweight", dweight, dx.dtype));
+    TZ_RETURN_IF_ERROR(check_optional(op, "dbias", dbias, dx.dtype));
+    TZ_RETURN_IF_ERROR(check_present(op, "mean", mean));
+    TZ_RETURN_IF_ERROR(check_present(op, "rstd", rstd));
+    TZ_RETURN_IF_ERROR(prepare(stream));
+    return launched(op, ck::layernorm_backward(dx.data, dx_mode == Accumulate::kAdd, dweight.data,
+                                               dbias.data, dout.data, x.data, weight.data, mean,
+                                               rstd, rows, dim, dx.dtype, raw(stream)));
+  }
+
+  Status matmul_forward(Tensor out, ConstTensor x, ConstTensor weight, WeightLayout layout,
+                        ConstTensor bias, std::int64_t rows, std::int64_t in_dim,
+                        std::int64_t out_dim, gpu::Stream& stream) override {
+    constexpr std::string_view op = "matmul_forward";
+    TZ_RETURN_IF_ERROR(check_sizes(op, {{"rows", rows}, {"in_dim", in_dim},
+                                        {"out_dim", out_dim}}));
+    TZ_RETURN_IF_ERROR(same_dtype(op, out, {{"x", x}, {"weight", weight}}));
+    TZ_RETURN_IF_ERROR(check_optional(op, "bias", bias, out.dtype));
+    TZ_RETURN_IF_ERROR(prepare(stream));
+    float beta = 0.0f;
+    if (bias.data != nullptr) {
+      TZ_RETURN_IF_ERROR(launched(op, ck::broadcast_rows(out.data, bias.data, rows, out_dim,
+                                                         out.dtype, raw(stream))));
+      beta = 1.0f;
+    }
+    // Row-major Y (m, n) = X (m, k) W is column-major Y^T = W^T X^T; a row-major (k, n) weight
+    // is the column-major W^T already, a row-major (n, k) one needs the transpose.
+    const bool in_out = layout == WeightLayout::kInOut;
+    return gemm(op, !in_out, false, out_dim, rows, in_dim, weight.data, in_out ? out_dim : in_dim,
+                x.data, in_dim, beta, out.data, out_dim, out.dtype);
+  }
+
+  Status matmul_backward(Tensor dx, Accumulate dx_mode, Tensor dweight, Tensor dbias,
+                         ConstTensor dout, ConstTensor x, ConstTensor weight, WeightLayout layout,
+                         std::int64_t rows, std::int64_t in_dim, std::int64_t out_dim,
+                         gpu::Stream& stream) override {
+    constexpr std::string_view op = "matmul_backward";
+    TZ_RETURN_IF_ERROR(check_sizes(op, {{"rows", rows}, {"in_dim", in_dim},
+                                        {"out_dim", out_dim}}));
+    TZ_RETURN_IF_ERROR(same_dtype(op, dout, {{"x", x}, {"weight", weight}}));
+    TZ_RETURN_IF_ERROR(check_optional(op, "dx", dx, dout.dtype));
+    TZ_RETURN_IF_ERROR(check_optional(op, "dweight", dweight, dout.dtype));
+    TZ_RETURN_IF_ERROR(check_optional(op, "dbias", dbias, dout.dtype));
+    TZ_RETURN_IF_ERROR(prepare(stream));
+    const bool in_out = layout == WeightLayout::kInOut;
+    const DType dt = dout.dtype;
+    if (dx.data != nullptr) {
+      // dX^T (k, m) = W (k, n) dout^T: the (k, n) weight's buffer is column-major (n, k), so
+      // transposed; the (n, k) one's is column-major (k, n) as it is.
+      TZ_RETURN_IF_ERROR(gemm(op, in_out, false, in_dim, rows, out_dim, weight.data,
+                              in_out ? out_dim : in_dim, dout.data, out_dim,
+                              dx_mode == Accumulate::kAdd ? 1.0f : 0.0f, dx.data, in_dim, dt));
+    }
+    if (dweight.data != nullptr) {
+      if (in_out) {  // dW^T (n, k) += dout^T (n, m) X (m, k)
+        TZ_RETURN_IF_ERROR(gemm(op, false, true, out_dim, in_dim, rows, dout.data, out_dim, x.data,
+                                in_dim, 1.0f, dweight.data, out_dim, dt));
+      } else {  // dW^T (k, n) += X^T (k, m) dout (m, n)
+        TZ_RETURN_IF_ERROR(gemm(op, false, true, in_dim, out_dim, rows, x.data, in_dim, dout.data,
+                                out_dim, 1.0f, dweight.data, in_dim, dt));
+      }
+    }
+    if (dbias.data != nullptr) {
+      TZ_RETURN_IF_ERROR(
+          launched(op, ck::column_sums(dbias.data, dout.data, rows, out_dim, dt, raw(stream))));
+    }
+    return Status::ok();
+  }
+
+  Status attention_forward(Tensor out, float* lse, ConstTensor qkv, std::int64_t batch,
+                           std::int64_t seq, std::int64_t embd, std::int64_t heads,
+                           gpu::Stream& stream) override {
+    constexpr std::string_view op = "attention_forward";
+    TZ_RETURN_IF_ERROR(check_cuda_attention(op, batch, seq, embd, heads));
+    TZ_RETURN_IF_ERROR(same_dtype(op, out, {{"qkv", qkv}}));
+    TZ_RETURN_IF_ERROR(check_present(op, "lse", lse));
+    TZ_RETURN_IF_ERROR(prepare(stream));
+    return launched(op, ck::attention_forward(out.data, lse, qkv.data, batch, seq, embd, heads,
+                                              out.dtype, raw(stream)));
+  }
+
+  Status attention_backward(Tensor dqkv, Accumulate dqkv_mode, float* delta, ConstTensor dout,
+                            ConstTensor qkv, ConstTensor out, const float* lse, std::int64_t batch,
+                            std::int64_t seq, std::int64_t embd, std::int64_t heads,
+                            gpu::Stream& stream) override {
+    constexpr std::string_view op = "attention_backward";
+    TZ_RETURN_IF_ERROR(check_cuda_attention(op, batch, seq, embd, heads));
+    TZ_RETURN_IF_ERROR(same_dtype(op, dqkv, {{"dout", dout}, {"qkv", qkv}, {"out", out}}));
+    TZ_RETURN_IF_ERROR(check_present(op, "lse", lse));
+    TZ_RETURN_IF_ERROR(check_present(op, "delta", delta));
+    TZ_RETURN_IF_ERROR(prepare(stream));
+    return launched(op, ck::attention_backward(dqkv.data, dqkv_mode == Accumulate::kAdd, delta,
+                                               dout.data, qkv.data, out.data, lse, batch, seq,
+                                               embd, heads, dqkv.dtype, raw(stream)));
+  }
+
+  Status gelu_forward(Tensor out, ConstTensor x, std::int64_t n, gpu::Stream& stream) override {
+    constexpr std::string_view op = "gelu_forward";
+    TZ_RETURN_IF_ERROR(check_positive(op, "n", n));
+    TZ_RETURN_IF_ERROR(same_dtype(op, out, {{"x", x}}));
+    TZ_RETURN_IF_ERROR(prepare(stream));
+    return launched(op, ck::gelu_forward(out.data, x.data, n, out.dtype, raw(stream)));
+  }
+
+  Status gelu_backward(Tensor dx, Accumulate dx_mode, ConstTensor dout, ConstTensor x,
+                       std::int64_t n, gpu::Stream& stream) override {
+    constexpr std::string_view op = "gelu_backward";
+    TZ_RETURN_IF_ERROR(check_positive(op, "n", n));
+    TZ_RETURN_IF_ERROR(same_dtype(op, dx, {{"dout", dout}, {"x", x}}));
+    TZ_RETURN_IF_ERROR(prepare(stream));
+    return launched(op, ck::gelu_backward(dx.data, dx_mode == Accumulate::kAdd, dout.data, x.data,
+                                          n, dx.dtype, raw(stream)));
+  }
+
+  Status residual_forward(Tensor out, ConstTensor a, ConstTensor b, std::int64_t n,
+                          gpu::Stream& stream) override {
+    constexpr std::string_view op = "residual_forward";
+    TZ_RETURN_IF_ERROR(check_positive(op, "n", n));
+    TZ_RETURN_IF_ERROR(same_dtype(op, out, {{"a", a}, {"b", b}}));
+    TZ_RETURN_IF_ERROR(prepare(stream));
+    return launched(op, ck::residual_forward(out.data, a.data, b.data, n, out.dtype, raw(stream)));
+  }
+
+  Status residual_backward(Tensor da, Accumulate da_mode, Tensor db, Accumulate db_mode,
+                           ConstTensor dout, std::int64_t n, gpu::Stream& stream) override {
+    constexpr std::string_view op = "residual_backward";
+    TZ_RETURN_IF_ERROR(check_positive(op, "n", n));
+    TZ_RETURN_IF_ERROR(check_tensor(op, "dout", dout));
+    TZ_RETURN_IF_ERROR(check_optional(op, "da", da, dout.dtype));
+    TZ_RETURN_IF_ERROR(check_optional(op, "db", db, dout.dtype));
+    TZ_RETURN_IF_ERROR(prepare(stream));
+    if (da.data != nullptr) {
+      TZ_RETURN_IF_ERROR(launched(op, ck::accumulate(da.data, da_mode == Accumulate::kAdd,
+                                                     dout.data, n, dout.dtype, raw(stream))));
+    }
+    if (db.data != nullptr) {
+      TZ_RETURN_IF_ERROR(launched(op, ck::accumulate(db.data, db_mode == Accumulate::kAdd,
+                                                     dout.data, n, dout.dtype, raw(stream))));
+    }
+    return Status::ok();
+  }
+
+  Status cross_entropy_forward(float* losses, ConstTensor logits, const std::int32_t* targets,
+                               std::int64_t rows, std::int64_t vocab,
+                               gpu::Stream& stream) override {
+    constexpr std::string_view op = "cross_entropy_forward";
+    TZ_RETURN_IF_ERROR(check_sizes(op, {{"rows", rows}, {"vocab", vocab}}));
+    TZ_RETURN_IF_ERROR(check_tensor(op, "logits", logits));
+    TZ_RETURN_IF_ERROR(check_present(op, "targets", targets));
+    TZ_RETURN_IF_ERROR(check_present(op, "losses", losses));
+    TZ_RETURN_IF_ERROR(prepare(stream));
+    return launched(op, ck::cross_entropy(nullptr, losses, logits.data, targets, rows, vocab, 0.0f,
+                                          logits.dtype, raw(stream)));
+  }
+
+  Status cross_entropy_backward(Tensor dlogits, float* losses, ConstTensor logits,
+                                const std::int32_t* targets, std::int64_t rows,
+                                std::int64_t vocab, float grad_scale,
+                                gpu::Stream& stream) override {
+    constexpr std::string_view op = "cross_entropy_backward";
+    TZ_RETURN_IF_ERROR(check_sizes(op, {{"rows", rows}, {"vocab", vocab}}));
+    TZ_RETURN_IF_ERROR(same_dtype(op, dlogits, {{"logits", logits}}));
+    TZ_RETURN_IF_ERROR(check_present(op, "targets", targets));
+    TZ_RETURN_IF_ERROR(prepare(stream));
+    return launched(op, ck::cross_entropy(dlogits.data, losses, logits.data, targets, rows, vocab,
+                                          grad_scale, logits.dtype, raw(stream)));
+  }
+
+ private:
+  struct NamedTensor {
+    std::string_view name;
+    ConstTensor t;
+  };
+  // `first` and every tensor of `rest` are present and share first's dtype (cuBLAS multiplies
+  // like with like, so this backend keeps act == param).
+  static Status same_dtype(std::string_view op, ConstTensor first,
+                           std::initializer_list<NamedTensor> rest) {
+    TZ_RETURN_IF_ERROR(check_tensor(op, "output", first));
+    for (const NamedTensor& n : rest) {
+      TZ_RETURN_IF_ERROR(check_tensor(op, n.name, n.t));
+      TZ_RETURN_IF_ERROR(check_dtype(op, n.name, n.t, first.dtype));
+    }
+    return Status::ok();
+  }
+  static Status check_cuda_attention(std::string_view op, std::int64_t batch, std::int64_t seq,
+                                     std::int64_t embd, std::int64_t heads) {
+    TZ_RETURN_IF_ERROR(check_attention(op, batch, seq, embd, heads));
+    if (embd / heads > ck::kMaxHeadDim) {
+      return Status::invalid_argument(std::string(op) + ": head_dim " +
+                                      std::to_string(embd / heads) + " exceeds the CUDA kernels' " +
+                                      std::to_string(ck::kMaxHeadDim));
+    }
+    if (batch * heads > 65535) {
+      return Status::invalid_argument(std::string(op) + ": batch*heads " +
+                                      std::to_string(batch * heads) + " exceeds 65535");
+    }
+    return Status::ok();
+  }
+
+  static void* raw(gpu::Stream& stream) { return stream.native_handle(); }
+
+  Status prepare(gpu::Stream& stream) {
+    if (&stream.device() != &device_) {
+      return Status::invalid_argument("ops: the stream '" + stream.name() +
+                                      "' belongs to another device than the Ops object's");
+    }
+    TZ_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_.cuda_ordinal()));
+    return cublas_status(cublasSetStream(handle_, static_cast<cudaStream_t>(raw(stream))),
+                         "cublasSetStream");
+  }
+
+  static Status launched(std::string_view op, int err) {
+    if (err == 0) return Status::ok();
+    return gpu::cuda_status(static_cast<cudaError_t>(err), std::string(op).c_str());
+  }
+
+  // Column-major C (m, n) = op(A) op(B) + beta C, all of dtype dt, fp32 accumulation.
+  Status gemm(std::string_view op, bool trans_a, bool trans_b, std::int64_t m, std::int64_t n,
+              std::int64_t k, const void* a, std::int64_t lda, const void* b, std::int64_t ldb,
+              float beta, void* c, std::int64_t ldc, DType dt) {
+    const float alpha = 1.0f;
+    const cudaDataType_t t = cuda_type(dt);
+    return cublas_status(
+        cublasGemmEx(handle_, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
+                     static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), &alpha, a, t,
+                     static_cast<int>(lda), b, t, static_cast<int>(ldb), &beta, c, t,
+                     static_cast<int>(ldc), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+        std::string(op) + ": cublasGemmEx");
+  }
+
+  gpu::Device& device_;
+  cublasHandle_t handle_;
+  std::string name_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<Ops>> create_cuda_ops(gpu::Device& device, const OpsOptions& /*options*/) {
+  TZ_CUDA_RETURN_IF_ERROR(cudaSetDevice(device.cuda_ordinal()));
+  cublasHandle_t handle = nullptr;
+  TZ_RETURN_IF_ERROR(cublas_status(cublasCreate(&handle), "ops: cublasCreate"));
+  int version = 0;
+  if (cublasGetVersion(handle, &version) != CUBLAS_STATUS_SUCCESS) version = 0;
+  return std::unique_ptr<Ops>(
+      new CudaOps(device, handle, "cuda (cuBLAS " + std::to_string(version) + ", " + device.name() + ")"));
+}
+
+}  // namespace tz::ops::internal
+
+#endif  // TZ_HAVE_CUDA

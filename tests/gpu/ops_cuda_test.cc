@@ -1,0 +1,225 @@
+// The CUDA backend of ops/ops.h against the CPU backend (itself tested against float64 references
+// and finite differences in tests/unit/ops): every op's forward and backward on the same seeded,
+// pre-rounded inputs, fp32 and bf16 storage, odd shapes and GPT-2-small-like ones (head_dim 64,
+// vocab 50257, T past several attention tiles). Skips with the reason when no GPU can be used.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <functional>
+#include <iostream>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gpu/host_device.h"
+#include "gpu/select.h"
+#include "ops/ops.h"
+#include "ops_harness.h"
+
+namespace tz::ops {
+namespace {
+
+using testing::DeviceArrays;
+using testing::random_vector;
+using Vec = std::vector<double>;
+// One case: uploads its inputs (the same on both backends: same seed), runs ops, returns named
+// outputs downloaded to the host.
+using Outputs = std::vector<std::pair<std::string, Vec>>;
+using Case = std::function<Outputs(Ops&, DeviceArrays&, std::mt19937_64&)>;
+
+class OpsCudaTest : public ::testing::TestWithParam<DType> {
+ protected:
+  void SetUp() override {
+    auto cuda = gpu::create_cuda_device(0, 8ull << 30);
+    if (!cuda.is_ok()) GTEST_SKIP() << "skipped: " << cuda.status().message();
+    cuda_ = std::move(*cuda);
+    auto host = gpu::HostDevice::create(8ull << 30);
+    ASSERT_TRUE(host.is_ok());
+    host_ = std::move(*host);
+    auto co = Ops::create(*cuda_);
+    ASSERT_TRUE(co.is_ok()) << co.status().message();
+    cuda_ops_ = std::move(*co);
+    auto ho = Ops::create(*host_);
+    ASSERT_TRUE(ho.is_ok());
+    host_ops_ = std::move(*ho);
+    std::cout << cuda_ops_->name() << " vs " << host_ops_->name() << "\n";
+  }
+  void TearDown() override {
+    if (cuda_) {
+      EXPECT_TRUE(cuda_->synchronize().is_ok());
+    }
+  }
+  DType dt() const { return GetParam(); }
+
+  void compare(const Case& c, std::uint64_t seed) {
+    std::cout << "[ seed ] " << seed << "\n";
+    std::mt19937_64 g1(seed);
+    std::mt19937_64 g2(seed);
+    DeviceArrays ha(*host_, host_->compute_stream());
+    DeviceArrays ca(*cuda_, cuda_->compute_stream());
+    const Outputs want = c(*host_ops_, ha, g1);
+    const Outputs got = c(*cuda_ops_, ca, g2);
+    ASSERT_EQ(want.size(), got.size());
+    const testing::Tolerance tol =
+        dt() == DType::kF32 ? testing::Tolerance{1e-3, 1e-4} : testing::Tolerance{2e-2, 8e-3};
+    for (std::size_t i = 0; i < want.size(); ++i) {
+      testing::expect_close(got[i].second, want[i].second, tol, want[i].first);
+    }
+  }
+
+  std::unique_ptr<gpu::Device> cuda_;
+  std::unique_ptr<gpu::HostDevice> host_;
+  std::unique_ptr<Ops> cuda_ops_;
+  std::unique_ptr<Ops> host_ops_;
+};
+
+TEST_P(OpsCudaTest, Embedding) {
+  const DType d = dt();
+  for (auto [b, t, c, v] : {std::tuple{2, 7, 13, 11}, std::tuple{4, 256, 768, 50257}}) {
+    compare([=](Ops& ops, DeviceArrays& a, std::mt19937_64& g) -> Outputs {
+      gpu::Stream& s = ops.device().compute_stream();
+      std::vector<std::int32_t> tok(static_cast<std::size_t>(b) * t);
+      for (auto& x : tok) x = static_cast<std::int32_t>(g() % static_cast<std::uint64_t>(v / 3 + 1));
+      Vec wte = random_vector(g, static_cast<std::size_t>(v) * c, -1, 1);
+      Vec wpe = random_vector(g, static_cast<std::size_t>(t) * c, -1, 1);
+      Vec r = random_vector(g, tok.size() * c, -1, 1);
+      auto* dtok = a.upload_i32(tok);
+      Tensor twte = a.upload(wte, d), twpe = a.upload(wpe, d), dout = a.upload(r, d);
+      Tensor out = a.zeros(tok.size() * c, d);
+      Tensor dwte = a.upload(wte, d), dwpe = a.upload(wpe, d);  // accumulate onto the tables
+      EXPECT_TRUE(ops.embedding_forward(out, dtok, twte, twpe, b, t, c, v, s).is_ok());
+      EXPECT_TRUE(ops.embedding_backward(dwte, dwpe, dout, dtok, b, t, c, v, s).is_ok());
+      return {{"out", a.download(out, tok.size() * c)},
+              {"dwte", a.download(dwte, wte.size())},
+              {"dwpe", a.download(dwpe, wpe.size())}};
+    }, static_cast<std::uint64_t>(100 + t));
+  }
+}
+
+TEST_P(OpsCudaTest, LayerNorm) {
+  const DType d = dt();
+  for (auto [rows, dim] : {std::pair{7, 37}, std::pair{1024, 768}}) {
+    compare([=](Ops& ops, DeviceArrays& a, std::mt19937_64& g) -> Outputs {
+      gpu::Stream& s = ops.device().compute_stream();
+      const std::size_t n = static_cast<std::size_t>(rows) * dim;
+      Vec x = random_vector(g, n, -2, 3), w = random_vector(g, dim, 0.5, 1.5);
+      Vec bias = random_vector(g, dim, -1, 1), r = random_vector(g, n, -1, 1);
+      Vec dx0 = random_vector(g, n, -1, 1);
+      Tensor tx = a.upload(x, d), tw = a.upload(w, d), tb = a.upload(bias, d);
+      Tensor dout = a.upload(r, d), dx = a.upload(dx0, d);
+      Tensor dw = a.upload(w, d), db = a.upload(bias, d);
+      Tensor out = a.zeros(n, d);
+      float* mean = a.zeros_f32(rows);
+      float* rstd = a.zeros_f32(rows);
+      EXPECT_TRUE(ops.layernorm_forward(out, mean, rstd, tx, tw, tb, rows, dim, s).is_ok());
+      EXPECT_TRUE(ops.layernorm_backward(dx, Accumulate::kAdd, dw, db, dout, tx, tw, mean, rstd,
+                                         rows, dim, s).is_ok());
+      return {{"out", a.download(out, n)}, {"mean", a.download_f32(mean, rows)},
+              {"rstd", a.download_f32(rstd, rows)}, {"dx", a.download(dx, n)},
+              {"dweight", a.download(dw, dim)}, {"dbias", a.download(db, dim)}};
+    }, static_cast<std::uint64_t>(200 + rows));
+  }
+}
+
+TEST_P(OpsCudaTest, Matmul) {
+  const DType d = dt();
+  struct Shape {
+    int rows, in, out;
+    WeightLayout layout;
+  };
+  for (const Shape& k : {Shape{7, 19, 23, WeightLayout::kInOut}, Shape{9, 13, 37, WeightLayout::kOutIn},
+                         Shape{1024, 768, 2304, WeightLayout::kInOut},
+                         Shape{256, 768, 50257, WeightLayout::kOutIn}}) {
+    compare([=](Ops& ops, DeviceArrays& a, std::mt19937_64& g) -> Outputs {
+      gpu::Stream& s = ops.device().compute_stream();
+      const std::size_t nx = static_cast<std::size_t>(k.rows) * k.in;
+      const std::size_t nw = static_cast<std::size_t>(k.in) * k.out;
+      const std::size_t ny = static_cast<std::size_t>(k.rows) * k.out;
+      Vec x = random_vector(g, nx, -1, 1), w = random_vector(g, nw, -0.1, 0.1);
+      Vec bias = random_vector(g, k.out, -1, 1), r = random_vector(g, ny, -1, 1);
+      Tensor tx = a.upload(x, d), tw = a.upload(w, d), tb = a.upload(bias, d);
+      Tensor dout = a.upload(r, d);
+      Tensor out = a.zeros(ny, d), dx = a.zeros(nx, d);
+      Tensor dw = a.upload(w, d), db = a.upload(bias, d);
+      EXPECT_TRUE(ops.matmul_forward(out, tx, tw, k.layout, tb, k.rows, k.in, k.out, s).is_ok());
+      EXPECT_TRUE(ops.matmul_backward(dx, Accumulate::kOverwrite, dw, db, dout, tx, tw, k.layout,
+                                      k.rows, k.in, k.out, s).is_ok());
+      return {{"out", a.download(out, ny)}, {"dx", a.download(dx, nx)},
+              {"dweight", a.download(dw, nw)}, {"dbias", a.download(db, bias.size())}};
+    }, static_cast<std::uint64_t>(300 + k.out));
+  }
+}
+
+TEST_P(OpsCudaTest, Attention) {
+  const DType d = dt();
+  for (auto [b, t, c, h] : {std::tuple{2, 1, 6, 2}, std::tuple{1, 70, 12, 1},
+                            std::tuple{2, 257, 768, 12}, std::tuple{1, 1024, 256, 4}}) {
+    compare([=](Ops& ops, DeviceArrays& a, std::mt19937_64& g) -> Outputs {
+      gpu::Stream& s = ops.device().compute_stream();
+      const std::size_t nqkv = static_cast<std::size_t>(b) * t * 3 * c;
+      const std::size_t nout = static_cast<std::size_t>(b) * t * c;
+      const std::size_t nl = static_cast<std::size_t>(b) * h * t;
+      Vec qkv = random_vector(g, nqkv, -1, 1), r = random_vector(g, nout, -1, 1);
+      Tensor tq = a.upload(qkv, d), dout = a.upload(r, d);
+      Tensor out = a.zeros(nout, d), dqkv = a.zeros(nqkv, d);
+      float* lse = a.zeros_f32(nl);
+      float* delta = a.zeros_f32(nl);
+      EXPECT_TRUE(ops.attention_forward(out, lse, tq, b, t, c, h, s).is_ok());
+      EXPECT_TRUE(ops.attention_backward(dqkv, Accumulate::kOverwrite, delta, dout, tq, out, lse,
+                                         b, t, c, h, s).is_ok());
+      return {{"out", a.download(out, nout)}, {"lse", a.download_f32(lse, nl)},
+              {"dqkv", a.download(dqkv, nqkv)}};
+    }, static_cast<std::uint64_t>(400 + t));
+  }
+}
+
+TEST_P(OpsCudaTest, GeluAndResidual) {
+  const DType d = dt();
+  compare([=](Ops& ops, DeviceArrays& a, std::mt19937_64& g) -> Outputs {
+    gpu::Stream& s = ops.device().compute_stream();
+    const std::size_t n = 1024 * 3072 + 5;
+    Vec x = random_vector(g, n, -6, 6), r = random_vector(g, n, -1, 1);
+    Vec d0 = random_vector(g, n, -1, 1);
+    Tensor tx = a.upload(x, d), dout = a.upload(r, d), dx = a.upload(d0, d);
+    Tensor out = a.zeros(n, d), sum = a.zeros(n, d), da = a.upload(d0, d);
+    const auto len = static_cast<std::int64_t>(n);
+    EXPECT_TRUE(ops.gelu_forward(out, tx, len, s).is_ok());
+    EXPECT_TRUE(ops.gelu_backward(dx, Accumulate::kAdd, dout, tx, len, s).is_ok());
+    EXPECT_TRUE(ops.residual_forward(sum, tx, dout, len, s).is_ok());
+    EXPECT_TRUE(ops.residual_backward(da, Accumulate::kAdd, Tensor{}, Accumulate::kOverwrite, dout,
+                                      len, s).is_ok());
+    return {{"gelu", a.download(out, n)}, {"gelu dx", a.download(dx, n)},
+            {"residual", a.download(sum, n)}, {"residual da", a.download(da, n)}};
+  }, 500);
+}
+
+TEST_P(OpsCudaTest, CrossEntropy) {
+  const DType d = dt();
+  for (auto [rows, v] : {std::pair{5, 37}, std::pair{64, 50257}}) {
+    compare([=](Ops& ops, DeviceArrays& a, std::mt19937_64& g) -> Outputs {
+      gpu::Stream& s = ops.device().compute_stream();
+      const std::size_t n = static_cast<std::size_t>(rows) * v;
+      Vec logits = random_vector(g, n, -5, 5);
+      std::vector<std::int32_t> tgt(rows);
+      for (auto& x : tgt) x = static_cast<std::int32_t>(g() % static_cast<std::uint64_t>(v));
+      auto* dtg = a.upload_i32(tgt);
+      Tensor tl = a.upload(logits, d);
+      float* losses = a.zeros_f32(rows);
+      float* losses2 = a.zeros_f32(rows);
+      EXPECT_TRUE(ops.cross_entropy_forward(losses, tl, dtg, rows, v, s).is_ok());
+      EXPECT_TRUE(
+          ops.cross_entropy_backward(tl, losses2, tl, dtg, rows, v, 1.0f / rows, s).is_ok());
+      return {{"losses", a.download_f32(losses, rows)}, {"fused losses", a.download_f32(losses2, rows)},
+              {"dlogits in place", a.download(tl, n)}};
+    }, static_cast<std::uint64_t>(600 + rows));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, OpsCudaTest, ::testing::Values(DType::kF32, DType::kBF16),
+                         [](const ::testing::TestParamInfo<DType>& p) {
+                           return std::string(dtype_name(p.param));
+                         });
+
+}  // namespace
+}  // namespace tz::ops
