@@ -1,12 +1,19 @@
 // The libaio backend: io_submit / io_getevents on one kernel AIO context, the same request model
 // as io_uring. Requests io_submit could not take yet (EAGAIN, partial submission) wait in a
-// backlog that is flushed before the next wait.
+// backlog that is flushed before the next wait; requests it refused complete with their error.
+//
+// Counting: in_flight_ = backlog_ + in_kernel_ + failed_. Only in_kernel_ requests can ever come
+// back from io_getevents, so that is what a wait may ask for; when everything left is in the
+// backlog (the kernel said EAGAIN with none of ours in flight) reap backs off instead of spinning.
 #include <libaio.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <deque>
+#include <string>
+#include <thread>
 #include <vector>
 
 #include "core/assert.h"
@@ -80,37 +87,57 @@ class AioEngine final : public IoEngine {
 
   Result<std::size_t> reap(std::span<IoCompletion> out, std::size_t min_complete) override {
     std::size_t got = 0;
-    // Requests io_submit refused outright complete here with their error.
-    while (got < out.size() && !failed_.empty()) {
-      out[got++] = failed_.front();
-      failed_.pop_front();
-      --in_flight_;
-    }
-    std::size_t want = std::min<std::size_t>(min_complete, in_flight_ + got);
-    want = std::min(want, out.size());
-    bool first = true;
-    while (got < out.size() && (first || got < want)) {
-      first = false;
+    const std::size_t want = std::min<std::size_t>({min_complete, in_flight_, out.size()});
+    std::uint32_t idle_rounds = 0;
+    auto idle_since = std::chrono::steady_clock::now();
+    while (true) {
       TZ_RETURN_IF_ERROR(flush());
-      const std::size_t waiting = in_flight_ - backlog_.size();
-      if (waiting == 0) {
-        if (got >= want) break;
-        continue;  // everything is in the backlog: flush again
-      }
-      const long min_nr = got < want ? static_cast<long>(std::min(want - got, waiting)) : 0;
-      const long max_nr = static_cast<long>(std::min(out.size() - got, waiting));
-      const int n = io_getevents(ctx_, min_nr, max_nr, events_.data(), nullptr);
-      if (n == -EINTR) continue;
-      if (n < 0) return check_neg_errno(n, "io_getevents");
-      for (int i = 0; i < n; ++i) {
-        const auto slot = static_cast<std::uint32_t>(reinterpret_cast<std::uintptr_t>(events_[i].data));
-        // res is the byte count or -errno stored in an unsigned long.
-        out[got].user_data = user_data_[slot];
-        out[got].result = static_cast<long>(events_[i].res);
-        ++got;
-        free_.push_back(slot);
+      // Requests io_submit refused outright complete here with their error.
+      while (got < out.size() && !failed_.empty()) {
+        out[got++] = failed_.front();
+        failed_.pop_front();
         --in_flight_;
       }
+      if (got == out.size()) break;
+      if (in_kernel_ > 0) {
+        idle_rounds = 0;
+        const std::size_t room = std::min<std::size_t>(out.size() - got, in_kernel_);
+        const long min_nr = got < want ? static_cast<long>(std::min(want - got, room)) : 0;
+        const int n = io_getevents(ctx_, min_nr, static_cast<long>(room), events_.data(), nullptr);
+        if (n == -EINTR) continue;
+        if (n < 0) return check_neg_errno(n, "io_getevents");
+        for (int i = 0; i < n; ++i) {
+          const auto slot =
+              static_cast<std::uint32_t>(reinterpret_cast<std::uintptr_t>(events_[i].data));
+          // res is the byte count or -errno stored in an unsigned long.
+          out[got].user_data = user_data_[slot];
+          out[got].result = static_cast<long>(events_[i].res);
+          ++got;
+          free_.push_back(slot);
+          --in_flight_;
+          --in_kernel_;
+        }
+        if (got >= want) break;
+        continue;
+      }
+      if (got >= want || backlog_.empty()) break;
+      // Nothing of ours is in the kernel and it refused the backlog with EAGAIN: no completion
+      // of ours will free room, so wait for other users of the system-wide AIO limit, backing
+      // off from 20 us to 1 ms, and give up when it stays refused.
+      if (idle_rounds == 0) idle_since = std::chrono::steady_clock::now();
+      if (std::chrono::steady_clock::now() - idle_since > kEagainGiveUp) {
+        return Status(ErrorCode::kUnavailable, EAGAIN,
+                      "libaio: io_submit refused " + std::to_string(backlog_.size()) +
+                          " request(s) with EAGAIN for " +
+                          std::to_string(std::chrono::duration_cast<std::chrono::seconds>(
+                                             kEagainGiveUp).count()) +
+                          " s while none of this engine's were in flight; the system-wide AIO "
+                          "limit (/proc/sys/fs/aio-max-nr, in use: /proc/sys/fs/aio-nr) may be "
+                          "exhausted, or use the io_uring engine");
+      }
+      std::this_thread::sleep_for(
+          std::chrono::microseconds(std::min<std::uint32_t>(1000, 20u << std::min(idle_rounds, 6u))));
+      ++idle_rounds;
     }
     return got;
   }
@@ -123,6 +150,7 @@ class AioEngine final : public IoEngine {
       const int n = io_submit(ctx_, static_cast<long>(backlog_.size()), backlog_.data());
       if (n > 0) {
         backlog_.erase(backlog_.begin(), backlog_.begin() + n);
+        in_kernel_ += static_cast<std::uint32_t>(n);
         continue;
       }
       if (n == -EINTR) continue;
@@ -141,7 +169,10 @@ class AioEngine final : public IoEngine {
   io_context_t ctx_ = nullptr;
   bool ctx_ok_ = false;
   std::uint32_t depth_ = 0;
-  std::uint32_t in_flight_ = 0;
+  static constexpr std::chrono::seconds kEagainGiveUp{30};
+
+  std::uint32_t in_flight_ = 0;  // submitted by the caller and not yet reaped
+  std::uint32_t in_kernel_ = 0;  // accepted by io_submit and not yet returned by io_getevents
   std::vector<int> fds_;
   std::vector<iocb> iocbs_;
   std::vector<io_event> events_;
