@@ -170,6 +170,12 @@ std::uint64_t decode_u64(const float* in) {
   return x;
 }
 
+struct PlanTerm {
+  store::Tier tier;
+  const char* name;
+  std::uint64_t bytes;
+};
+
 struct DeferredFree {
   std::unique_ptr<gpu::Event> done;
   gpu::DeviceBuffer buffer;
@@ -187,6 +193,9 @@ struct Unit {
   int gather_refs = 0;
   Lease param_lease;            // stages 0-2: the full block pinned while gathered
   gpu::DeviceBuffer gathered;   // stage 3: the all-gathered unit
+  // Stage 3, numel below stage3_param_persistence_threshold: gathered once per step and kept.
+  bool persistent = false;
+  bool persistent_valid = false;
   UnitViews views;
   // gradient state
   gpu::DeviceBuffer grad_buffer;
@@ -343,24 +352,63 @@ class EngineImpl final : public Engine {
           static_cast<std::uint64_t>(u.opt_elems) * 4 * (1 + static_cast<std::uint64_t>(states_));
       home_bytes[static_cast<int>(grad_tier)] += static_cast<std::uint64_t>(u.layout.shard) * 4;
     }
-    // Device working set outside the store: the gathered units a model holds at once (stage 3;
-    // the tied-weight case holds two), one gradient buffer, the stage-0 full-gradient buffer and
-    // the model's activations.
-    const std::uint64_t gather_reserve = stage_ == 3 ? 3 * max_padded * es : 0;
-    const std::uint64_t grad_reserve = 2 * max_padded * es;
-    const std::uint64_t stage0_reserve = stage_ == 0 ? max_padded * 4 : 0;
+    // Stage 3: units below stage3_param_persistence_threshold elements stay gathered.
+    std::uint64_t persistent_bytes = 0;
+    std::size_t max_stream_padded = 0;  // largest unit gathered and released each use
+    std::size_t max_stream_shard = 0;
+    for (Unit& u : units_) {
+      u.persistent = stage_ == 3 && u.layout.numel < config_.zero.stage3_param_persistence_threshold;
+      if (u.persistent) {
+        persistent_bytes += u.layout.padded * es;
+      } else {
+        max_stream_padded = std::max(max_stream_padded, u.layout.padded);
+        max_stream_shard = std::max(max_stream_shard, u.layout.shard);
+      }
+    }
     const std::uint64_t device_budget = config_.tierzero.device_budget > 0
                                             ? config_.tierzero.device_budget
                                             : device_.memory_stats().budget_bytes;
-    const std::uint64_t reserve =
-        gather_reserve + grad_reserve + stage0_reserve + options_.activation_bytes + 4096;
-    if (home_bytes[0] + reserve > device_budget) {
+    // The plan: every byte the engine will hold per tier, by term (plan_json lists them).
+    plan_.clear();
+    auto term = [this](Tier t, const char* name, std::uint64_t bytes) {
+      plan_.push_back(PlanTerm{t, name, bytes});
+    };
+    term(Tier::kDevice, "home blocks (parameters, optimizer state, gradient shards)", home_bytes[0]);
+    // Offloaded stage-3 shards are loaded into the device tier for gathering: the ones in use
+    // plus DeepSpeed's prefetch bucket (stage3_prefetch_bucket_size elements of the unit, this
+    // rank's 1/N of them), at most stage3_max_live_parameters, at least two shards.
+    std::uint64_t device_cache = 0;
+    if (stage_ == 3 && param_tier != Tier::kDevice) {
+      const std::uint64_t bucket =
+          std::min(config_.zero.stage3_prefetch_bucket_size, config_.zero.stage3_max_live_parameters) /
+          static_cast<std::uint64_t>(world_) * es;
+      std::uint64_t shard_bytes = 0;
+      for (const Unit& u : units_) shard_bytes = std::max<std::uint64_t>(shard_bytes, u.layout.shard * es);
+      device_cache = std::max<std::uint64_t>(2 * shard_bytes, round_up(bucket, shard_bytes));
+      std::uint64_t all = 0;
+      for (const Unit& u : units_) all += u.layout.shard * es;
+      device_cache = std::min(device_cache, all);
+    }
+    term(Tier::kDevice, "device cache of offloaded parameter shards", device_cache);
+    term(Tier::kDevice, "persistent gathered units (stage 3, below the threshold)", persistent_bytes);
+    // A model holds at most two gathered units (GPT-2's tied wte and the current block) and two
+    // gradient buffers at once; gathered buffers of one unit and the next overlap while the
+    // previous one's free waits for the compute stream.
+    term(Tier::kDevice, "gather buffers (3 units)", stage_ == 3 ? 3 * max_stream_padded * es : 0);
+    term(Tier::kDevice, "gradient buffers (3 units)", 3 * max_padded * es);
+    term(Tier::kDevice, "scratch (stage-0 gathered gradient, get_tensor)", max_padded * 4);
+    term(Tier::kDevice, "norm and scalar buffers",
+         sizeof(gpu::NormAccumulator) + static_cast<std::uint64_t>(world_) * 2 * kScalarPieces * 4);
+    term(Tier::kDevice, "model activations (EngineOptions::activation_bytes)",
+         options_.activation_bytes);
+    const std::uint64_t device_plan = tier_plan(Tier::kDevice);
+    if (device_plan > device_budget) {
       return Status::out_of_memory(
-          "engine plan: the device tier needs " + std::to_string(home_bytes[0]) +
-          " bytes of parameter/optimizer/gradient state plus " + std::to_string(reserve) +
-          " bytes of working buffers, over the device budget of " + std::to_string(device_budget) +
-          " bytes; offload the optimizer (zero_optimization.offload_optimizer.device cpu) or "
-          "raise stage");
+          "engine plan: the device tier needs " + std::to_string(device_plan) + " bytes (" +
+          std::to_string(home_bytes[0]) + " of parameter/optimizer/gradient state), over the "
+          "device budget of " + std::to_string(device_budget) +
+          " bytes; offload the optimizer (zero_optimization.offload_optimizer.device cpu/nvme), "
+          "raise zero_optimization.stage or offload the parameters");
     }
     // NVMe-homed blocks are worked on in the host tier: the largest unit's NVMe-homed state,
     // times the units in flight at once (the one updated, the next one read ahead, the previous
@@ -384,18 +432,28 @@ class EngineImpl final : public Engine {
                                    " bytes (tierzero.host_budget)");
     }
     store::StoreOptions so;
-    so.device_budget_bytes = device_budget - reserve;
+    so.device_budget_bytes = home_bytes[0] + device_cache;
     so.host_budget_bytes = host_budget;
     so.chunk_bytes = std::clamp<std::uint64_t>(round_up(max_opt * 4, 4096), 64u << 10, 8u << 20);
+    if (home_bytes[2] > 0) {
+      so.chunk_bytes = std::min<std::uint64_t>(so.chunk_bytes,
+                                               nvme::nvme_settings(config_).queue_options.block_bytes);
+    }
     so.staging_buffers = 4;
     so.max_io_in_flight_bytes = std::max<std::uint64_t>(so.chunk_bytes * 4, 16u << 20);
     // Engine host buffers next to the store's: a 16-bit unit (gradient shards coming home and
     // parameter copies going out) and an fp32 unit (stage 0's gathered gradient).
     const std::uint64_t stage16_bytes = round_up(max_padded * es, 4096);
     const std::uint64_t stage32_bytes = round_up(max_padded * 4, 4096);
+    term(Tier::kHost, "home blocks (host-homed state)", home_bytes[1]);
+    term(Tier::kHost, "host cache of NVMe-homed blocks", host_budget - home_bytes[1]);
+    term(Tier::kHost, "store staging buffers", so.staging_buffers * so.chunk_bytes);
+    term(Tier::kHost, "engine staging (16-bit unit, fp32 unit)", stage16_bytes + stage32_bytes);
+    term(Tier::kNvme, "home blocks (NVMe-homed state)", home_bytes[2]);
     PinnedPoolOptions po;
-    po.budget_bytes = host_budget + so.staging_buffers * so.chunk_bytes + stage16_bytes +
-                      stage32_bytes + (2u << 20);
+    // The pool's slack covers its 4 KiB rounding and fragmentation; the plan's host term is what
+    // is handed out of it.
+    po.budget_bytes = tier_plan(Tier::kHost) + (2u << 20);
     po.slab_bytes = std::min<std::uint64_t>(1ull << 30, round_up(po.budget_bytes, 2u << 20));
     po.prefault = false;
     TZ_ASSIGN_OR_RETURN(PinnedPool pool, PinnedPool::create(po));
@@ -419,7 +477,6 @@ class EngineImpl final : public Engine {
       const std::uint64_t need = home_bytes[2] + units_.size() * (states_ + 3) * 4096ull;
       sw.bytes_per_path = round_up(need / nvme_paths_.size() + sw.stripe_bytes, sw.stripe_bytes) +
                           4 * sw.stripe_bytes;
-      so.chunk_bytes = std::min<std::uint64_t>(so.chunk_bytes, ns.queue_options.block_bytes);
       const nvme::IoEngineKind kind = choice.kind;
       const IoEngineWrapper wrap = options_.wrap_io_engine;
       make_swap = [sw, ns, kind, wrap]() -> Result<std::unique_ptr<nvme::SwapSpace>> {
@@ -473,7 +530,9 @@ class EngineImpl final : public Engine {
       }
     }
     if (which != TensorState::kMaster) return Status::ok();
-    // The compute-dtype parameters follow the master.
+    // The compute-dtype parameters follow the master (a persistent gathered copy is refreshed
+    // at its next gather).
+    u.persistent_valid = false;
     const std::size_t es = dtype_size(compute_dtype_);
     std::vector<std::byte> converted(n * es);
     host_cast_from_f32(values.data(), converted.data(), compute_dtype_, n);
@@ -547,10 +606,15 @@ class EngineImpl final : public Engine {
       TZ_ASSIGN_OR_RETURN(u.param_lease, store_->pin(u.param, Tier::kDevice, Access::kRead));
       TZ_RETURN_IF_ERROR(with_unit(u, "gather", u.param_lease.wait()));
       base = u.param_lease.data();
+    } else if (u.persistent && u.persistent_valid) {
+      base = u.gathered.data();
     } else {
       TZ_ASSIGN_OR_RETURN(Lease shard, store_->pin(u.param, Tier::kDevice, Access::kRead));
       TZ_RETURN_IF_ERROR(with_unit(u, "gather", shard.wait()));
-      TZ_ASSIGN_OR_RETURN(u.gathered, allocate_device(u.layout.padded * es));
+      if (u.gathered.empty()) {
+        TZ_ASSIGN_OR_RETURN(u.gathered, allocate_device(u.layout.padded * es));
+      }
+      u.persistent_valid = u.persistent;
       TZ_RETURN_IF_ERROR(with_unit(
           u, "gather: all_gather",
           comm_.all_gather(shard.data(), u.gathered.data(), u.layout.shard, compute_dtype_, st)));
@@ -573,7 +637,7 @@ class EngineImpl final : public Engine {
     gpu::Stream& st = device_.compute_stream();
     if (stage_ < 3) {
       u.param_lease.release(&st);
-    } else {
+    } else if (!u.persistent) {
       TZ_RETURN_IF_ERROR(defer_free(std::move(u.gathered)));
     }
     u.views = UnitViews{};
@@ -693,6 +757,9 @@ class EngineImpl final : public Engine {
                   "-> %g)", static_cast<long long>(steps_done_ + 1), report.loss_scale,
                   scaler_.scale());
     }
+    // Persistent stage-3 units are gathered again once per step, skipped steps too, so every
+    // step moves the same bytes (comm_formula).
+    for (Unit& u : units_) u.persistent_valid = false;
     TZ_RETURN_IF_ERROR(zero_gradients());
     TZ_RETURN_IF_ERROR(sync(st, "step"));
     reap_deferred(true);
@@ -716,6 +783,7 @@ class EngineImpl final : public Engine {
       report.comm_bytes[std::string(comm::collective_op_name(o))] =
           now.ops[op].bytes_sent - comm_base_.ops[op].bytes_sent;
     }
+    report.comm_formula_bytes = comm_formula(report.skipped);
     const store::StoreStats ss = store_->stats();
     report.nvme_read_bytes = ss.nvme_read_bytes() - nvme_read_base_;
     report.nvme_write_bytes = ss.nvme_write_bytes() - nvme_write_base_;
@@ -752,16 +820,54 @@ class EngineImpl final : public Engine {
     j["stage"] = stage_;
     j["world_size"] = world_;
     j["params"] = param_count_;
+    j["compute_dtype"] = std::string(dtype_name(compute_dtype_));
+    j["offload_optimizer"] = std::string(placement_name(opt_place_));
+    j["offload_param"] = std::string(placement_name(param_place_));
     j["plan_bytes"] = plan_bytes().to_json();
+    for (const PlanTerm& t : plan_) {
+      j["terms"][store::tier_name(t.tier)][t.name] = t.bytes;
+    }
+    j["formula_bytes"] = formula_bytes().to_json();
+    j["formula"] = "DESIGN.md: params " + std::to_string(dtype_size(compute_dtype_)) +
+                   "P, grads " + std::to_string(dtype_size(compute_dtype_)) + "P, optimizer " +
+                   std::to_string(4 * (1 + states_)) +
+                   "P (fp32 master + states); stage 1 shards the optimizer, stage 2 + grads, "
+                   "stage 3 + params, by N; offload moves a term to its tier";
     return j;
+  }
+
+  // DESIGN.md's memory table for this config: what each tier would hold by the formula.
+  TierBytes formula_bytes() const {
+    const double phi = static_cast<double>(param_count_);
+    const double n = world_;
+    const double es = static_cast<double>(dtype_size(compute_dtype_));
+    const double params = stage_ == 3 ? es * phi / n : es * phi;
+    const double grads = stage_ >= 2 ? es * phi / n : es * phi;
+    const double opt = 4.0 * (1 + states_) * phi / (stage_ >= 1 ? n : 1.0);
+    double tiers[3] = {0, 0, 0};
+    tiers[static_cast<int>(tier_of(param_place_))] += params;
+    tiers[static_cast<int>(tier_of(grad_place_))] += grads;
+    tiers[static_cast<int>(tier_of(opt_place_))] += opt;
+    TierBytes b;
+    b.device = static_cast<std::uint64_t>(tiers[0]);
+    b.host = static_cast<std::uint64_t>(tiers[1]);
+    b.nvme = static_cast<std::uint64_t>(tiers[2]);
+    return b;
+  }
+
+  std::uint64_t tier_plan(Tier t) const {
+    std::uint64_t sum = 0;
+    for (const PlanTerm& p : plan_) {
+      if (p.tier == t) sum += p.bytes;
+    }
+    return sum;
   }
 
   TierBytes plan_bytes() const override {
     TierBytes b;
-    if (!store_) return b;
-    b.device = store_->used_bytes(Tier::kDevice);
-    b.host = store_->used_bytes(Tier::kHost);
-    b.nvme = store_->used_bytes(Tier::kNvme);
+    b.device = tier_plan(Tier::kDevice);
+    b.host = tier_plan(Tier::kHost);
+    b.nvme = tier_plan(Tier::kNvme);
     return b;
   }
 
@@ -1177,6 +1283,36 @@ class EngineImpl final : public Engine {
     return Status::ok();
   }
 
+  // DESIGN.md's communication per rank per step for this config and model, in the ring's byte
+  // counts (comm::ring_bytes): every micro-batch reduce-scatters each unit (the 16-bit gradient);
+  // stage 3 all-gathers each unit in forward and again in backward (a persistent unit once per
+  // step); stages 1-2 all-gather the updated 16-bit parameters, stage 0 the reduced gradient
+  // (fp32 when k > 1); a skipped step gathers nothing after it. all_reduce: the norm's scalars.
+  nlohmann::ordered_json comm_formula(bool skipped) const {
+    const auto k = static_cast<std::uint64_t>(gradient_accumulation_steps());
+    const std::size_t es = dtype_size(compute_dtype_);
+    std::uint64_t ag = 0, rs = 0;
+    auto ring = [this](comm::CollectiveOp op, std::size_t count, std::size_t elem) {
+      return comm::ring_bytes(op, world_, rank_, count, elem).bytes_sent;
+    };
+    for (const Unit& u : units_) {
+      const std::size_t sh = u.layout.shard;
+      rs += k * ring(comm::CollectiveOp::kReduceScatter, sh, es);
+      if (stage_ == 3) {
+        ag += (u.persistent ? 1 : 2 * k) * ring(comm::CollectiveOp::kAllGather, sh, es);
+      } else if (!skipped) {
+        const std::size_t e = stage_ == 0 && k > 1 ? 4 : es;
+        ag += ring(comm::CollectiveOp::kAllGather, sh, e);
+      }
+    }
+    nlohmann::ordered_json j;
+    j[std::string(comm::collective_op_name(comm::CollectiveOp::kAllGather))] = ag;
+    j[std::string(comm::collective_op_name(comm::CollectiveOp::kReduceScatter))] = rs;
+    j[std::string(comm::collective_op_name(comm::CollectiveOp::kAllReduce))] =
+        ring(comm::CollectiveOp::kAllReduce, static_cast<std::size_t>(world_) * 2 * kScalarPieces, 4);
+    return j;
+  }
+
   void prefetch_states(const Unit& u) {
     store_->prefetch(u.master, Tier::kHost).ignore();
     for (int i = 0; i < states_; ++i) store_->prefetch(u.state[i], Tier::kHost).ignore();
@@ -1218,6 +1354,7 @@ class EngineImpl final : public Engine {
   LossScaler scaler_;
 
   std::deque<Unit> units_;  // stable addresses: views point at the specs
+  std::vector<PlanTerm> plan_;
   bool finalized_ = false;
   std::uint64_t param_count_ = 0;
   std::unique_ptr<PinnedPool> pool_;

@@ -36,6 +36,9 @@ struct RunSpec {
   ModelShape shape;
   std::string extra;  // more top-level JSON members, each followed by a comma
   std::uint64_t host_budget = 0;  // EngineOptions::host_budget_bytes (0 = the engine's default)
+  // zero_optimization.stage3_param_persistence_threshold; -1 = the default (100000: every unit
+  // of the test model stays gathered), 0 = every unit gathered and released at each use.
+  long persistence = -1;
 };
 
 std::string config_json(const RunSpec& r) {
@@ -53,7 +56,11 @@ std::string config_json(const RunSpec& r) {
   j += "\"zero_optimization\": {\"stage\": " + std::to_string(r.stage) +
        ", \"offload_optimizer\": {\"device\": \"" + r.offload_optimizer +
        "\", \"nvme_path\": \"" + path + "\"}, \"offload_param\": {\"device\": \"" +
-       r.offload_param + "\", \"nvme_path\": \"" + path + "\"}}";
+       r.offload_param + "\", \"nvme_path\": \"" + path + "\"}" +
+       (r.persistence >= 0
+            ? ", \"stage3_param_persistence_threshold\": " + std::to_string(r.persistence)
+            : std::string()) +
+       "}";
   j += "}";
   return j;
 }
@@ -63,6 +70,7 @@ struct RunResult {
   std::vector<std::vector<float>> weights;  // rank 0's view (identical on every rank)
   std::vector<StepReport> reports;          // rank 0's
   std::vector<std::vector<StepReport>> reports_by_rank;
+  std::vector<TierBytes> plan_by_rank;
 };
 
 // Runs `r` and checks that every rank ends with the same weights.
@@ -91,6 +99,8 @@ RunResult run(const RunSpec& r, std::vector<int> poison_steps = {}) {
     hashes[static_cast<std::size_t>(rank)] = h;
     result.reports_by_rank.resize(static_cast<std::size_t>(r.ranks));
     result.reports_by_rank[static_cast<std::size_t>(rank)] = reports;
+    result.plan_by_rank.resize(static_cast<std::size_t>(r.ranks));
+    result.plan_by_rank[static_cast<std::size_t>(rank)] = engine->plan_bytes();
     if (rank == 0) {
       result.weights = std::move(w);
       result.reports = std::move(reports);
@@ -124,12 +134,17 @@ void expect_bit_identical(int ranks, const std::string& dtype, int accumulation)
       std::vector<std::string> params = {"none"};
       if (stage == 3) params = {"none", "cpu", "nvme"};
       for (const std::string& param : params) {
-        RunSpec r = base;
-        r.stage = stage;
-        r.offload_optimizer = opt;
-        r.offload_param = param;
-        const RunResult got = run(r);
-        EXPECT_EQ(got.hash, ref.hash) << describe(r) << " differs from " << describe(base);
+        for (long persistence : {-1L, 0L}) {
+          if (stage != 3 && persistence == 0) continue;
+          RunSpec r = base;
+          r.stage = stage;
+          r.offload_optimizer = opt;
+          r.offload_param = param;
+          r.persistence = persistence;
+          const RunResult got = run(r);
+          EXPECT_EQ(got.hash, ref.hash) << describe(r) << " persistence " << persistence
+                                        << " differs from " << describe(base);
+        }
       }
     }
   }
@@ -264,6 +279,84 @@ TEST(ZeroEngine, ScheduleFollowsAppliedUpdates) {
     EXPECT_NEAR(got.reports[i].lr, want[i], 1e-15) << "step " << i + 1;
   }
   EXPECT_TRUE(got.reports[2].skipped);
+}
+
+// All-gather and reduce-scatter bytes each step equal the formula exactly; the norm's all-reduce
+// too. The formula is written here from DESIGN.md (not taken from the engine): per micro-batch a
+// reduce-scatter of every unit's 16-bit gradient; stage 3 all-gathers every unit twice per
+// micro-batch (a persistent one once per step), stages 1-2 once per step, stage 0 once per step
+// in 16-bit (k = 1) or fp32 (k > 1); ring volume (N-1) x shard per collective.
+TEST(ZeroEngine, CommBytesPerStepEqualTheFormula) {
+  for (int ranks : {2, 4}) {
+    for (int stage = 0; stage <= 3; ++stage) {
+      for (int k : {1, 2}) {
+        for (long persistence : {-1L, 0L}) {
+          if (stage != 3 && persistence == 0) continue;
+          RunSpec r;
+          r.ranks = ranks;
+          r.stage = stage;
+          r.dtype = "bf16";
+          r.accumulation = k;
+          r.steps = 3;
+          r.persistence = persistence;
+          const RunResult got = run(r);
+          // Every unit of the test model pads to one 2048-element shard per rank.
+          const std::uint64_t shard_bytes = 2048 * 2;
+          const std::uint64_t units = static_cast<std::uint64_t>(r.shape.layers);
+          const std::uint64_t ring = static_cast<std::uint64_t>(ranks - 1) * shard_bytes;
+          const std::uint64_t rs = units * static_cast<std::uint64_t>(k) * ring;
+          std::uint64_t ag = units * ring;  // stages 1-2, stage 0 with k = 1
+          if (stage == 0 && k > 1) ag = units * 2 * ring;  // fp32
+          if (stage == 3) ag = persistence == 0 ? units * 2 * static_cast<std::uint64_t>(k) * ring
+                                                : units * ring;
+          // The norm: N slots of 8 fp32 values, all-reduced (ring: 2 (N-1)/N of the buffer).
+          const std::uint64_t ar = 2ull * static_cast<std::uint64_t>(ranks - 1) * 8 * 4;
+          for (const auto& reps : got.reports_by_rank) {
+            for (const StepReport& rep : reps) {
+              SCOPED_TRACE("ranks " + std::to_string(ranks) + " stage " + std::to_string(stage) +
+                           " k " + std::to_string(k) + " persistence " +
+                           std::to_string(persistence) + " step " + std::to_string(rep.step));
+              EXPECT_EQ(rep.comm_bytes["all_gather"].get<std::uint64_t>(), ag);
+              EXPECT_EQ(rep.comm_bytes["reduce_scatter"].get<std::uint64_t>(), rs);
+              EXPECT_EQ(rep.comm_bytes["all_reduce"].get<std::uint64_t>(), ar);
+              EXPECT_EQ(rep.comm_formula_bytes["all_gather"].get<std::uint64_t>(), ag);
+              EXPECT_EQ(rep.comm_formula_bytes["reduce_scatter"].get<std::uint64_t>(), rs);
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// The measured peak of every tier never exceeds the plan, over stages and placements.
+TEST(ZeroEngine, MeasuredPeaksStayWithinThePlan) {
+  for (int stage = 0; stage <= 3; ++stage) {
+    for (const std::string opt : {"none", "cpu", "nvme"}) {
+      if (stage == 0 && opt != "none") continue;
+      for (const std::string param : {"none", "cpu", "nvme"}) {
+        if (stage != 3 && param != "none") continue;
+        RunSpec r;
+        r.ranks = 2;
+        r.stage = stage;
+        r.dtype = "bf16";
+        r.offload_optimizer = opt;
+        r.offload_param = param;
+        r.persistence = 0;
+        r.steps = 3;
+        const RunResult got = run(r);
+        for (std::size_t rank = 0; rank < got.reports_by_rank.size(); ++rank) {
+          const TierBytes plan = got.plan_by_rank[rank];
+          const TierBytes peak = got.reports_by_rank[rank].back().peak_bytes;
+          SCOPED_TRACE(describe(r) + " rank " + std::to_string(rank));
+          EXPECT_GT(peak.device, 0u);
+          EXPECT_LE(peak.device, plan.device);
+          EXPECT_LE(peak.host, plan.host);
+          EXPECT_LE(peak.nvme, plan.nvme);
+        }
+      }
+    }
+  }
 }
 
 TEST(ZeroEngine, RejectsParamOffloadBelowStage3) {
