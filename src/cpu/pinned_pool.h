@@ -31,8 +31,14 @@ struct PinnedPoolOptions {
   // Size of one slab (one mmap), rounded up to 2 MiB; a buffer never spans two slabs, so this is
   // also the largest buffer. At most 1 GiB (io_uring's limit on one registered buffer).
   std::uint64_t slab_bytes = 256ull << 20;
-  bool huge_pages = true;  // MAP_HUGETLB if reserved pages exist, else madvise(MADV_HUGEPAGE)
-  bool prefault = true;    // fault every page in at create() (first touch runs at ~1 GB/s)
+  // MAP_HUGETLB if reserved pages exist, else madvise(MADV_HUGEPAGE) and, where that left 4 KiB
+  // pages (THP "never", defrag refused), madvise(MADV_COLLAPSE), which the kernel (6.1+) honours
+  // whatever the THP sysfs mode. False keeps the slab on 4 KiB pages.
+  bool huge_pages = true;
+  // Fault every page in at create() (first touch runs at ~1 GB/s). 4 KiB-page slabs are faulted
+  // through a long-term pin where the kernel allows it, which gives physically contiguous runs
+  // (fewer scatter-gather segments per I/O request); else MADV_POPULATE_WRITE.
+  bool prefault = true;
   MemlockPolicy lock = MemlockPolicy::kBestEffort;
 };
 
@@ -43,6 +49,10 @@ struct PinnedSlab {
   std::uint64_t bytes = 0;
   bool hugetlb = false;  // backed by reserved huge pages (MAP_HUGETLB)
   bool locked = false;   // mlock succeeded
+  // Bytes backed by 2 MiB pages (reserved or transparent) once faulted in. A slab on 4 KiB pages
+  // gives io_uring one bvec per page, so every request is cut at the device's segment limit
+  // (max_segments pages, about 1 MiB); huge pages give one bvec per 2 MiB.
+  std::uint64_t huge_bytes = 0;
 };
 
 struct PinnedPoolStats {
@@ -53,6 +63,7 @@ struct PinnedPoolStats {
   std::uint64_t live_buffers = 0;
   std::uint64_t allocations = 0;
   std::uint64_t failed_allocations = 0;
+  std::uint64_t huge_bytes = 0;  // mapped bytes on 2 MiB pages (PinnedSlab::huge_bytes summed)
   bool locked = false;  // every slab is mlocked
 };
 

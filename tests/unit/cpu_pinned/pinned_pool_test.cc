@@ -3,9 +3,13 @@
 #include "cpu/pinned_pool.h"
 
 #include <gtest/gtest.h>
+#include <sys/mman.h>
 
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <map>
+#include <string>
 #include <mutex>
 #include <random>
 #include <thread>
@@ -19,6 +23,73 @@ PinnedPoolOptions small_options(std::uint64_t budget, std::uint64_t slab) {
   o.budget_bytes = budget;
   o.slab_bytes = slab;
   return o;
+}
+
+// The process's AnonHugePages from /proc/self/smaps_rollup (the kernel's own sum), in bytes.
+std::uint64_t rollup_thp_bytes() {
+  std::ifstream in("/proc/self/smaps_rollup");
+  std::string key;
+  std::uint64_t kb = 0;
+  while (in >> key) {
+    if (key == "AnonHugePages:" && (in >> kb)) return kb * 1024;
+  }
+  return 0;
+}
+
+TEST(PinnedPool, ReportsWhichSlabsHaveHugePages) {
+  PinnedPoolOptions small = small_options(8 << 20, 4 << 20);
+  small.huge_pages = false;
+  auto flat = PinnedPool::create(small);
+  ASSERT_TRUE(flat.is_ok()) << flat.status().to_string();
+  EXPECT_EQ(flat->stats().huge_bytes, 0u) << "a pool asked for 4 KiB pages must not get THP";
+  for (const PinnedSlab& s : flat->slabs()) EXPECT_EQ(s.huge_bytes, 0u);
+
+  if (!std::filesystem::exists("/sys/kernel/mm/transparent_hugepage/enabled")) {
+    GTEST_SKIP() << "kernel without transparent huge pages";
+  }
+  const std::uint64_t before = rollup_thp_bytes();
+  auto huge = PinnedPool::create(small_options(8 << 20, 4 << 20));
+  ASSERT_TRUE(huge.is_ok()) << huge.status().to_string();
+  const PinnedPoolStats st = huge->stats();
+  std::uint64_t sum = 0;
+  for (const PinnedSlab& s : huge->slabs()) {
+    EXPECT_EQ(s.huge_bytes % (2u << 20), 0u);
+    EXPECT_LE(s.huge_bytes, s.bytes);
+    sum += s.huge_bytes;
+  }
+  EXPECT_EQ(st.huge_bytes, sum);
+  // Reserved huge pages do not show in AnonHugePages; transparent ones must.
+  bool hugetlb = false;
+  for (const PinnedSlab& s : huge->slabs()) hugetlb = hugetlb || s.hugetlb;
+  if (!hugetlb) {
+    EXPECT_GE(rollup_thp_bytes() - before, st.huge_bytes);
+  }
+  // MADV_COLLAPSE (Linux 6.1+) gives huge pages whatever the THP mode; older kernels may not.
+  EXPECT_EQ(st.huge_bytes, st.mapped_bytes)
+      << "THP mode: " << [] {
+           std::ifstream in("/sys/kernel/mm/transparent_hugepage/enabled");
+           std::string l;
+           std::getline(in, l);
+           return l;
+         }();
+}
+
+// Pre-faulting on 4 KiB pages (through a long-term pin where the kernel allows it, else
+// MADV_POPULATE_WRITE) leaves every page resident and zeroed; mincore is the independent check.
+TEST(PinnedPool, FourKiBPageSlabsArePrefaulted) {
+  PinnedPoolOptions o = small_options(6 << 20, 4 << 20);
+  o.huge_pages = false;
+  auto pool = PinnedPool::create(o);
+  ASSERT_TRUE(pool.is_ok()) << pool.status().to_string();
+  for (const PinnedSlab& s : pool->slabs()) {
+    std::vector<unsigned char> resident(s.bytes / 4096);
+    ASSERT_EQ(mincore(s.data, s.bytes, resident.data()), 0);
+    std::size_t missing = 0;
+    for (unsigned char r : resident) missing += (r & 1u) == 0;
+    EXPECT_EQ(missing, 0u) << "slab " << s.index << " has pages not faulted in";
+    const auto* bytes = static_cast<const unsigned char*>(s.data);
+    for (std::uint64_t off = 0; off < s.bytes; off += 4096) ASSERT_EQ(bytes[off], 0u) << off;
+  }
 }
 
 TEST(PinnedPool, BuffersAreAlignedWritableAndInsideSlabs) {
