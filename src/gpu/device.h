@@ -171,7 +171,11 @@ class Device {
   virtual Status memset_async(void* dst, int value, std::size_t bytes, Stream& stream) = 0;
   // Runs `fn` on a host thread once the work enqueued before it on `stream` has completed; later
   // work on the stream waits for it. `fn` must not enqueue work on this device (as in CUDA, where
-  // a host function may not make CUDA calls) and must not throw.
+  // a host function may not make CUDA calls) and must not throw. It must also not block on, or
+  // take a lock held by, any thread that may be enqueueing on this device: an enqueue can block
+  // until the stream's worker (the thread running `fn`) catches up (HostStream bounds its queue;
+  // CUDA's launch queue is bounded too), so such a wait deadlocks. Post a completion to a
+  // mailbox guarded by its own short-held mutex instead (the store's Impl::wake_mu).
   virtual Status host_callback(Stream& stream, std::function<void()> fn) = 0;
 
   // Typed element-wise operations; `n` counts elements of the given dtype, pointers are device

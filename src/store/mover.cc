@@ -20,7 +20,6 @@ void Store::Impl::fail_op(Block& b, Op& op, Status st) {
   b.error = st;
   b.skip_until = b.next_seq - 1;
   b.failures.push_back(Failure{op.seq, b.next_seq - 1, st});
-  if (b.failures.size() > 16) b.failures.pop_front();
   if (st.code() == ErrorCode::kCorrupt) {
     ++stats.checksum_failures;
   } else {
@@ -56,30 +55,62 @@ void Store::Impl::free_physical(Block& b, Tier t) {
   update_used(t);
 }
 
-// Marks the end of a load into the device for Lease::ready_event. The mover cannot hand a
-// failure to anyone here, and a failed event record means the device is unusable.
-void Store::Impl::record_ready(Block& b, gpu::Stream& stream) {
-  Status st = b.ready_event->record(stream);
-  TZ_ASSERT(st.is_ok(), st.to_string().c_str());
+// Marks the end of a load into the device for Lease::ready_event. A failure fails the load: a
+// stream waiting on a stale event would read the bytes too early.
+Status Store::Impl::record_ready(Block& b, gpu::Stream& stream) {
+  return b.ready_event->record(stream).with_context("store: recording the ready event of '" +
+                                                    b.name + "'");
 }
 
-// Orders work on `stream` after the caller's last use of the block's device copy.
-void Store::Impl::after_user(Block& b, gpu::Stream& stream) {
-  if (b.user_event_recorded) {
-    Status st = stream.wait(*b.user_event);
-    TZ_ASSERT(st.is_ok(), st.to_string().c_str());
+// Orders work on `stream` after the caller's last use of the block's device copy. When the
+// stream cannot wait on the event, the host waits for it instead (slower, same order).
+Status Store::Impl::after_user(Block& b, gpu::Stream& stream) {
+  if (!b.user_event_recorded) return Status::ok();
+  if (stream.wait(*b.user_event).is_ok()) return Status::ok();
+  return b.user_event->synchronize().with_context("store: waiting for the last user of '" +
+                                                  b.name + "'");
+}
+
+// A device call for `op` failed (`st`): work already enqueued on `stream` for it may still use
+// the block's buffers, so wait for the stream (its callbacks take no store lock, so this
+// cannot deadlock), then fail the op. The lease waiting for it gets `st`.
+void Store::Impl::device_failed(Block& b, Op& op, gpu::Stream& stream, Status st) {
+  if (Status sync = stream.synchronize(); !sync.is_ok()) {
+    TZ_LOG_ERROR("store: stream '%s' after a failed call: %s", stream.name().c_str(),
+                 sync.to_string().c_str());
   }
+  op.device_pending = false;
+  fail_op(b, op, std::move(st).with_context("store: device call for '" + b.name + "'"));
 }
 
-void Store::Impl::enqueue_callback(gpu::Stream& stream, Block& b, const Op& op, std::uint32_t chunk,
+// Enqueues after_user, `work` and (for device destinations) the ready event on `stream`, then
+// the completion callback; false when a call failed (the op has failed, nothing is pending).
+bool Store::Impl::enqueue_whole(Block& b, Op& op, gpu::Stream& stream,
+                                const std::function<Status()>& work, bool ready) {
+  Status st = after_user(b, stream);
+  if (st.is_ok() && work) st = work();
+  if (st.is_ok() && ready) st = record_ready(b, stream);
+  if (st.is_ok()) {
+    if (ready) b.issued_seq = op.seq;
+    op.device_pending = true;
+    st = enqueue_callback(stream, b, op, 0, true);
+  }
+  if (st.is_ok()) return true;
+  device_failed(b, op, stream, std::move(st));
+  return false;
+}
+
+Status Store::Impl::enqueue_callback(gpu::Stream& stream, Block& b, const Op& op, std::uint32_t chunk,
                                    bool whole, int staging_index) {
   DeviceDone done{b.id, op.seq, chunk, whole, staging_index};
   Status st = device->host_callback(stream, [this, done] {
-    std::lock_guard lock(mu);
+    // Never `mu` here (store_impl.h): the mailbox only.
+    std::lock_guard lock(wake_mu);
     device_done.push_back(done);
-    wake();
+    ++events;
+    mover_cv.notify_one();
   });
-  TZ_ASSERT(st.is_ok(), st.to_string().c_str());
+  return st;
 }
 
 Status Store::Impl::device_copy(void* dst, const void* src, std::uint64_t bytes, gpu::CopyKind kind,
@@ -153,10 +184,20 @@ bool Store::Impl::start_op(Block& b, Op& op) {
     if (op.dst == Tier::kDevice && b.user_event_recorded && !op.started) {
       // Free only after the caller's device work on the copy: order a callback after it.
       op.started = true;
-      op.device_pending = true;
-      after_user(b, device->d2h_stream());
-      enqueue_callback(device->d2h_stream(), b, op, 0, true);
-      return true;
+      gpu::Stream& s = device->d2h_stream();
+      Status st = after_user(b, s);
+      if (st.is_ok()) st = enqueue_callback(s, b, op, 0, true);
+      if (st.is_ok()) {
+        op.device_pending = true;
+        return true;
+      }
+      // Cannot order the free on the device: wait for the caller's work here, then free now.
+      TZ_LOG_WARN("store: freeing '%s' after a host wait: %s", b.name.c_str(),
+                  st.to_string().c_str());
+      (void)b.user_event->synchronize();
+      (void)s.synchronize();
+      free_physical(b, op.dst);
+      return finish_op(b);
     }
     if (op.device_pending) return false;
     op.started = true;
@@ -172,13 +213,13 @@ bool Store::Impl::start_op(Block& b, Op& op) {
   if (op.kind == OpKind::kZero) {
     op.started = true;
     if (op.dst == Tier::kDevice) {
-      after_user(b, device->h2d_stream());
-      Status st = device->memset_async(b.dev.data(), 0, b.bytes, device->h2d_stream());
-      TZ_ASSERT(st.is_ok(), st.to_string().c_str());
-      record_ready(b, device->h2d_stream());
-      op.device_pending = true;
-      enqueue_callback(device->h2d_stream(), b, op, 0, true);
-      return true;
+      gpu::Stream& s = device->h2d_stream();
+      if (enqueue_whole(b, op, s,
+                        [&] { return device->memset_async(b.dev.data(), 0, b.bytes, s); },
+                        true)) {
+        return true;
+      }
+      return finish_op(b);
     }
     if (op.dst == Tier::kHost) std::memset(b.host.data(), 0, b.bytes);
     if (op.dst == Tier::kNvme) b.nvme_written = false;
@@ -204,14 +245,13 @@ bool Store::Impl::start_copy(Block& b, Op& op) {
       // Never written: the block reads as zeros.
       op.zero_fill = true;
       if (dev_dst) {
-        after_user(b, device->h2d_stream());
-        Status st = device->memset_async(b.dev.data(), 0, b.bytes, device->h2d_stream());
-        TZ_ASSERT(st.is_ok(), st.to_string().c_str());
-        record_ready(b, device->h2d_stream());
-        b.issued_seq = op.seq;
-        op.device_pending = true;
-        enqueue_callback(device->h2d_stream(), b, op, 0, true);
-        return true;
+        gpu::Stream& s = device->h2d_stream();
+        if (enqueue_whole(b, op, s,
+                          [&] { return device->memset_async(b.dev.data(), 0, b.bytes, s); },
+                          true)) {
+          return true;
+        }
+        return finish_copy_if_done(b, op);
       }
       std::memset(b.host.data(), 0, b.bytes);
       return finish_copy_if_done(b, op);
@@ -219,21 +259,13 @@ bool Store::Impl::start_copy(Block& b, Op& op) {
     if (op.src != Tier::kNvme && op.dst != Tier::kNvme) {
       // Host <-> device: one copy on the direction's stream.
       gpu::Stream& s = dev_dst ? device->h2d_stream() : device->d2h_stream();
-      after_user(b, s);
-      Status st =
-          device_copy(tier_ptr(b, op.dst), tier_ptr(b, op.src), b.bytes,
-                      dev_dst ? gpu::CopyKind::kHostToDevice : gpu::CopyKind::kDeviceToHost, s);
-      if (!st.is_ok()) {
-        fail_op(b, op, std::move(st).with_context("store: copying '" + b.name + "'"));
-        return finish_copy_if_done(b, op);
-      }
-      if (dev_dst) {
-        record_ready(b, s);
-        b.issued_seq = op.seq;
-      }
-      op.device_pending = true;
-      enqueue_callback(s, b, op, 0, true);
-      return true;
+      const auto copy = [&] {
+        return device_copy(tier_ptr(b, op.dst), tier_ptr(b, op.src), b.bytes,
+                           dev_dst ? gpu::CopyKind::kHostToDevice : gpu::CopyKind::kDeviceToHost,
+                           s);
+      };
+      if (enqueue_whole(b, op, s, copy, dev_dst)) return true;
+      return finish_copy_if_done(b, op);
     }
     op.chunks = b.chunk_count(options.chunk_bytes);
     if (op.dst == Tier::kNvme) b.nvme_written = false;  // until every piece has landed
@@ -262,12 +294,17 @@ bool Store::Impl::pump_chunks(Block& b, Op& op) {
     progress = true;
     if (op.src == Tier::kDevice) {
       // Device -> staging first; the write starts when the copy is done.
-      after_user(b, *piece_d2h);
-      Status st = device_copy(staging[static_cast<std::size_t>(s)].data(),
-                              static_cast<std::byte*>(b.dev.data()) + off, len,
-                              gpu::CopyKind::kDeviceToHost, *piece_d2h);
-      TZ_ASSERT(st.is_ok(), st.to_string().c_str());
-      enqueue_callback(*piece_d2h, b, op, k, false, s);
+      Status st = after_user(b, *piece_d2h);
+      if (st.is_ok()) {
+        st = device_copy(staging[static_cast<std::size_t>(s)].data(),
+                         static_cast<std::byte*>(b.dev.data()) + off, len,
+                         gpu::CopyKind::kDeviceToHost, *piece_d2h);
+      }
+      if (st.is_ok()) st = enqueue_callback(*piece_d2h, b, op, k, false, s);
+      if (!st.is_ok()) {
+        device_failed(b, op, *piece_d2h, std::move(st));
+        piece_done(op, s);
+      }
       continue;
     }
     IoJob job;
@@ -437,16 +474,18 @@ void Store::Impl::apply_io_done(IoJob& job) {
                               std::to_string(off + len) + ") read from NVMe"));
     } else if (op->dst == Tier::kDevice) {
       gpu::Stream& s = *piece_h2d;
-      after_user(b, s);
-      Status st = device_copy(static_cast<std::byte*>(b.dev.data()) + off, buf, len,
-                              gpu::CopyKind::kHostToDevice, s);
-      TZ_ASSERT(st.is_ok(), st.to_string().c_str());
-      if (++op->copies_enqueued == op->chunks) {
-        record_ready(b, s);
-        b.issued_seq = op->seq;
+      Status st = after_user(b, s);
+      if (st.is_ok()) {
+        st = device_copy(static_cast<std::byte*>(b.dev.data()) + off, buf, len,
+                         gpu::CopyKind::kHostToDevice, s);
       }
-      enqueue_callback(s, b, *op, job.chunk, false, job.staging);
-      return;  // the piece finishes when the copy does
+      if (st.is_ok() && ++op->copies_enqueued == op->chunks) {
+        st = record_ready(b, s);
+        if (st.is_ok()) b.issued_seq = op->seq;
+      }
+      if (st.is_ok()) st = enqueue_callback(s, b, *op, job.chunk, false, job.staging);
+      if (st.is_ok()) return;  // the piece finishes when the copy does
+      device_failed(b, *op, s, std::move(st));
     }
   }
   piece_done(*op, job.staging);
@@ -519,8 +558,10 @@ std::vector<IoJob> Store::Impl::pick_jobs() {
 }
 
 bool Store::Impl::idle() const {
-  if (!read_q.empty() || !write_q.empty() || in_flight_bytes > 0 || !device_done.empty()) {
-    return false;
+  if (!read_q.empty() || !write_q.empty() || in_flight_bytes > 0) return false;
+  {
+    std::lock_guard lock(wake_mu);
+    if (!device_done.empty()) return false;
   }
   for (const auto& [id, b] : blocks) {
     if (!b.ops.empty()) return false;
@@ -544,11 +585,15 @@ void Store::Impl::mover_loop() {
   nvme::IoQueue* io = swap ? &swap->queue() : nullptr;
   std::unique_lock lock(mu);
   for (;;) {
-    const std::uint64_t seen = events;
+    std::uint64_t seen;
     bool progress = false;
     // Completions reported by device callbacks.
     std::vector<DeviceDone> dd;
-    dd.swap(device_done);
+    {
+      std::lock_guard wl(wake_mu);
+      seen = events;
+      dd.swap(device_done);
+    }
     for (const DeviceDone& d : dd) apply_device_done(d);
     progress |= !dd.empty();
     // Chains run in the order their heads were decided, so that staging buffers and disk
@@ -581,7 +626,16 @@ void Store::Impl::mover_loop() {
     }
     if (io != nullptr && !in_flight.empty()) {
       Status st = io->poll();
-      if (!st.is_ok()) TZ_LOG_ERROR("store: I/O engine failed: %s", st.to_string().c_str());
+      if (!st.is_ok()) {
+        // The engine itself failed: its requests will not complete. Every job in flight fails
+        // with the engine's error, so the leases waiting for them return it.
+        TZ_LOG_ERROR("store: I/O engine failed: %s", st.to_string().c_str());
+        for (auto& [id, j] : in_flight) {
+          j.status = Status(st).with_context("store: I/O engine failed with this request in flight");
+          done.push_back(std::move(j));
+        }
+        in_flight.clear();
+      }
       for (auto it = in_flight.begin(); it != in_flight.end();) {
         if (io->done(it->first)) {
           it->second.status = io->wait(it->first);
@@ -598,12 +652,18 @@ void Store::Impl::mover_loop() {
     lock.lock();
     for (IoJob& j : done) apply_io_done(j);
     progress |= !done.empty() || !jobs.empty();
-    if (progress || events != seen) continue;
-    if (!in_flight.empty()) {
-      mover_cv.wait_for(lock, std::chrono::microseconds(200));
-    } else {
-      mover_cv.wait(lock, [&] { return events != seen; });
+    if (progress) continue;
+    // Sleep on the mailbox without `mu`, so that callers and callbacks can post meanwhile.
+    lock.unlock();
+    {
+      std::unique_lock wl(wake_mu);
+      if (!in_flight.empty()) {
+        mover_cv.wait_for(wl, std::chrono::microseconds(200), [&] { return events != seen; });
+      } else {
+        mover_cv.wait(wl, [&] { return events != seen; });
+      }
     }
+    lock.lock();
   }
 }
 

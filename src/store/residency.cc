@@ -18,6 +18,7 @@ Block* Store::Impl::find(BlockId id) {
 }
 
 void Store::Impl::wake() {
+  std::lock_guard lock(wake_mu);
   ++events;
   mover_cv.notify_one();
 }
@@ -118,6 +119,13 @@ Status Store::Impl::lease_failure(const Block& b, Access access, std::uint64_t f
     }
   }
   return Status::ok();
+}
+
+// The lowest op seq whose failure lease_failure would report to such a lease: failures ending
+// before it cannot spoil it.
+std::uint64_t Store::Impl::lease_mark(Access access, std::uint64_t first_seq,
+                                      std::uint64_t ready_seq) {
+  return access == Access::kWrite ? first_seq : ready_seq;
 }
 
 bool Store::Impl::only_valid(const Block& b, Tier t) const {
@@ -281,6 +289,85 @@ void Store::Impl::drop_stale_copies(Block& b, Tier written) {
     b.copies[ti(u)] = Copy{};
     logical_used[ti(u)] -= b.bytes;
   }
+}
+
+// The invariants every operation keeps (the property test checks them after each one): per
+// tier, the present copies' bytes sum to the logical use and, for device and host, the
+// physical use stays within the budget; per block, ops are ordered by seq after done_seq and
+// issued_seq, allocations wait in their tier's FIFO in decision order, queued frees are counted,
+// and failures are ordered and disjoint.
+Status Store::Impl::check_invariants() const {
+  std::array<std::uint64_t, kTierCount> present{};
+  std::array<std::uint64_t, kTierCount> frees{};
+  std::array<std::uint64_t, kTierCount> allocs{};
+  for (const auto& [id, b] : blocks) {
+    const std::string who = "block '" + b.name + "'";
+    for (std::size_t t = 0; t < kTierCount; ++t) {
+      if (b.copies[t].present) present[t] += b.bytes;
+      if (b.destroyed && b.copies[t].present) {
+        return Status::internal(who + ": destroyed with a present copy");
+      }
+    }
+    if (b.done_seq >= b.next_seq || b.issued_seq >= b.next_seq) {
+      return Status::internal(who + ": done/issued seq past the last op");
+    }
+    std::uint64_t prev = b.done_seq;
+    for (const Op& op : b.ops) {
+      if (op.seq <= prev) return Status::internal(who + ": op seqs out of order");
+      prev = op.seq;
+      if (op.kind == OpKind::kFree) ++frees[ti(op.dst)];
+      if (op.kind == OpKind::kAlloc && !op.started) ++allocs[ti(op.dst)];
+    }
+    std::uint64_t last = 0;
+    for (const Failure& f : b.failures) {
+      if (f.first_seq > f.last_seq || (last != 0 && f.first_seq <= last)) {
+        return Status::internal(who + ": failures overlap or are out of order");
+      }
+      last = f.last_seq;
+    }
+    if (b.total_leases != b.leases[0] + b.leases[1] + b.leases[2] ||
+        static_cast<std::size_t>(b.total_leases) != b.marks.size()) {
+      return Status::internal(who + ": lease counts disagree");
+    }
+  }
+  for (std::size_t t = 0; t < kTierCount; ++t) {
+    const char* tier = tier_name(static_cast<Tier>(t));
+    if (present[t] != logical_used[t]) {
+      return Status::internal(std::string("store: present copies in ") + tier + " sum to " +
+                              std::to_string(present[t]) + " B, logical use is " +
+                              std::to_string(logical_used[t]) + " B");
+    }
+    if (t != ti(Tier::kNvme) && phys_used[t] > budget[t]) {
+      return Status::internal(std::string("store: physical use of ") + tier + " past its budget");
+    }
+    if (frees[t] != pending_frees[t]) {
+      return Status::internal(std::string("store: ") + std::to_string(frees[t]) +
+                              " frees queued in " + tier + ", " +
+                              std::to_string(pending_frees[t]) + " counted");
+    }
+    if (allocs[t] != alloc_fifo[t].size()) {
+      return Status::internal(std::string("store: ") + std::to_string(allocs[t]) +
+                              " allocations waiting in " + tier + ", FIFO holds " +
+                              std::to_string(alloc_fifo[t].size()));
+    }
+    std::uint64_t last_decided = 0;
+    for (const auto& [bid, seq] : alloc_fifo[t]) {
+      auto it = blocks.find(bid);
+      if (it == blocks.end()) return Status::internal("store: allocation FIFO names a gone block");
+      bool found = false;
+      for (const Op& op : it->second.ops) {
+        if (op.seq != seq) continue;
+        found = op.kind == OpKind::kAlloc;
+        if (op.decided <= last_decided) {
+          return Status::internal(std::string("store: allocation FIFO of ") + tier +
+                                  " out of decision order");
+        }
+        last_decided = op.decided;
+      }
+      if (!found) return Status::internal("store: allocation FIFO names no queued allocation");
+    }
+  }
+  return Status::ok();
 }
 
 }  // namespace tz::store

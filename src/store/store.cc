@@ -230,21 +230,30 @@ Result<Lease> Store::pin(BlockId id, Tier tier, Access access) {
   if (!b.error.is_ok() && access != Access::kWrite) {
     return Status(b.error).with_context("store: block '" + b.name + "' lost its bytes");
   }
+  // The pin takes its trace position before placement (victims are chosen by the uses after
+  // it); a pin that cannot be placed is undone: it is neither in the trace nor in the counters.
+  const std::size_t saved_pos = m.trace_pos;
+  const bool saved_following = m.following;
+  const std::uint64_t saved_deviations = m.stats.trace_deviations;
   if (tier != Tier::kNvme) m.note_pin(TraceEntry{id, tier, access});
   Copy& c = b.copies[ti(tier)];
-  TierStats& ts = m.stats.tiers[ti(tier)];
-  if (c.present && (c.valid || access == Access::kWrite)) {
-    ++ts.hits;
-    if (c.by_prefetch) ++ts.prefetch_hits;
-  } else {
-    ++ts.misses;
-  }
-  c.by_prefetch = false;
+  const bool hit = c.present && (c.valid || access == Access::kWrite);
+  const bool prefetch_hit = hit && c.by_prefetch;
   const std::uint64_t first_seq = b.next_seq;  // the first op this pin enqueues
   m.protect = id;
   Status placed = m.make_resident(b, tier);
   m.protect = 0;
-  TZ_RETURN_IF_ERROR(std::move(placed));
+  if (!placed.is_ok()) {
+    if (tier != Tier::kNvme) m.record.pop_back();
+    m.trace_pos = saved_pos;
+    m.following = saved_following;
+    m.stats.trace_deviations = saved_deviations;
+    return placed;
+  }
+  TierStats& ts = m.stats.tiers[ti(tier)];
+  ++(hit ? ts.hits : ts.misses);
+  if (prefetch_hit) ++ts.prefetch_hits;
+  c.by_prefetch = false;
   if (access != Access::kWrite && !c.valid) {
     auto src = m.load_source(b, tier);
     TZ_ASSERT(src.has_value(), "a block without a current copy");
@@ -259,7 +268,15 @@ Result<Lease> Store::pin(BlockId id, Tier tier, Access access) {
     c.valid = true;
     if (access == Access::kWrite) c.loaded_from = Tier::kNvme;  // nothing was loaded
     m.drop_stale_copies(b, tier);
-    if (access == Access::kWrite) b.error = Status::ok();
+    if (access == Access::kWrite) {
+      // The bytes are overwritten: failures before this pin matter only to live leases.
+      b.error = Status::ok();
+      const std::uint64_t keep_from = b.marks.empty() ? first_seq
+                                                      : std::min(first_seq, *b.marks.begin());
+      while (!b.failures.empty() && b.failures.front().last_seq < keep_from) {
+        b.failures.pop_front();
+      }
+    }
     ++b.write_leases[ti(tier)];
     b.dirtied_at = tier == Tier::kNvme || m.record.empty()
                        ? kNoPos
@@ -278,6 +295,7 @@ Result<Lease> Store::pin(BlockId id, Tier tier, Access access) {
   // flight (an early write-back) only reads it too. Writers wait for every earlier move.
   lease.ready_seq_ = access == Access::kRead ? b.fill_seq[ti(tier)] : b.next_seq - 1;
   lease.first_seq_ = first_seq;
+  b.marks.insert(Impl::lease_mark(access, first_seq, lease.ready_seq_));
   // An early write-back this pin waits for is no longer one that nobody waits for.
   for (Op& op : b.ops) {
     if (op.seq <= lease.ready_seq_) op.early = false;
@@ -347,6 +365,7 @@ Status Store::flush() {
     for (Tier t : {Tier::kDevice, Tier::kHost}) {
       if (ti(t) >= ti(b.home) || !b.copies[ti(t)].present || !m.only_valid(b, t)) continue;
       writes.emplace_back(id, m.push_copy(b, t, b.home, false));
+      b.marks.insert(writes.back().second);  // keep its failure until flush has looked
       b.copies[ti(b.home)].valid = true;
       b.dirtied_at = kNoPos;  // home by flush, not by eviction: nothing for the policy to learn
       ++m.stats.tiers[ti(t)].write_backs;
@@ -354,15 +373,18 @@ Status Store::flush() {
   }
   m.wake();
   m.cv.wait(lock, [&] { return m.idle(); });
+  Status failed;
   for (const auto& [id, seq] : writes) {
-    const Block* b = m.find(id);
+    Block* b = m.find(id);
     if (b == nullptr) continue;  // destroyed by another thread meanwhile: nothing to keep
+    b->marks.erase(b->marks.find(seq));
     for (const Failure& f : b->failures) {
-      if (f.first_seq <= seq && seq <= f.last_seq) {
-        return Status(f.status).with_context("store: flush");
+      if (failed.is_ok() && f.first_seq <= seq && seq <= f.last_seq) {
+        failed = Status(f.status).with_context("store: flush");
       }
     }
   }
+  if (!failed.is_ok()) return failed;
   return lost;
 }
 
@@ -402,6 +424,11 @@ std::uint64_t Store::budget_bytes(Tier tier) const {
   return impl_->budget[ti(tier)];
 }
 
+Status Store::check_invariants() const {
+  std::lock_guard lock(impl_->mu);
+  return impl_->check_invariants();
+}
+
 bool Store::following_trace() const {
   std::lock_guard lock(impl_->mu);
   return impl_->following;
@@ -418,16 +445,31 @@ void Store::unpin(Lease& lease, gpu::Stream* writer) {
   --b.leases[t];
   --b.total_leases;
   if (lease.access_ != Access::kRead) --b.write_leases[t];
+  b.marks.erase(b.marks.find(Impl::lease_mark(lease.access_, lease.first_seq_, lease.ready_seq_)));
   b.copies[t].lru_tick = ++m.tick;
   if (writer != nullptr) {
+    Status st;
     if (!b.user_event) {
       auto ev = m.device->create_event();
-      TZ_ASSERT(ev.is_ok(), ev.status().to_string().c_str());
-      b.user_event = std::move(ev).value();
+      if (ev) {
+        b.user_event = std::move(ev).value();
+      } else {
+        st = std::move(ev).take_status();
+      }
     }
-    Status st = b.user_event->record(*writer);
-    TZ_ASSERT(st.is_ok(), st.to_string().c_str());
-    b.user_event_recorded = true;
+    if (st.is_ok()) st = b.user_event->record(*writer);
+    if (st.is_ok()) {
+      b.user_event_recorded = true;
+    } else {
+      // No event to order the store's copies after the writer: wait for its work here instead
+      // (its callbacks never take this lock). If even that fails the bytes are unknown.
+      TZ_LOG_WARN("store: release of '%s': %s; waiting for the stream", b.name.c_str(),
+                  st.to_string().c_str());
+      if (Status sync = writer->synchronize(); !sync.is_ok()) {
+        b.error = std::move(sync).with_context("store: block '" + b.name +
+                                               "': its writer's stream failed");
+      }
+    }
   }
   m.write_back_early(b, lease.tier_);
 }

@@ -182,6 +182,10 @@ class Store {
   std::uint64_t budget_bytes(Tier tier) const;
   // True when the current step follows the recorded trace so far.
   bool following_trace() const;
+  // Checks the store's internal invariants (logical use equals the present copies, physical use
+  // within budget, op order, queued frees and allocations accounted); kInternal naming the
+  // first broken one. For tests; O(blocks + queued ops).
+  Status check_invariants() const;
 
  private:
   friend class Lease;

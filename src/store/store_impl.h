@@ -15,6 +15,7 @@
 #pragma once
 
 #include <condition_variable>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -35,8 +36,13 @@ struct Store::Impl {
 
   mutable std::mutex mu;
   std::condition_variable cv;        // leases and drain wait here
-  std::condition_variable mover_cv;  // the mover waits here
-  std::uint64_t events = 0;          // bumped on anything the mover should look at
+  // The mover's mailbox, apart from `mu` so that device callbacks never take `mu` (the mover
+  // may hold `mu` while an enqueue blocks on a full stream whose worker runs a callback). Lock
+  // order: mu, then wake_mu; never the reverse.
+  mutable std::mutex wake_mu;
+  std::condition_variable mover_cv;    // the mover waits here, on wake_mu
+  std::uint64_t events = 0;            // guarded by wake_mu: bumped on anything for the mover
+  std::vector<DeviceDone> device_done;  // guarded by wake_mu: completions from callbacks
   bool stopping = false;
 
   std::map<BlockId, Block> blocks;  // ordered: deterministic iteration
@@ -78,7 +84,6 @@ struct Store::Impl {
   std::uint64_t in_flight_bytes = 0;
   std::uint32_t in_flight_reads = 0;
   std::uint32_t in_flight_writes = 0;
-  std::vector<DeviceDone> device_done;
 
   // Policy.
   std::vector<TraceEntry> trace;
@@ -111,7 +116,9 @@ struct Store::Impl {
   std::uint64_t push_copy(Block& b, Tier src, Tier dst, bool prefetch);
   bool host_keeps(const Block& x, std::uint64_t nu) const;
   bool admit_to_host(Block& b);
+  static std::uint64_t lease_mark(Access access, std::uint64_t first_seq, std::uint64_t ready_seq);
   bool only_valid(const Block& b, Tier t) const;
+  Status check_invariants() const;
   void write_back_early(Block& b, Tier t);
   void evict(Block& b, Tier t);
   std::optional<Tier> load_source(const Block& b, Tier t) const;
@@ -138,9 +145,12 @@ struct Store::Impl {
   void fail_op(Block& b, Op& op, Status st);
   void* tier_ptr(Block& b, Tier t);
   void free_physical(Block& b, Tier t);
-  void record_ready(Block& b, gpu::Stream& stream);
-  void after_user(Block& b, gpu::Stream& stream);
-  void enqueue_callback(gpu::Stream& stream, Block& b, const Op& op, std::uint32_t chunk,
+  Status record_ready(Block& b, gpu::Stream& stream);
+  Status after_user(Block& b, gpu::Stream& stream);
+  void device_failed(Block& b, Op& op, gpu::Stream& stream, Status st);
+  bool enqueue_whole(Block& b, Op& op, gpu::Stream& stream, const std::function<Status()>& work,
+                     bool ready);
+  Status enqueue_callback(gpu::Stream& stream, Block& b, const Op& op, std::uint32_t chunk,
                         bool whole, int staging_index = -1);
   Status device_copy(void* dst, const void* src, std::uint64_t bytes, gpu::CopyKind kind,
                      gpu::Stream& stream);

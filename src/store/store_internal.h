@@ -13,6 +13,7 @@
 #include <deque>
 #include <limits>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -115,7 +116,12 @@ struct Block {
   std::uint64_t next_seq = 1;
   std::uint64_t done_seq = 0;    // ops with seq <= done_seq are finished
   std::uint64_t issued_seq = 0;  // ops with seq <= issued_seq have enqueued their last copy
-  std::deque<Failure> failures;  // most recent last, bounded
+  // Failed moves, oldest first, disjoint seq ranges. A failure stays attached to the block until
+  // a kWrite pin overwrites the bytes and no live lease can still be spoiled by it (Block::marks).
+  std::deque<Failure> failures;
+  // Per live lease, the lowest op seq whose failure would spoil it (lease_mark): failures ending
+  // before the smallest mark concern nobody.
+  std::multiset<std::uint64_t> marks;
   std::uint64_t skip_until = 0;  // copies with seq <= this are skipped (failed)
   // Per tier, the last op that allocated, loaded or zeroed that tier's copy: a read pin of a
   // current copy waits for it and not for later copies out of the tier (an early write-back).

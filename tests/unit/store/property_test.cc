@@ -173,6 +173,9 @@ void run_seed(std::uint64_t seed, int ops, Policy policy) {
       }
     }
     check_budgets(h, seed, step);
+    if (Status inv = h.store->check_invariants(); !inv.is_ok()) {
+      FAIL() << "seed " << seed << " op " << step << ": " << inv.to_string();
+    }
     ASSERT_FALSE(::testing::Test::HasFatalFailure());
   }
   while (!held.empty()) release(0);

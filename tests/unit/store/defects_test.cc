@@ -1,0 +1,343 @@
+// Reproductions of the store defects of issue 14, through the public API: a dirty eviction of
+// more copies than a HostStream queues, device-call and I/O-engine failures that must reach the
+// waiting leases as errors (no abort, no hang), a failure older than sixteen others, and a failed
+// pin that must leave no trace. A scenario that could hang runs on its own thread under a
+// deadline; past it the test reports the hang and exits, so ctest never blocks.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <future>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "store/store.h"
+#include "store_harness.h"
+
+namespace tz::store {
+namespace {
+
+using testing::Harness;
+using testing::HarnessOptions;
+
+// Runs `body` on a thread; if it has not finished after `seconds`, the scenario hangs: report it
+// and end the process (a hung thread cannot be joined).
+void within_deadline(const char* what, int seconds, std::function<void()> body) {
+  std::packaged_task<void()> task(std::move(body));
+  std::future<void> done = task.get_future();
+  std::thread runner(std::move(task));
+  if (done.wait_for(std::chrono::seconds(seconds)) != std::future_status::ready) {
+    std::fprintf(stderr, "FAILED: %s did not finish within %d s (hang)\n", what, seconds);
+    std::fflush(stderr);
+    std::_Exit(1);
+  }
+  runner.join();
+  done.get();
+}
+
+// Defect 1: N dirty device copies evicted by one pin enqueue N copies and N host callbacks on the
+// d2h stream, past HostStream's 4,096-task bound.
+TEST(StoreDefects, EvictingMoreDirtyCopiesThanAStreamQueuesFinishes) {
+  constexpr std::uint64_t kSmall = 4096;
+  constexpr std::uint32_t kN = 5000;  // 2 * kN tasks on one stream: past kMaxQueued
+  static_assert(2 * kN > gpu::HostStream::kMaxQueued);
+  Harness h;
+  HarnessOptions o;
+  o.store.device_budget_bytes = kN * kSmall;
+  o.store.host_budget_bytes = 2 * kN * kSmall + (1 << 20);
+  o.store.chunk_bytes = 1 << 20;
+  o.store.staging_buffers = 2;
+  o.store.policy = Policy::kLru;
+  h.init(o);
+  ASSERT_FALSE(::testing::Test::HasFatalFailure());
+  std::vector<BlockId> small;
+  for (std::uint32_t i = 0; i < kN; ++i) {
+    auto id = h.store->create_block(kSmall, Tier::kHost, "small" + std::to_string(i));
+    ASSERT_TRUE(id.is_ok()) << id.status().to_string();
+    small.push_back(*id);
+  }
+  auto big = h.store->create_block(kN * kSmall, Tier::kHost, "big");
+  ASSERT_TRUE(big.is_ok()) << big.status().to_string();
+  ASSERT_TRUE(h.store->drain().is_ok());
+  // Make every small block dirty on the device: the device copy holds its only current bytes.
+  for (std::uint32_t i = 0; i < kN; ++i) {
+    auto lease = h.store->pin(small[i], Tier::kDevice, Access::kWrite);
+    ASSERT_TRUE(lease.is_ok()) << lease.status().to_string();
+    ASSERT_TRUE(lease->wait().is_ok());
+    const auto tag = static_cast<std::uint32_t>(i * 2654435761u);
+    std::memcpy(lease->data(), &tag, sizeof tag);
+  }
+  within_deadline("the eviction of 5,000 dirty device copies", 60, [&] {
+    auto lease = h.store->pin(*big, Tier::kDevice, Access::kRead);
+    ASSERT_TRUE(lease.is_ok()) << lease.status().to_string();
+    ASSERT_TRUE(lease->wait().is_ok());
+    lease->release();
+    ASSERT_TRUE(h.store->drain().is_ok());
+  });
+  // Every small block's bytes went home (independent check: the tag written above).
+  for (std::uint32_t i = 0; i < kN; i += 97) {
+    auto lease = h.store->pin(small[i], Tier::kHost, Access::kRead);
+    ASSERT_TRUE(lease.is_ok()) << lease.status().to_string();
+    ASSERT_TRUE(lease->wait().is_ok());
+    std::uint32_t tag = 0;
+    std::memcpy(&tag, lease->data(), sizeof tag);
+    EXPECT_EQ(tag, static_cast<std::uint32_t>(i * 2654435761u)) << "block " << i;
+  }
+  EXPECT_GE(h.store->stats().tier(Tier::kDevice).write_backs, kN);
+  h.finish();
+}
+
+struct DeviceFaultCase {
+  const char* name;
+  unsigned ops;  // HostDevice::DeviceFault mask
+  Tier home;
+};
+
+// Defect 2, device side: each device call the store makes for a load can fail; the lease gets
+// the error (kInternal from the injection), nothing aborts, and the store keeps working.
+TEST(StoreDefects, DeviceCallFailuresBecomeLeaseErrors) {
+  const DeviceFaultCase cases[] = {
+      {"copy (host home)", gpu::HostDevice::kFaultCopy, Tier::kHost},
+      {"callback (host home)", gpu::HostDevice::kFaultCallback, Tier::kHost},
+      {"event record (host home)", gpu::HostDevice::kFaultRecord, Tier::kHost},
+      {"copy (nvme home, written)", gpu::HostDevice::kFaultCopy, Tier::kNvme},
+      {"callback (nvme home, written)", gpu::HostDevice::kFaultCallback, Tier::kNvme},
+      {"memset (nvme home, never written)", gpu::HostDevice::kFaultMemset, Tier::kNvme},
+  };
+  for (const DeviceFaultCase& c : cases) {
+    SCOPED_TRACE(c.name);
+    std::printf("device fault case: %s\n", c.name);
+    Harness h;
+    HarnessOptions o;
+    o.store.device_budget_bytes = 1 << 20;
+    o.store.host_budget_bytes = 1 << 20;
+    o.store.chunk_bytes = 64 << 10;
+    o.store.staging_buffers = 2;
+    h.init(o);
+    ASSERT_FALSE(::testing::Test::HasFatalFailure());
+    auto id = h.store->create_block(256 << 10, c.home, "victim");
+    ASSERT_TRUE(id.is_ok()) << id.status().to_string();
+    const bool write_first = c.ops != gpu::HostDevice::kFaultMemset;
+    if (write_first) {
+      // Put bytes home so the load is a real copy (host pin for a host home; host then flush for
+      // an NVMe home).
+      auto w = h.store->pin(*id, Tier::kHost, Access::kWrite);
+      ASSERT_TRUE(w.is_ok());
+      ASSERT_TRUE(w->wait().is_ok());
+      std::memset(w->data(), 0x5a, 256 << 10);
+      w->release();
+      ASSERT_TRUE(h.store->flush().is_ok());
+      if (c.home == Tier::kNvme) {
+        // Drop the host copy so the device load reads NVMe through staging.
+        auto other = h.store->create_block(1 << 20, Tier::kHost, "filler");
+        ASSERT_TRUE(other.is_ok()) << other.status().to_string();
+        ASSERT_TRUE(h.store->drain().is_ok());
+      }
+    }
+    ASSERT_TRUE(h.store->drain().is_ok());
+    h.device->inject_failures(c.ops, 0, 1000000);
+    within_deadline(c.name, 60, [&] {
+      auto lease = h.store->pin(*id, Tier::kDevice, Access::kRead);
+      if (lease.is_ok()) {
+        Status st = lease->wait();
+        EXPECT_FALSE(st.is_ok()) << "a load whose device call failed reported success";
+        if (!st.is_ok()) {
+          EXPECT_NE(st.to_string().find("injected"), std::string::npos) << st.to_string();
+        }
+        lease->release();
+      } else {
+        EXPECT_NE(lease.status().to_string().find("injected"), std::string::npos)
+            << lease.status().to_string();
+      }
+      h.device->inject_failures(0, 0, 0);
+      (void)h.store->drain();
+    });
+    EXPECT_GT(h.device->injected_failures(), 0u) << "the case injected nothing";
+    // The block recovers with a write pin; the store is usable afterwards.
+    within_deadline("recovery after a device failure", 60, [&] {
+      auto w = h.store->pin(*id, Tier::kDevice, Access::kWrite);
+      ASSERT_TRUE(w.is_ok()) << w.status().to_string();
+      ASSERT_TRUE(w->wait().is_ok());
+      w->release();
+      ASSERT_TRUE(h.store->drain().is_ok());
+    });
+    h.finish();
+  }
+}
+
+// An engine that fails once armed, as a ring that is gone (EBADF from io_uring_enter): the first
+// reap after arming reports nothing yet (so the request is in flight for the store), every later
+// one fails.
+class BrokenReapEngine final : public nvme::IoEngine {
+ public:
+  BrokenReapEngine(std::unique_ptr<nvme::IoEngine> inner, std::shared_ptr<std::atomic<bool>> armed)
+      : inner_(std::move(inner)), armed_(std::move(armed)) {}
+  nvme::IoEngineKind kind() const override { return inner_->kind(); }
+  std::uint32_t capacity() const override { return inner_->capacity(); }
+  std::uint32_t in_flight() const override { return inner_->in_flight(); }
+  Result<int> add_file(int fd) override { return inner_->add_file(fd); }
+  Status register_buffers(std::span<const iovec> regions) override {
+    return inner_->register_buffers(regions);
+  }
+  bool buffers_registered() const override { return inner_->buffers_registered(); }
+  Status submit(std::span<const nvme::IoRequest> requests) override {
+    return inner_->submit(requests);
+  }
+  Result<std::size_t> reap(std::span<nvme::IoCompletion> out, std::size_t min_complete) override {
+    if (armed_->load() && reaps_since_armed_++ > 0) {
+      return Status::from_errno(EBADF, "injected: the I/O engine failed (reap)");
+    }
+    if (armed_->load()) return std::size_t{0};
+    return inner_->reap(out, min_complete);
+  }
+
+ private:
+  std::unique_ptr<nvme::IoEngine> inner_;
+  std::shared_ptr<std::atomic<bool>> armed_;
+  std::uint64_t reaps_since_armed_ = 0;
+};
+
+// Defect 2, engine side: when the engine fails, every job in flight fails and its lease reports
+// it instead of waiting forever.
+TEST(StoreDefects, EngineFailureFailsLeasesInFlight) {
+  auto armed = std::make_shared<std::atomic<bool>>(false);
+  Harness h;
+  HarnessOptions o;
+  o.store.device_budget_bytes = 1 << 20;
+  o.store.host_budget_bytes = 1 << 20;
+  o.store.chunk_bytes = 64 << 10;
+  o.store.staging_buffers = 2;
+  o.wrap_engine = [armed](std::unique_ptr<nvme::IoEngine> e) -> std::unique_ptr<nvme::IoEngine> {
+    return std::make_unique<BrokenReapEngine>(std::move(e), armed);
+  };
+  h.init(o);
+  ASSERT_FALSE(::testing::Test::HasFatalFailure());
+  auto id = h.store->create_block(512 << 10, Tier::kNvme, "on disk");
+  ASSERT_TRUE(id.is_ok());
+  {
+    auto w = h.store->pin(*id, Tier::kHost, Access::kWrite);
+    ASSERT_TRUE(w.is_ok());
+    ASSERT_TRUE(w->wait().is_ok());
+    std::memset(w->data(), 0x33, 512 << 10);
+  }
+  ASSERT_TRUE(h.store->flush().is_ok());
+  // Push the host copy out so the next pin reads the disk.
+  auto filler = h.store->create_block(1 << 20, Tier::kHost, "filler");
+  ASSERT_TRUE(filler.is_ok()) << filler.status().to_string();
+  ASSERT_TRUE(h.store->destroy_block(*filler).is_ok());
+  ASSERT_TRUE(h.store->drain().is_ok());
+  armed->store(true);
+  within_deadline("a lease waiting on a failed I/O engine", 60, [&] {
+    auto lease = h.store->pin(*id, Tier::kHost, Access::kRead);
+    ASSERT_TRUE(lease.is_ok()) << lease.status().to_string();
+    Status st = lease->wait();
+    EXPECT_FALSE(st.is_ok()) << "a read through a failed engine reported success";
+    EXPECT_NE(st.to_string().find("injected"), std::string::npos) << st.to_string();
+    lease->release();
+    (void)h.store->drain();
+  });
+  EXPECT_GT(h.store->stats().io_errors, 0u);
+  armed->store(false);
+  h.finish();
+}
+
+// Defect 3: a lease whose load failed must see that failure however many later moves of the
+// block fail before it waits (the history used to keep sixteen).
+TEST(StoreDefects, FailureOlderThanSixteenOthersIsStillReported) {
+  Harness h;
+  HarnessOptions o;
+  o.store.device_budget_bytes = 1 << 20;
+  o.store.host_budget_bytes = 1 << 20;
+  o.store.chunk_bytes = 64 << 10;
+  o.store.staging_buffers = 2;
+  nvme::FaultOptions quiet;
+  o.faults = quiet;
+  h.init(o);
+  ASSERT_FALSE(::testing::Test::HasFatalFailure());
+  auto id = h.store->create_block(64 << 10, Tier::kNvme, "flaky");
+  ASSERT_TRUE(id.is_ok());
+  {
+    auto w = h.store->pin(*id, Tier::kHost, Access::kWrite);
+    ASSERT_TRUE(w.is_ok());
+    ASSERT_TRUE(w->wait().is_ok());
+    std::memset(w->data(), 0x11, 64 << 10);
+  }
+  ASSERT_TRUE(h.store->flush().is_ok());
+  auto filler = h.store->create_block(1 << 20, Tier::kHost, "filler");
+  ASSERT_TRUE(filler.is_ok()) << filler.status().to_string();
+  ASSERT_TRUE(h.store->destroy_block(*filler).is_ok());
+  ASSERT_TRUE(h.store->drain().is_ok());
+  // Every request fails from now on: the read of the lease below, then every write-back.
+  nvme::FaultOptions all;
+  all.eio_rate = 1.0;
+  h.fault->set_options(all);
+  auto reader = h.store->pin(*id, Tier::kHost, Access::kRead);
+  ASSERT_TRUE(reader.is_ok()) << reader.status().to_string();
+  ASSERT_TRUE(h.store->drain().is_ok());  // the read has failed; the lease has not looked yet
+  for (int i = 0; i < 20; ++i) {
+    // A same-tier write pin clears the block's error; its write-back by flush fails again.
+    auto w = h.store->pin(*id, Tier::kHost, Access::kWrite);
+    ASSERT_TRUE(w.is_ok()) << w.status().to_string();
+    ASSERT_TRUE(w->wait().is_ok());
+    w->release();
+    EXPECT_FALSE(h.store->flush().is_ok()) << "write-back " << i << " should fail";
+  }
+  Status st = reader->wait();
+  EXPECT_FALSE(st.is_ok()) << "the lease's failed load was forgotten after 20 later failures";
+  EXPECT_EQ(st.code(), ErrorCode::kIoError) << st.to_string();
+  reader->release();
+  h.fault->set_options(nvme::FaultOptions{});
+  h.finish();
+}
+
+// Defect 4: a pin that fails (no room) is neither a trace entry nor a hit or a miss.
+TEST(StoreDefects, FailedPinLeavesNoTraceAndNoStatistics) {
+  Harness h;
+  HarnessOptions o;
+  o.store.device_budget_bytes = 256 << 10;
+  o.store.host_budget_bytes = 1 << 20;
+  o.store.chunk_bytes = 64 << 10;
+  o.store.staging_buffers = 2;
+  o.store.policy = Policy::kTrace;
+  h.init(o);
+  ASSERT_FALSE(::testing::Test::HasFatalFailure());
+  auto a = h.store->create_block(192 << 10, Tier::kHost, "a");
+  auto b = h.store->create_block(128 << 10, Tier::kHost, "b");
+  auto c = h.store->create_block(32 << 10, Tier::kHost, "c");
+  ASSERT_TRUE(a.is_ok() && b.is_ok() && c.is_ok());
+  ASSERT_TRUE(h.store->drain().is_ok());
+  h.store->reset_stats();
+  {
+    auto la = h.store->pin(*a, Tier::kDevice, Access::kRead);
+    ASSERT_TRUE(la.is_ok());
+    auto lb = h.store->pin(*b, Tier::kDevice, Access::kRead);  // 192K pinned + 128K > 256K
+    ASSERT_FALSE(lb.is_ok());
+    EXPECT_EQ(lb.status().code(), ErrorCode::kOutOfMemory) << lb.status().to_string();
+    auto lc = h.store->pin(*c, Tier::kDevice, Access::kRead);
+    ASSERT_TRUE(lc.is_ok()) << lc.status().to_string();
+    ASSERT_TRUE(la->wait().is_ok());
+    ASSERT_TRUE(lc->wait().is_ok());
+  }
+  const StoreStats st = h.store->stats();
+  EXPECT_EQ(st.tier(Tier::kDevice).misses + st.tier(Tier::kDevice).hits, 2u)
+      << "the failed pin was counted";
+  h.store->mark_step();
+  // The recorded trace must be [a, c]: pinning a then c follows it.
+  for (BlockId id : {*a, *c}) {
+    auto l = h.store->pin(id, Tier::kDevice, Access::kRead);
+    ASSERT_TRUE(l.is_ok()) << l.status().to_string();
+    ASSERT_TRUE(l->wait().is_ok());
+    EXPECT_TRUE(h.store->following_trace()) << "the failed pin of b was recorded in the trace";
+  }
+  ASSERT_TRUE(h.store->drain().is_ok());
+  h.finish();
+}
+
+}  // namespace
+}  // namespace tz::store
