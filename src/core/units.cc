@@ -30,16 +30,7 @@ constexpr std::array<Unit, 6> kCountUnits{{
     {"T", 1000000000000ull},
 }};
 
-// Appended piece by piece: GCC 12 at -O3 reports a false -Werror=restrict overlap for
-// `"\"" + std::string(text)` (GCC bug 105329), which broke plain Release builds.
-std::string quoted(std::string_view text) {
-  std::string out;
-  out.reserve(text.size() + 2);
-  out.push_back('"');
-  out.append(text);
-  out.push_back('"');
-  return out;
-}
+std::string quoted(std::string_view text) { return "\"" + std::string(text) + "\""; }
 
 template <std::size_t N>
 Result<std::uint64_t> parse_with_units(std::string_view text, const std::array<Unit, N>& units,
