@@ -48,10 +48,6 @@ std::string hex64(std::uint64_t v) {
   return buf;
 }
 
-std::uint64_t hash_floats(std::span<const float> v) {
-  return XXH3_64bits(v.data(), v.size_bytes());
-}
-
 Status fsync_path(const std::string& path, bool directory) {
   const int fd = ::open(path.c_str(), (directory ? O_RDONLY | O_DIRECTORY : O_RDONLY) | O_CLOEXEC);
   if (fd < 0) return Status::from_errno(errno, "open for fsync", path);
@@ -126,6 +122,10 @@ Result<std::vector<std::string>> list_checkpoints(const std::string& dir) {
 }
 
 }  // namespace
+
+std::string tensor_checksum(std::span<const float> values) {
+  return hex64(XXH3_64bits(values.data(), values.size_bytes()));
+}
 
 Status remove_partial_checkpoints(const std::string& dir) {
   std::error_code ec;
@@ -215,7 +215,7 @@ Result<std::string> save_checkpoint(Engine& engine, comm::Comm& comm, const std:
                 tensor_key(unit, spec),
                 std::span<const float>(values).subspan(begin, end - begin), begin));
           }
-          sums[kStateFiles[s]] = hex64(hash_floats(values));
+          sums[kStateFiles[s]] = tensor_checksum(values);
         }
         entry["xxh3"] = sums;
         tensors.push_back(std::move(entry));
@@ -363,10 +363,10 @@ Result<CheckpointExtra> load_checkpoint(Engine& engine, const std::string& check
         }
         TZ_RETURN_IF_ERROR(reader.read_f32(*e, values));
         const std::string want = entry["xxh3"].value(kStateFiles[s], "");
-        if (hex64(hash_floats(values)) != want) {
+        if (tensor_checksum(values) != want) {
           return Status::corrupt(reader.path() + ": tensor '" + key +
                                  "' does not match its checksum (xxh3 " +
-                                 hex64(hash_floats(values)) + ", manifest " + want + ")");
+                                 tensor_checksum(values) + ", manifest " + want + ")");
         }
         TZ_RETURN_IF_ERROR(engine.set_tensor(u, t, values, kStates[s]));
       }

@@ -18,6 +18,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -69,6 +70,10 @@ struct CheckpointSummary {
   std::uint64_t bytes = 0;
 };
 Result<CheckpointSummary> verify_checkpoint(const std::string& checkpoint_dir);
+
+// The checksum a manifest records for one stored value of a tensor: xxHash3-64 of its fp32 bytes,
+// as 16 hex digits.
+std::string tensor_checksum(std::span<const float> values);
 
 // Removes partial checkpoints (step-*.tmp) left in `dir` by killed runs. Missing dir is OK.
 Status remove_partial_checkpoints(const std::string& dir);

@@ -1,0 +1,156 @@
+// `tierzero ckpt info DIR` verifies a checkpoint (every checksum, streaming) and prints what it
+// holds; `tierzero ckpt export DIR --out model.safetensors [--dtype bf16|fp32]` writes its fp32
+// master weights with Hugging Face GPT-2 names and a config.json beside them (the counterpart of
+// DeepSpeed's zero_to_fp32.py), one tensor in memory at a time.
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "cli/command.h"
+#include "core/safetensors.h"
+#include "model/gpt2.h"
+#include "model/hf.h"
+#include "zero/checkpoint.h"
+
+namespace tz::cli {
+namespace {
+
+int fail(const Status& st) {
+  std::fprintf(stderr, "tierzero ckpt: %s\n", st.to_string().c_str());
+  return 1;
+}
+
+int run_info(const std::string& path, bool json) {
+  auto dir = zero::resolve_checkpoint(path);
+  if (!dir.is_ok()) return fail(dir.status());
+  auto summary = zero::verify_checkpoint(*dir);
+  if (!summary.is_ok()) return fail(summary.status());
+  const nlohmann::json& m = summary->manifest;
+  if (json) {
+    nlohmann::ordered_json out = {{"path", *dir},
+                                  {"step", m["step"]},
+                                  {"model", m["model"]},
+                                  {"stage", m["stage"]},
+                                  {"ranks", m["ranks"]},
+                                  {"compute_dtype", m["compute_dtype"]},
+                                  {"optimizer_states", m["optimizer_states"]},
+                                  {"tensors", summary->tensors},
+                                  {"params", summary->params},
+                                  {"bytes", summary->bytes},
+                                  {"checksums_verified", true}};
+    std::printf("%s\n", out.dump().c_str());
+    return 0;
+  }
+  std::printf("checkpoint   %s\n", dir->c_str());
+  std::printf("step         %s\n", m["step"].dump().c_str());
+  std::printf("model        %s\n", m["model"].dump().c_str());
+  std::printf("saved with   stage %s, %s ranks, %s compute, %s optimizer states per parameter\n",
+              m["stage"].dump().c_str(), m["ranks"].dump().c_str(),
+              m.value("compute_dtype", "?").c_str(), m["optimizer_states"].dump().c_str());
+  std::printf("tensors      %llu (%llu parameters, %.1f MiB in %zu files)\n",
+              static_cast<unsigned long long>(summary->tensors),
+              static_cast<unsigned long long>(summary->params),
+              static_cast<double>(summary->bytes) / (1 << 20), m["files"].size());
+  std::printf("checksums    all %llu verified (xxh3)\n",
+              static_cast<unsigned long long>(summary->tensors * m["files"].size()));
+  return 0;
+}
+
+Status export_weights(const std::string& path, const std::string& out, DType dtype) {
+  TZ_ASSIGN_OR_RETURN(std::string dir, zero::resolve_checkpoint(path));
+  TZ_ASSIGN_OR_RETURN(nlohmann::json manifest, zero::read_manifest(dir));
+  const std::string model_name = manifest["model"].value("name", "");
+  if (model_name.empty()) {
+    return Status::invalid_argument(dir + "/manifest.json: names no model (model.name), so the " +
+                                    "tensors cannot be given Hugging Face names");
+  }
+  TZ_ASSIGN_OR_RETURN(model::Gpt2Shape shape, model::parse_model(model_name));
+  TZ_ASSIGN_OR_RETURN(SafetensorsReader master,
+                      SafetensorsReader::open(dir + "/master.safetensors"));
+  std::vector<SafetensorsTensorSpec> specs;
+  struct Item {
+    const SafetensorsEntry* entry;
+    std::string hf_name;
+    std::string checksum;
+  };
+  std::vector<Item> plan;
+  for (const nlohmann::json& t : manifest["tensors"]) {
+    const std::string key = t.value("name", "");
+    const SafetensorsEntry* e = master.find(key);
+    if (e == nullptr) return Status::not_found(master.path() + ": tensor '" + key + "' is missing");
+    zero::UnitSpec unit;
+    unit.name = t.value("unit", "");
+    zero::TensorSpec tensor{t.value("tensor", ""), e->shape};
+    const std::string hf = std::string(model::kHfPrefix) + model::hf_tensor_name(unit, tensor);
+    specs.push_back({hf, dtype, e->shape});
+    plan.push_back({e, hf, t["xxh3"].value("master.safetensors", "")});
+  }
+  TZ_ASSIGN_OR_RETURN(SafetensorsWriter writer,
+                      SafetensorsWriter::create(out, specs, {{"format", "pt"}}));
+  // Verified while copying: the checksum covers the fp32 values read, before any rounding.
+  std::vector<float> values;
+  for (const Item& item : plan) {
+    values.resize(item.entry->numel());
+    TZ_RETURN_IF_ERROR(master.read_f32(*item.entry, values));
+    if (zero::tensor_checksum(values) != item.checksum) {
+      return Status::corrupt(master.path() + ": tensor '" + item.entry->name +
+                             "' does not match its checksum");
+    }
+    TZ_RETURN_IF_ERROR(writer.write_f32(item.hf_name, values));
+  }
+  TZ_RETURN_IF_ERROR(writer.finish());
+  const std::string config_path = model::hf_config_path(out);
+  FILE* f = std::fopen(config_path.c_str(), "w");
+  if (f == nullptr) return Status::from_errno(errno, "create", config_path);
+  const std::string text = model::hf_config(shape, dtype).dump(2) + "\n";
+  const bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size();
+  if (std::fclose(f) != 0 || !ok) return Status::from_errno(errno, "write", config_path);
+  std::printf("exported %zu tensors of %s (step %s) to %s and %s\n", plan.size(),
+              model_name.c_str(), manifest["step"].dump().c_str(), out.c_str(),
+              config_path.c_str());
+  return Status::ok();
+}
+
+TZ_REGISTER_COMMAND([](CommandTree& tree) {
+  CLI::App* ckpt = tree.group("ckpt", "Inspect, verify and export training checkpoints");
+
+  struct InfoOptions {
+    std::string path;
+    bool json = false;
+  };
+  auto info_opts = std::make_shared<InfoOptions>();
+  CLI::App* info = ckpt->add_subcommand(
+      "info", "Verify every checksum of a checkpoint and print its step, model, stage, ranks and "
+              "sizes (exit 1 naming the file and tensor on any mismatch)");
+  info->add_option("dir", info_opts->path,
+                   "A checkpoint (DIR/step-000120) or a directory of them (its latest)")
+      ->required();
+  info->add_flag("--json", info_opts->json, "One JSON object");
+  info->callback([info_opts] { exit_code() = run_info(info_opts->path, info_opts->json); });
+
+  struct ExportOptions {
+    std::string path;
+    std::string out;
+    std::string dtype = "fp32";
+  };
+  auto export_opts = std::make_shared<ExportOptions>();
+  CLI::App* exp = ckpt->add_subcommand(
+      "export", "Write a checkpoint's master weights as Hugging Face GPT-2 safetensors plus "
+                "config.json (loadable by transformers.GPT2LMHeadModel.from_pretrained)");
+  exp->add_option("dir", export_opts->path, "A checkpoint or a directory of them (its latest)")
+      ->required();
+  exp->add_option("--out", export_opts->out, "Output .safetensors file")->required();
+  exp->add_option("--dtype", export_opts->dtype, "fp32 or bf16")
+      ->check(CLI::IsMember({"fp32", "bf16"}));
+  exp->callback([export_opts] {
+    const DType dtype = export_opts->dtype == "bf16" ? DType::kBF16 : DType::kF32;
+    const Status st = export_weights(export_opts->path, export_opts->out, dtype);
+    exit_code() = st.is_ok() ? 0 : fail(st);
+  });
+});
+
+}  // namespace
+}  // namespace tz::cli
