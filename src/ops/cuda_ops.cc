@@ -7,10 +7,13 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <initializer_list>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "gpu/cuda_check.h"
 #include "ops/internal/backends.h"
@@ -260,6 +263,32 @@ class CudaOps final : public Ops {
     TZ_RETURN_IF_ERROR(prepare(stream));
     return launched(op, ck::cross_entropy(dlogits.data, losses, logits.data, targets, rows, vocab,
                                           grad_scale, logits.dtype, raw(stream)));
+  }
+
+  Result<double> gemm_seconds(std::int64_t m, std::int64_t n, std::int64_t k, DType dtype,
+                              int repeats, gpu::Stream& stream) override {
+    constexpr std::string_view op = "gemm_seconds";
+    TZ_RETURN_IF_ERROR(check_sizes(op, {{"m", m}, {"n", n}, {"k", k}, {"repeats", repeats}}));
+    TZ_RETURN_IF_ERROR(prepare(stream));
+    const std::size_t es = dtype_size(dtype);
+    TZ_ASSIGN_OR_RETURN(gpu::DeviceBuffer a, device_.allocate(static_cast<std::size_t>(m * k) * es));
+    TZ_ASSIGN_OR_RETURN(gpu::DeviceBuffer b, device_.allocate(static_cast<std::size_t>(k * n) * es));
+    TZ_ASSIGN_OR_RETURN(gpu::DeviceBuffer c, device_.allocate(static_cast<std::size_t>(m * n) * es));
+    TZ_RETURN_IF_ERROR(device_.fill(a.data(), dtype, static_cast<std::size_t>(m * k), 0.5f, stream));
+    TZ_RETURN_IF_ERROR(device_.fill(b.data(), dtype, static_cast<std::size_t>(k * n), 0.25f, stream));
+    std::vector<double> times;
+    for (int rep = -1; rep < repeats; ++rep) {
+      TZ_RETURN_IF_ERROR(stream.synchronize());
+      const auto t0 = std::chrono::steady_clock::now();
+      // Row-major C = A B is column-major C^T = B^T A^T: the buffers as they are.
+      TZ_RETURN_IF_ERROR(gemm(op, false, false, n, m, k, b.data(), n, a.data(), k, 0.0f, c.data(),
+                              n, dtype));
+      TZ_RETURN_IF_ERROR(stream.synchronize());
+      const std::chrono::duration<double> dt = std::chrono::steady_clock::now() - t0;
+      if (rep >= 0) times.push_back(dt.count());
+    }
+    std::sort(times.begin(), times.end());
+    return times[times.size() / 2];
   }
 
  private:

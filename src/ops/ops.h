@@ -174,6 +174,15 @@ class Ops {
                                         std::int64_t vocab, float grad_scale,
                                         gpu::Stream& stream) = 0;
 
+  // --- The same-run ceiling of `tierzero bench ops` ------------------------------------------
+  // The backend's GEMM alone, C (m, n) = A (m, k) B (k, n), row-major, fp32 accumulation: OpenBLAS
+  // sgemm on the CPU (always fp32 there: BLAS has no 16-bit storage; the CPU backend converts),
+  // cublasGemmEx with `dtype` storage on CUDA. Operands are allocated here and filled with a
+  // constant; one warm-up, then the median seconds of `repeats` runs. Synchronizes `stream`.
+  // kOutOfMemory when the operands do not fit; kInvalidArgument for a size <= 0 or repeats < 1.
+  virtual Result<double> gemm_seconds(std::int64_t m, std::int64_t n, std::int64_t k, DType dtype,
+                                      int repeats, gpu::Stream& stream) = 0;
+
  protected:
   Ops() = default;
 };
