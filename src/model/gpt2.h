@@ -58,6 +58,8 @@ struct Gpt2Options {
   int seq = 0;             // T: tokens per sequence; 0 = shape.seq; at most shape.seq
   int checkpointing = -1;  // -1: on for shapes larger than gpt2-124m (the presets 350m, 774m,
                            // 1.5b), off otherwise; 0 off, 1 on
+  int cpu_threads = 0;     // threads of the CPU kernels (ops::OpsOptions); 0 = every core. With
+                           // several ranks as threads of one process, give each its share.
 };
 
 // Whether `options` turn activation checkpointing on for `shape` (resolves -1).

@@ -1,0 +1,51 @@
+// Sampling continuations from a GPT-2 model: the next token from one position's logits
+// (greedy at temperature 0, otherwise softmax(logits / temperature) over the top-k), seeded so a
+// run repeats, and the generation loop over Gpt2::last_logits (the context cropped to the
+// model's positions; no key/value cache, each token recomputes the context).
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+#include "model/gpt2.h"
+
+namespace tz::model {
+
+struct SamplingOptions {
+  double temperature = 1.0;  // 0 = greedy (the arg-max token, the lowest id among ties)
+  int top_k = 0;             // sample among the k most likely tokens; 0 = all
+  std::uint64_t seed = 1234;
+};
+
+// kInvalidArgument naming the option for a negative or non-finite temperature or top_k < 0.
+Status check_sampling_options(const SamplingOptions& options);
+
+// Draws token ids from logits. The random stream depends only on the seed.
+class Sampler {
+ public:
+  explicit Sampler(const SamplingOptions& options);
+  // The next id for `logits` (one value per vocabulary entry, non-empty; -inf allowed, NaN not).
+  std::int32_t next(std::span<const float> logits);
+
+ private:
+  double uniform();  // in [0, 1)
+  SamplingOptions options_;
+  std::uint64_t state_;
+  std::vector<std::int32_t> order_;  // scratch: ids by descending logit
+  std::vector<double> weights_;
+};
+
+// `tokens` new ids after `prompt` (non-empty, ids in the vocabulary): each step feeds the last
+// model.options().seq ids of prompt + continuation to last_logits. Errors: kInvalidArgument for an
+// empty prompt, tokens < 0 or bad options; the model's errors.
+Result<std::vector<std::int32_t>> generate(Gpt2& model, std::span<const std::int32_t> prompt,
+                                           int tokens, const SamplingOptions& options);
+
+// Byte-level (vocab 256) text <-> ids: each byte is one id.
+std::vector<std::int32_t> bytes_to_ids(std::string_view text);
+std::string ids_to_bytes(std::span<const std::int32_t> ids);
+
+}  // namespace tz::model
