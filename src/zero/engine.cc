@@ -689,10 +689,13 @@ class EngineImpl final : public Engine {
                                    device_.copy_async(stage16_.data(), mine, s * es,
                                                       gpu::CopyKind::kDeviceToHost, st)));
       TZ_RETURN_IF_ERROR(sync(st, "reduce '" + u.spec.name + "'"));
+      copy_bytes_ += s * es;
       u.grad_buffer.reset();
       TZ_ASSIGN_OR_RETURN(Lease acc, store_->pin(u.grad_acc, Tier::kHost, Access::kReadWrite));
       TZ_RETURN_IF_ERROR(with_unit(u, "reduce", acc.wait()));
+      const auto t_acc = Clock::now();
       host_accumulate(static_cast<float*>(acc.data()), stage16_.data(), compute_dtype_, s);
+      optimizer_s_ += seconds_since(t_acc);
       acc.release();
     }
     u.grad_views = UnitViews{};
@@ -787,6 +790,13 @@ class EngineImpl final : public Engine {
     const store::StoreStats ss = store_->stats();
     report.nvme_read_bytes = ss.nvme_read_bytes() - nvme_read_base_;
     report.nvme_write_bytes = ss.nvme_write_bytes() - nvme_write_base_;
+    const std::uint64_t link_bytes = ss.link(store::Link::kHostToDevice).bytes +
+                                     ss.link(store::Link::kDeviceToHost).bytes +
+                                     ss.link(store::Link::kNvmeToDevice).bytes +
+                                     ss.link(store::Link::kDeviceToNvme).bytes;
+    report.bound_s = step_bound(report, link_bytes - copy_link_base_ + copy_bytes_);
+    optimizer_s_ = 0;
+    copy_bytes_ = 0;
     return report;
   }
 
@@ -918,6 +928,30 @@ class EngineImpl final : public Engine {
     const store::StoreStats ss = store_->stats();
     nvme_read_base_ = ss.nvme_read_bytes();
     nvme_write_base_ = ss.nvme_write_bytes();
+    copy_link_base_ = ss.link(store::Link::kHostToDevice).bytes +
+                      ss.link(store::Link::kDeviceToHost).bytes +
+                      ss.link(store::Link::kNvmeToDevice).bytes +
+                      ss.link(store::Link::kDeviceToNvme).bytes;
+    optimizer_s_ = 0;
+    copy_bytes_ = 0;
+  }
+
+  // The step's lower bound (DESIGN.md): max(compute, NVMe bytes / NVMe bandwidth, host<->device
+  // bytes / copy bandwidth, CPU optimizer time). Compute is the step's time outside the engine's
+  // calls (the model's own work). On a host-accessible device (HostDevice) compute and the CPU
+  // optimizer run on the same cores, so those two add. A bandwidth of 0 (unknown) drops its term.
+  double step_bound(const StepReport& r, std::uint64_t copy_bytes) const {
+    const double engine_s = r.stall_gather_s + r.stall_reduce_s + r.stall_optimizer_s;
+    const double compute_s = std::max(0.0, r.step_s - engine_s);
+    double bound = device_.host_accessible() ? compute_s + optimizer_s_ : std::max(compute_s, optimizer_s_);
+    if (options_.nvme_read_bytes_per_s > 0 && options_.nvme_write_bytes_per_s > 0) {
+      bound = std::max(bound, static_cast<double>(r.nvme_read_bytes) / options_.nvme_read_bytes_per_s +
+                                  static_cast<double>(r.nvme_write_bytes) / options_.nvme_write_bytes_per_s);
+    }
+    if (options_.copy_bytes_per_s > 0) {
+      bound = std::max(bound, static_cast<double>(copy_bytes) / options_.copy_bytes_per_s);
+    }
+    return bound;
   }
 
   Status check_unit(UnitId id, const char* what) const {
@@ -1208,6 +1242,7 @@ class EngineImpl final : public Engine {
       if (!on_device) {
         const std::size_t gb = u.layout.padded * dtype_size(grad_dtype);
         void* host_full = grad_dtype == DType::kF32 ? stage32_.data() : stage16_.data();
+        copy_bytes_ += gb + static_cast<std::uint64_t>(u.layout.shard) * dtype_size(grad_dtype);
         TZ_RETURN_IF_ERROR(device_.copy_async(host_full, dev_full.data(), gb,
                                               gpu::CopyKind::kDeviceToHost, st));
         TZ_RETURN_IF_ERROR(sync(st, "step '" + u.spec.name + "'"));
@@ -1259,14 +1294,17 @@ class EngineImpl final : public Engine {
       shard.n = n;
       cpu::StepArgs sa = args;
       sa.grad_dtype = grad_dtype;
+      const auto t_cpu = Clock::now();
       TZ_RETURN_IF_ERROR(with_unit(u, "step: cpu optimizer",
                                    cpu_opt_->step(std::span<const cpu::Shard>(&shard, 1), sa)));
+      optimizer_s_ += seconds_since(t_cpu);
       if (in_place) {
         if (!copy16) std::memcpy(param_dst, master.data(), n * 4);
       } else {
         const void* src = copy16 ? static_cast<const void*>(stage16_.data()) : master.data();
         TZ_RETURN_IF_ERROR(
             device_.copy_async(param_dst, src, n * es, gpu::CopyKind::kHostToDevice, st));
+        copy_bytes_ += n * es;
       }
     }
     if (stage_ == 1 || stage_ == 2) {
@@ -1373,6 +1411,9 @@ class EngineImpl final : public Engine {
   double stall_reduce_s_ = 0;
   comm::CommCounters comm_base_;
   std::uint64_t nvme_read_base_ = 0;
+  std::uint64_t copy_link_base_ = 0;
+  std::uint64_t copy_bytes_ = 0;  // the engine's own host<->device copies this step
+  double optimizer_s_ = 0;        // CPU optimizer and host gradient accumulation this step
   std::uint64_t nvme_write_base_ = 0;
 };
 

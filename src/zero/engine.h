@@ -101,6 +101,11 @@ struct EngineOptions {
   std::uint64_t activation_bytes = 0;
   std::uint64_t seed = 1234;  // the engine's own randomness (none today; reserved for dropout)
   IoEngineWrapper wrap_io_engine;  // applied to the swap space's I/O engine (fault tests)
+  // Bandwidths for StepReport::bound_s (measured by the caller, e.g. bench zero); 0 = unknown,
+  // the term is left out of the bound.
+  double nvme_read_bytes_per_s = 0;
+  double nvme_write_bytes_per_s = 0;
+  double copy_bytes_per_s = 0;  // host <-> device
 };
 
 // Which per-parameter value get_tensor/set_tensor move: the fp32 master weights or one of the
