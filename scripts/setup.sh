@@ -11,6 +11,7 @@ packages=(
   libopenmpi-dev openmpi-bin
   nlohmann-json3-dev libcli11-dev libxxhash-dev libhwy-dev libopenblas-pthread-dev
   fio util-linux e2fsprogs python3 python3-venv
+  bible-kjv
 )
 
 missing=()
