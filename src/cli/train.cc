@@ -15,12 +15,15 @@
 #include <csignal>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <random>
 #include <set>
+#include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "cli/bench_common.h"
@@ -49,6 +52,7 @@ struct TrainFlags {
   int steps = 50;
   int seq = 0;
   int ranks = 1;
+  int cpu_threads = 0;
   std::string nvme_path;
   std::string init;
   std::string save_weights;
@@ -142,11 +146,34 @@ Status check_nvme_path(const std::string& dir, std::uint64_t needed) {
   return Status::ok();
 }
 
+// The config file, with --nvme-path written into every offload section whose device is nvme
+// before validation (the schema requires a path there, and the flag is how one gives it).
+ConfigLoad load_config_with_flags(const TrainFlags& f) {
+  ConfigLoad plain = load_config_file(f.config_path);
+  if (f.nvme_path.empty()) return plain;
+  std::ifstream in(f.config_path, std::ios::binary);
+  std::stringstream text;
+  text << in.rdbuf();
+  nlohmann::json j = nlohmann::json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) return plain;  // its own errors say what is wrong
+  auto zero = j.find("zero_optimization");
+  if (zero == j.end() || !zero->is_object()) return plain;
+  for (const char* section : {"offload_param", "offload_optimizer"}) {
+    auto sec = zero->find(section);
+    if (sec == zero->end() || !sec->is_object()) continue;
+    auto device = sec->find("device");
+    if (device != sec->end() && device->is_string() && *device == "nvme") {
+      (*sec)["nvme_path"] = f.nvme_path;
+    }
+  }
+  return load_config_text(j.dump());
+}
+
 // The checks that need no rank: config, model, flags against the config, data, NVMe space.
 Result<RunSetup> prepare(const TrainFlags& f) {
   RunSetup s;
   s.flags = f;
-  const ConfigLoad load = load_config_file(f.config_path);
+  const ConfigLoad load = load_config_with_flags(f);
   if (!load.ok()) {
     for (const ConfigDiagnostic& d : load.diagnostics) {
       if (d.severity == ConfigDiagnostic::Severity::kError) {
@@ -200,6 +227,11 @@ Result<RunSetup> prepare(const TrainFlags& f) {
   s.seed = f.seed.value_or(static_cast<std::uint64_t>(c.tierzero.seed));
   s.model_options.micro_batch = static_cast<int>(b);
   s.model_options.seq = seq;
+  // Rank threads share the cores: each gets its share unless --cpu-threads says otherwise (one
+  // process per rank under a launcher takes every core it may run on).
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  s.model_options.cpu_threads =
+      f.cpu_threads > 0 ? f.cpu_threads : (s.launched ? 0 : std::max(1, cores / s.world));
 
   // NVMe: every path an offload names must take a file and hold its share of the state (the
   // engine reports the exact plan; this is the early, approximate check).
@@ -643,6 +675,9 @@ TZ_REGISTER_COMMAND([](CommandTree& tree) {
   cmd->add_option("--steps", f->steps, "Optimizer steps (default 50)");
   cmd->add_option("--seq", f->seq, "Tokens per sequence (default: the model's positions)");
   cmd->add_option("--ranks", f->ranks, "Ranks as threads of this process (default 1)");
+  cmd->add_option("--cpu-threads", f->cpu_threads,
+                  "Threads of each rank's CPU kernels (default: the cores divided among --ranks)")
+      ->check(CLI::NonNegativeNumber);
   cmd->add_option("--nvme-path", f->nvme_path, "Directory for both offloads' swap files");
   cmd->add_option("--init", f->init, "Initial weights (HF GPT-2 safetensors) instead of HF's init");
   cmd->add_option("--save-weights", f->save_weights,
