@@ -53,6 +53,7 @@ struct TrainFlags {
   int seq = 0;
   int ranks = 1;
   int cpu_threads = 0;
+  int checkpointing = -1;  // -1: the model's default
   std::string nvme_path;
   std::string init;
   std::string save_weights;
@@ -227,6 +228,7 @@ Result<RunSetup> prepare(const TrainFlags& f) {
   s.seed = f.seed.value_or(static_cast<std::uint64_t>(c.tierzero.seed));
   s.model_options.micro_batch = static_cast<int>(b);
   s.model_options.seq = seq;
+  s.model_options.checkpointing = f.checkpointing;
   // Rank threads share the cores: each gets its share unless --cpu-threads says otherwise (one
   // process per rank under a launcher takes every core it may run on).
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
@@ -678,6 +680,9 @@ TZ_REGISTER_COMMAND([](CommandTree& tree) {
   cmd->add_option("--cpu-threads", f->cpu_threads,
                   "Threads of each rank's CPU kernels (default: the cores divided among --ranks)")
       ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--checkpointing", f->checkpointing,
+                  "Activation checkpointing: 1 on, 0 off (default: on for presets above gpt2-124m)")
+      ->check(CLI::Range(0, 1));
   cmd->add_option("--nvme-path", f->nvme_path, "Directory for both offloads' swap files");
   cmd->add_option("--init", f->init, "Initial weights (HF GPT-2 safetensors) instead of HF's init");
   cmd->add_option("--save-weights", f->save_weights,
