@@ -603,13 +603,13 @@ class EngineImpl final : public Engine {
     const std::size_t es = dtype_size(compute_dtype_);
     void* base = nullptr;
     if (stage_ < 3) {
-      TZ_ASSIGN_OR_RETURN(u.param_lease, store_->pin(u.param, Tier::kDevice, Access::kRead));
+      TZ_ASSIGN_OR_RETURN(u.param_lease, pin_for(u, "gather", u.param, Tier::kDevice, Access::kRead));
       TZ_RETURN_IF_ERROR(with_unit(u, "gather", u.param_lease.wait()));
       base = u.param_lease.data();
     } else if (u.persistent && u.persistent_valid) {
       base = u.gathered.data();
     } else {
-      TZ_ASSIGN_OR_RETURN(Lease shard, store_->pin(u.param, Tier::kDevice, Access::kRead));
+      TZ_ASSIGN_OR_RETURN(Lease shard, pin_for(u, "gather", u.param, Tier::kDevice, Access::kRead));
       TZ_RETURN_IF_ERROR(with_unit(u, "gather", shard.wait()));
       if (u.gathered.empty()) {
         TZ_ASSIGN_OR_RETURN(u.gathered, allocate_device(u.layout.padded * es));
@@ -674,7 +674,7 @@ class EngineImpl final : public Engine {
                                  comm_.reduce_scatter(full, mine, s, compute_dtype_,
                                                       comm::ReduceOp::kSum, st)));
     if (grad_place_ == Placement::kDevice) {
-      TZ_ASSIGN_OR_RETURN(Lease acc, store_->pin(u.grad_acc, Tier::kDevice, Access::kReadWrite));
+      TZ_ASSIGN_OR_RETURN(Lease acc, pin_for(u, "reduce", u.grad_acc, Tier::kDevice, Access::kReadWrite));
       TZ_RETURN_IF_ERROR(with_unit(u, "reduce", acc.wait()));
       gpu::OptimizerStepArgs a = device_accumulate_coeffs();
       a.param = static_cast<float*>(acc.data());
@@ -691,7 +691,7 @@ class EngineImpl final : public Engine {
       TZ_RETURN_IF_ERROR(sync(st, "reduce '" + u.spec.name + "'"));
       copy_bytes_ += s * es;
       u.grad_buffer.reset();
-      TZ_ASSIGN_OR_RETURN(Lease acc, store_->pin(u.grad_acc, Tier::kHost, Access::kReadWrite));
+      TZ_ASSIGN_OR_RETURN(Lease acc, pin_for(u, "reduce", u.grad_acc, Tier::kHost, Access::kReadWrite));
       TZ_RETURN_IF_ERROR(with_unit(u, "reduce", acc.wait()));
       const auto t_acc = Clock::now();
       host_accumulate(static_cast<float*>(acc.data()), stage16_.data(), compute_dtype_, s);
@@ -995,11 +995,19 @@ class EngineImpl final : public Engine {
                                     std::to_string(states_) + " state arrays");
   }
 
+  // A store pin whose error names the unit, shard and what it was for.
+  Result<Lease> pin_for(const Unit& u, const char* what, BlockId block, Tier tier, Access access) {
+    auto l = store_->pin(block, tier, access);
+    if (!l.is_ok()) return with_unit(u, what, l.status());
+    return l;
+  }
+
   // Prefixes an error with the unit and rank.
   Status with_unit(const Unit& u, const char* what, Status s) const {
     if (s.is_ok()) return s;
-    return std::move(s).with_context("unit '" + u.spec.name + "' on rank " +
-                                     std::to_string(rank_) + ", " + what);
+    return std::move(s).with_context("unit '" + u.spec.name + "' shard " + std::to_string(rank_) +
+                                     " of " + std::to_string(world_) + " (rank " +
+                                     std::to_string(rank_) + "), " + what);
   }
 
   Status sync(gpu::Stream& st, const std::string& what) {
@@ -1221,13 +1229,15 @@ class EngineImpl final : public Engine {
     const std::size_t n = u.opt_elems;
     const bool on_device = opt_place_ == Placement::kDevice;
     const Tier state_tier = on_device ? Tier::kDevice : Tier::kHost;
-    TZ_ASSIGN_OR_RETURN(Lease master, store_->pin(u.master, state_tier, Access::kReadWrite));
+    TZ_ASSIGN_OR_RETURN(Lease master, pin_for(u, "step: master", u.master, state_tier,
+                                              Access::kReadWrite));
     Lease states[2];
     for (int i = 0; i < states_; ++i) {
-      TZ_ASSIGN_OR_RETURN(states[i], store_->pin(u.state[i], state_tier, Access::kReadWrite));
+      TZ_ASSIGN_OR_RETURN(states[i], pin_for(u, "step: optimizer state", u.state[i], state_tier,
+                                             Access::kReadWrite));
     }
-    TZ_ASSIGN_OR_RETURN(Lease acc, store_->pin(u.grad_acc, on_device ? Tier::kDevice : Tier::kHost,
-                                               Access::kRead));
+    TZ_ASSIGN_OR_RETURN(Lease acc, pin_for(u, "step: gradient", u.grad_acc,
+                                           on_device ? Tier::kDevice : Tier::kHost, Access::kRead));
     TZ_RETURN_IF_ERROR(with_unit(u, "step: master", master.wait()));
     for (int i = 0; i < states_; ++i) TZ_RETURN_IF_ERROR(with_unit(u, "step: state", states[i].wait()));
     TZ_RETURN_IF_ERROR(with_unit(u, "step: gradient", acc.wait()));
@@ -1259,8 +1269,8 @@ class EngineImpl final : public Engine {
     const Tier param_tier = !on_device && stage_ == 3 && param_place_ != Placement::kDevice
                                 ? Tier::kHost
                                 : Tier::kDevice;
-    TZ_ASSIGN_OR_RETURN(Lease param, store_->pin(u.param, param_tier,
-                                                 whole ? Access::kWrite : Access::kReadWrite));
+    TZ_ASSIGN_OR_RETURN(Lease param, pin_for(u, "step: parameters", u.param, param_tier,
+                                             whole ? Access::kWrite : Access::kReadWrite));
     TZ_RETURN_IF_ERROR(with_unit(u, "step: parameters", param.wait()));
     auto* param_dst = static_cast<std::byte*>(param.data()) +
                       (whole ? 0 : static_cast<std::size_t>(rank_) * s * es);

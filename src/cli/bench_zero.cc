@@ -1,0 +1,416 @@
+// `tierzero bench zero`: a synthetic layered model on the real ZeRO engine, as `bench store` is
+// for the store. Unit l is a dense layer h' = tanh(W_l h) (the last without tanh) over --tokens
+// rows of --hidden features, with loss 0.5 * mean over rows of |h_L - t|^2, computed on the host
+// with OpenBLAS sgemm (the device must be host-accessible: HostDevice). --ranks N runs N ranks
+// as threads (LocalComm, one HostDevice each). Prints one JSON object per step and a summary
+// (--json), or a table.
+#include <cblas.h>
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "cli/bench_common.h"
+#include "cli/command.h"
+#include "core/config.h"
+#include "core/dtype.h"
+#include "core/units.h"
+#include "zero/engine.h"
+
+namespace tz::cli {
+namespace {
+
+using json = nlohmann::ordered_json;
+using Clock = std::chrono::steady_clock;
+
+struct BenchZeroOptions {
+  int layers = 16;
+  int hidden = 1024;
+  int tokens = 512;
+  int stage = 3;
+  int ranks = 1;
+  std::string offload_param = "none";
+  std::string offload_optimizer = "none";
+  std::string nvme_path;
+  std::string device_budget = "4G";
+  std::string host_budget = "0";
+  std::string dtype = "bf16";
+  int steps = 4;
+  std::string config;
+  bool json = false;
+};
+
+int fail(const Status& st) {
+  std::fprintf(stderr, "tierzero bench zero: %s\n", st.to_string().c_str());
+  return 1;
+}
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+float load(const zero::TensorView& v, std::size_t i) {
+  switch (v.dtype) {
+    case DType::kF32:
+      return v.as<float>()[i];
+    case DType::kBF16:
+      return bf16_to_f32(v.as<bf16>()[i]);
+    case DType::kF16:
+      return fp16_to_f32(v.as<fp16>()[i]);
+  }
+  return 0;
+}
+
+void store_value(const zero::TensorView& v, std::size_t i, float x) {
+  switch (v.dtype) {
+    case DType::kF32:
+      v.as<float>()[i] = x;
+      return;
+    case DType::kBF16:
+      v.as<bf16>()[i] = f32_to_bf16(x);
+      return;
+    case DType::kF16:
+      v.as<fp16>()[i] = f32_to_fp16(x);
+      return;
+  }
+}
+
+// Sequential O_DIRECT write and read of `bytes` in 8 MiB requests on `dir` (the disk's raw
+// speed for the bound); buffered I/O when the filesystem refuses O_DIRECT.
+Status measure_disk(const std::string& dir, std::uint64_t bytes, double* write_bps,
+                    double* read_bps) {
+  const std::string path = dir + "/tierzero-bench-zero-probe." + std::to_string(getpid());
+  int fd = open(path.c_str(), O_CREAT | O_RDWR | O_DIRECT | O_TRUNC, 0600);
+  if (fd < 0) fd = open(path.c_str(), O_CREAT | O_RDWR | O_TRUNC, 0600);
+  if (fd < 0) return Status::from_errno(errno, "bench zero: cannot create the disk probe", path);
+  constexpr std::size_t kChunk = 8u << 20;
+  void* buf = std::aligned_alloc(4096, kChunk);
+  if (buf == nullptr) {
+    close(fd);
+    unlink(path.c_str());
+    return Status::out_of_memory("bench zero: disk probe buffer");
+  }
+  std::memset(buf, 0x5a, kChunk);
+  const std::uint64_t count = std::max<std::uint64_t>(1, bytes / kChunk);
+  Status st = Status::ok();
+  auto t0 = Clock::now();
+  for (std::uint64_t i = 0; i < count && st.is_ok(); ++i) {
+    if (pwrite(fd, buf, kChunk, static_cast<off_t>(i * kChunk)) != static_cast<ssize_t>(kChunk)) {
+      st = Status::from_errno(errno, "bench zero: disk probe write", path);
+    }
+  }
+  if (st.is_ok() && fsync(fd) != 0) st = Status::from_errno(errno, "bench zero: fsync", path);
+  *write_bps = static_cast<double>(count * kChunk) / seconds_since(t0);
+  t0 = Clock::now();
+  for (std::uint64_t i = 0; i < count && st.is_ok(); ++i) {
+    if (pread(fd, buf, kChunk, static_cast<off_t>(i * kChunk)) != static_cast<ssize_t>(kChunk)) {
+      st = Status::from_errno(errno, "bench zero: disk probe read", path);
+    }
+  }
+  *read_bps = static_cast<double>(count * kChunk) / seconds_since(t0);
+  std::free(buf);
+  close(fd);
+  unlink(path.c_str());
+  return st;
+}
+
+// memcpy bandwidth, what HostDevice's host<->device copies run at.
+double measure_copy(std::size_t bytes) {
+  std::vector<char> a(bytes, 1), b(bytes, 0);
+  double best = 0;
+  for (int r = 0; r < 3; ++r) {
+    const auto t0 = Clock::now();
+    std::memcpy(b.data(), a.data(), bytes);
+    best = std::max(best, static_cast<double>(bytes) / seconds_since(t0));
+  }
+  return best;
+}
+
+// The synthetic model on one rank's engine.
+class LayeredModel {
+ public:
+  LayeredModel(zero::Engine& e, int layers, int hidden, int tokens)
+      : e_(e), layers_(layers), hidden_(hidden), tokens_(tokens) {}
+
+  Status build() {
+    for (int l = 0; l < layers_; ++l) {
+      zero::UnitSpec u;
+      u.name = "layer" + std::to_string(l);
+      u.tensors.push_back({"weight", {hidden_, hidden_}});
+      TZ_ASSIGN_OR_RETURN(zero::UnitId id, e_.register_unit(u));
+      units_.push_back(id);
+    }
+    return e_.finalize();
+  }
+
+  Status init(std::uint64_t seed) {
+    const auto h = static_cast<std::size_t>(hidden_);
+    std::vector<float> w(h * h);
+    for (int l = 0; l < layers_; ++l) {
+      std::mt19937_64 rng(seed + static_cast<std::uint64_t>(l));
+      std::normal_distribution<float> dist(0.0f, 1.0f / std::sqrt(static_cast<float>(hidden_)));
+      for (float& x : w) x = dist(rng);
+      TZ_RETURN_IF_ERROR(e_.set_tensor(units_[static_cast<std::size_t>(l)], 0, w));
+    }
+    return Status::ok();
+  }
+
+  // One micro-batch; returns its mean loss.
+  Result<double> micro_batch(std::uint64_t data_seed) {
+    const auto h = static_cast<std::size_t>(hidden_);
+    const auto t = static_cast<std::size_t>(tokens_);
+    std::vector<std::vector<float>> acts(static_cast<std::size_t>(layers_) + 1,
+                                         std::vector<float>(t * h));
+    std::vector<float> target(t * h);
+    std::mt19937_64 rng(data_seed);
+    std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+    for (float& x : acts[0]) x = dist(rng);
+    for (float& x : target) x = 0.5f * dist(rng);
+    std::vector<float> w(h * h);
+    for (int l = 0; l < layers_; ++l) {
+      const zero::UnitId id = units_[static_cast<std::size_t>(l)];
+      TZ_ASSIGN_OR_RETURN(zero::UnitViews v, e_.gather(id));
+      TZ_RETURN_IF_ERROR(e_.compute_stream().synchronize());
+      for (std::size_t i = 0; i < h * h; ++i) w[i] = load(v[0], i);
+      TZ_RETURN_IF_ERROR(e_.release(id));
+      auto& in = acts[static_cast<std::size_t>(l)];
+      auto& out = acts[static_cast<std::size_t>(l) + 1];
+      // out[t x h] = in[t x h] * W^T
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, tokens_, hidden_, hidden_, 1.0f,
+                  in.data(), hidden_, w.data(), hidden_, 0.0f, out.data(), hidden_);
+      if (l + 1 < layers_) {
+        for (float& x : out) x = std::tanh(x);
+      }
+    }
+    double loss = 0;
+    std::vector<float> dh(t * h);
+    const auto scale = static_cast<float>(e_.loss_scale());
+    const auto& last = acts[static_cast<std::size_t>(layers_)];
+    for (std::size_t i = 0; i < dh.size(); ++i) {
+      const float d = last[i] - target[i];
+      loss += 0.5 * static_cast<double>(d) * d;
+      dh[i] = d / static_cast<float>(tokens_) * scale;
+    }
+    loss /= static_cast<double>(tokens_);
+    std::vector<float> dw(h * h), din(t * h);
+    for (int l = layers_ - 1; l >= 0; --l) {
+      const zero::UnitId id = units_[static_cast<std::size_t>(l)];
+      TZ_ASSIGN_OR_RETURN(zero::UnitViews v, e_.gather(id));
+      TZ_ASSIGN_OR_RETURN(zero::UnitViews g, e_.grad(id));
+      TZ_RETURN_IF_ERROR(e_.compute_stream().synchronize());
+      for (std::size_t i = 0; i < h * h; ++i) w[i] = load(v[0], i);
+      const auto& in = acts[static_cast<std::size_t>(l)];
+      const auto& out = acts[static_cast<std::size_t>(l) + 1];
+      if (l + 1 < layers_) {
+        for (std::size_t i = 0; i < dh.size(); ++i) dh[i] *= 1.0f - out[i] * out[i];
+      }
+      // dW[h x h] = dz^T * in; din[t x h] = dz * W
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, hidden_, hidden_, tokens_, 1.0f,
+                  dh.data(), hidden_, in.data(), hidden_, 0.0f, dw.data(), hidden_);
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, tokens_, hidden_, hidden_, 1.0f,
+                  dh.data(), hidden_, w.data(), hidden_, 0.0f, din.data(), hidden_);
+      for (std::size_t i = 0; i < h * h; ++i) store_value(g[0], i, dw[i]);
+      TZ_RETURN_IF_ERROR(e_.release(id));
+      TZ_RETURN_IF_ERROR(e_.reduce(id));
+      dh.swap(din);
+    }
+    return loss;
+  }
+
+ private:
+  zero::Engine& e_;
+  int layers_, hidden_, tokens_;
+  std::vector<zero::UnitId> units_;
+};
+
+std::string config_text(const BenchZeroOptions& o) {
+  json j;
+  j["train_micro_batch_size_per_gpu"] = 1;
+  j["gradient_clipping"] = 1.0;
+  j["bf16"]["enabled"] = o.dtype == "bf16";
+  if (o.dtype == "fp16") j["fp16"]["enabled"] = true;
+  j["optimizer"]["type"] = "AdamW";
+  j["optimizer"]["params"]["lr"] = 1e-3;
+  j["optimizer"]["params"]["weight_decay"] = 0.01;
+  j["zero_optimization"]["stage"] = o.stage;
+  j["zero_optimization"]["offload_optimizer"]["device"] = o.offload_optimizer;
+  j["zero_optimization"]["offload_param"]["device"] = o.offload_param;
+  if (!o.nvme_path.empty()) {
+    j["zero_optimization"]["offload_optimizer"]["nvme_path"] = o.nvme_path;
+    j["zero_optimization"]["offload_param"]["nvme_path"] = o.nvme_path;
+  }
+  return j.dump();
+}
+
+int run(const BenchZeroOptions& o) {
+  if (o.layers <= 0 || o.hidden <= 0 || o.tokens <= 0 || o.steps <= 0 || o.ranks <= 0) {
+    return fail(Status::invalid_argument(
+        "--layers, --hidden, --tokens, --steps and --ranks must be positive"));
+  }
+  if (o.dtype != "bf16" && o.dtype != "fp16" && o.dtype != "fp32") {
+    return fail(Status::invalid_argument("--dtype: expected bf16, fp16 or fp32, got " + o.dtype));
+  }
+  auto device_budget = parse_size(o.device_budget);
+  if (!device_budget) return fail(device_budget.status());
+  auto host_budget = parse_size(o.host_budget);
+  if (!host_budget) return fail(host_budget.status());
+  ConfigLoad load = o.config.empty() ? load_config_text(config_text(o))
+                                     : load_config_file(o.config);
+  if (!load.ok()) return fail(load.status());
+  zero::EngineOptions eo;
+  eo.config = load.config;
+  // The flags decide the stage, offloads, dtype and budget; a --config file supplies the rest
+  // (optimizer, schedule, clipping, accumulation, fp16 scaling, aio, ...).
+  eo.config.zero.stage = o.stage;
+  eo.config.zero.offload_optimizer.device = o.offload_optimizer;
+  eo.config.zero.offload_param.device = o.offload_param;
+  eo.config.bf16 = o.dtype == "bf16";
+  eo.config.fp16.enabled = o.dtype == "fp16";
+  eo.config.tierzero.device_budget = *device_budget;
+  eo.nvme_path = o.nvme_path;
+  eo.host_budget_bytes = *host_budget;
+  eo.activation_bytes = 0;  // the synthetic model computes in host memory
+  eo.copy_bytes_per_s = measure_copy(64u << 20);
+  if (!o.nvme_path.empty() && (eo.config.zero.offload_optimizer.device == "nvme" ||
+                               eo.config.zero.offload_param.device == "nvme")) {
+    Status st = measure_disk(o.nvme_path, 256u << 20, &eo.nvme_write_bytes_per_s,
+                             &eo.nvme_read_bytes_per_s);
+    if (!st.is_ok()) return fail(st);
+  }
+
+  std::mutex mu;
+  std::vector<json> step_lines;
+  json summary;
+  const std::uint64_t dev_pool = *device_budget;
+  Status st = zero::run_local_ranks(
+      o.ranks, dev_pool, [&](int rank, gpu::Device& dev, comm::Comm& comm) -> Status {
+        TZ_ASSIGN_OR_RETURN(std::unique_ptr<zero::Engine> engine,
+                            zero::Engine::create(eo, dev, comm));
+        LayeredModel model(*engine, o.layers, o.hidden, o.tokens);
+        TZ_RETURN_IF_ERROR(model.build());
+        TZ_RETURN_IF_ERROR(model.init(1234));
+        const int k = engine->gradient_accumulation_steps();
+        std::vector<double> step_s, bound_s;
+        for (int step = 0; step < o.steps; ++step) {
+          double loss = 0;
+          for (int b = 0; b < k; ++b) {
+            const std::uint64_t seed = (static_cast<std::uint64_t>(step) * static_cast<std::uint64_t>(k) +
+                                        static_cast<std::uint64_t>(b)) * 1000003u +
+                                       static_cast<std::uint64_t>(rank);
+            TZ_ASSIGN_OR_RETURN(double l, model.micro_batch(seed));
+            loss += l / k;
+          }
+          TZ_ASSIGN_OR_RETURN(zero::StepReport rep, engine->step());
+          if (rank != 0) continue;
+          json line;
+          line["bench"] = "zero";
+          line["stage"] = eo.config.zero.stage;
+          line["ranks"] = o.ranks;
+          line["params"] = engine->param_count();
+          line["step"] = rep.step;
+          line["skipped"] = rep.skipped;
+          line["step_s"] = rep.step_s;
+          line["bound_s"] = rep.bound_s;
+          line["loss"] = loss;
+          line["grad_norm"] = rep.grad_norm;
+          line["loss_scale"] = rep.loss_scale;
+          line["stall_s"] = {{"gather", rep.stall_gather_s},
+                             {"reduce", rep.stall_reduce_s},
+                             {"optimizer", rep.stall_optimizer_s}};
+          line["comm_bytes"] = rep.comm_bytes;
+          line["comm_formula_bytes"] = rep.comm_formula_bytes;
+          line["peak_bytes"] = rep.peak_bytes.to_json();
+          line["plan_bytes"] = engine->plan_bytes().to_json();
+          line["nvme_read_bytes"] = rep.nvme_read_bytes;
+          line["nvme_write_bytes"] = rep.nvme_write_bytes;
+          line["nvme_bytes_per_param"] =
+              static_cast<double>(rep.nvme_read_bytes + rep.nvme_write_bytes) /
+              static_cast<double>(engine->param_count());
+          step_s.push_back(rep.step_s);
+          bound_s.push_back(rep.bound_s);
+          std::lock_guard lock(mu);
+          step_lines.push_back(line);
+        }
+        TZ_ASSIGN_OR_RETURN(std::uint64_t hash, engine->params_xxh3());
+        if (rank == 0) {
+          std::lock_guard lock(mu);
+          summary = step_lines.back();
+          summary["summary"] = true;
+          // Steps after the first follow the store's trace; the first one also warms it.
+          std::vector<double> later(step_s.begin() + (step_s.size() > 1 ? 1 : 0), step_s.end());
+          std::vector<double> later_bound(bound_s.begin() + (bound_s.size() > 1 ? 1 : 0),
+                                          bound_s.end());
+          summary["step_s"] = median(later);
+          summary["bound_s"] = median(later_bound);
+          summary["steps"] = o.steps;
+          char hex[32];
+          std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(hash));
+          summary["params_xxh3"] = hex;
+          summary["plan"] = engine->plan_json();
+          summary["bandwidth_bytes_per_s"] = {{"nvme_read", eo.nvme_read_bytes_per_s},
+                                              {"nvme_write", eo.nvme_write_bytes_per_s},
+                                              {"copy", eo.copy_bytes_per_s}};
+          summary["machine"] = machine_json();
+        }
+        return Status::ok();
+      });
+  if (!st.is_ok()) return fail(st);
+  if (o.json) {
+    for (const json& l : step_lines) std::printf("%s\n", l.dump().c_str());
+    std::printf("%s\n", summary.dump().c_str());
+    return 0;
+  }
+  std::printf("bench zero: stage %d, %d rank(s), %s params, optimizer %s, params %s, %s\n",
+              eo.config.zero.stage, o.ranks,
+              format_bytes(summary["params"].get<double>()).c_str(),
+              eo.config.zero.offload_optimizer.device.c_str(),
+              eo.config.zero.offload_param.device.c_str(), o.dtype.c_str());
+  std::printf("%5s %10s %10s %12s %14s %14s\n", "step", "step_s", "bound_s", "loss", "nvme B/param",
+              "peak device");
+  for (const json& l : step_lines) {
+    std::printf("%5lld %10.3f %10.3f %12.6f %14.2f %14s\n", l["step"].get<long long>(),
+                l["step_s"].get<double>(), l["bound_s"].get<double>(), l["loss"].get<double>(),
+                l["nvme_bytes_per_param"].get<double>(),
+                format_bytes(l["peak_bytes"]["device"].get<double>()).c_str());
+  }
+  std::printf("params_xxh3 %s\n", summary["params_xxh3"].get<std::string>().c_str());
+  return 0;
+}
+
+TZ_REGISTER_COMMAND([](CommandTree& tree) {
+  CLI::App* bench = tree.group("bench", "Measure components against their ceilings");
+  auto o = std::make_shared<BenchZeroOptions>();
+  CLI::App* cmd = bench->add_subcommand(
+      "zero", "A synthetic layered model on the ZeRO engine: step time against the bound, NVMe "
+              "bytes per parameter, comm and memory against the formulas");
+  cmd->add_option("--layers", o->layers, "Units (dense layers)");
+  cmd->add_option("--hidden", o->hidden, "Features per layer (weights hidden x hidden)");
+  cmd->add_option("--tokens", o->tokens, "Rows per micro-batch");
+  cmd->add_option("--stage", o->stage, "ZeRO stage 0-3");
+  cmd->add_option("--ranks", o->ranks, "Ranks as threads (LocalComm, one HostDevice each)");
+  cmd->add_option("--offload-param", o->offload_param, "none|cpu|nvme (stage 3)");
+  cmd->add_option("--offload-optimizer", o->offload_optimizer, "none|cpu|nvme");
+  cmd->add_option("--nvme-path", o->nvme_path, "Directory for swap files");
+  cmd->add_option("--device-budget", o->device_budget, "Device memory per rank (e.g. 64M)");
+  cmd->add_option("--host-budget", o->host_budget, "Host tier per rank (0 = the engine's plan)");
+  cmd->add_option("--dtype", o->dtype, "bf16|fp16|fp32 (fp16 with dynamic loss scaling)");
+  cmd->add_option("--steps", o->steps, "Optimizer steps");
+  cmd->add_option("--config", o->config, "A DeepSpeed-style config for everything else");
+  cmd->add_flag("--json", o->json, "One JSON object per step and a summary");
+  cmd->callback([o] { exit_code() = run(*o); });
+});
+
+}  // namespace
+}  // namespace tz::cli
