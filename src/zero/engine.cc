@@ -269,6 +269,10 @@ class EngineImpl final : public Engine {
           "zero_optimization.offload_param.nvme_path: needed with offload_param.device nvme (or "
           "pass --nvme-path)");
     }
+    if (config_.tierzero.overlap != "exact") {
+      return Status::unavailable("tierzero.overlap: \"" + config_.tierzero.overlap +
+                                 "\" is not implemented by this engine yet; use \"exact\"");
+    }
     grad_place_ = opt_place_ == Placement::kDevice ? Placement::kDevice : Placement::kHost;
     if (config_.gradient_accumulation_steps < 1) {
       return Status::invalid_argument("gradient_accumulation_steps: must be >= 1");
