@@ -17,6 +17,7 @@
 #include <hwy/contrib/math/math-inl.h>
 
 #include <cmath>
+#include <algorithm>
 #include <cstddef>
 
 #include "ops/internal/cpu_kernels.h"
@@ -82,6 +83,15 @@ void AxpyImpl(float alpha, const float* x, float* y, std::size_t n) {
     hn::StoreU(hn::MulAdd(va, hn::LoadU(d, x + i), hn::LoadU(d, y + i)), d, y + i);
   }
   for (; i < n; ++i) y[i] += alpha * x[i];
+}
+
+void MatmulAccImpl(const float* a, std::size_t lda, const float* b, std::size_t ldb, float* c,
+                   std::size_t ldc, std::size_t m, std::size_t k, std::size_t n, float beta) {
+  for (std::size_t i = 0; i < m; ++i) {
+    float* ci = c + i * ldc;
+    if (beta == 0.0f) std::fill(ci, ci + n, 0.0f);
+    for (std::size_t p = 0; p < k; ++p) AxpyImpl(a[i * lda + p], b + p * ldb, ci, n);
+  }
 }
 
 void ScaleImpl(float alpha, float* x, std::size_t n) {
@@ -279,6 +289,7 @@ HWY_EXPORT(SumImpl);
 HWY_EXPORT(MaxImpl);
 HWY_EXPORT(AxpyImpl);
 HWY_EXPORT(ScaleImpl);
+HWY_EXPORT(MatmulAccImpl);
 HWY_EXPORT(AddImpl);
 HWY_EXPORT(ExpShiftedImpl);
 HWY_EXPORT(GeluForwardImpl);
@@ -296,6 +307,10 @@ void axpy(float alpha, const float* x, float* y, std::size_t n) {
   HWY_DYNAMIC_DISPATCH(AxpyImpl)(alpha, x, y, n);
 }
 void scale(float alpha, float* x, std::size_t n) { HWY_DYNAMIC_DISPATCH(ScaleImpl)(alpha, x, n); }
+void matmul_acc(const float* a, std::size_t lda, const float* b, std::size_t ldb, float* c,
+                std::size_t ldc, std::size_t m, std::size_t k, std::size_t n, float beta) {
+  HWY_DYNAMIC_DISPATCH(MatmulAccImpl)(a, lda, b, ldb, c, ldc, m, k, n, beta);
+}
 void add(const float* a, const float* b, float* out, std::size_t n) {
   HWY_DYNAMIC_DISPATCH(AddImpl)(a, b, out, n);
 }

@@ -366,7 +366,7 @@ class CpuOps final : public Ops {
         float* kt = tls_scratch(1, hd * kAttnBlock);
         float* v = tls_scratch(2, kAttnBlock * hd);
         float* acc = tls_scratch(3, kAttnBlock * hd);
-        float* s = tls_scratch(4, kAttnBlock);
+        float* s = tls_scratch(4, kAttnBlock * kAttnBlock);  // scores, then probabilities
         math::OnlineSoftmax norm[kAttnBlock];
         for (size_t i = 0; i < qn; ++i) {
           load_into(qkv, row(q0 + i, 0), hd, q + i * hd);
@@ -376,19 +376,22 @@ class CpuOps final : public Ops {
         for (size_t k0 = 0; k0 < q0 + qn; k0 += kAttnBlock) {
           const size_t kn = std::min(kAttnBlock, q0 + qn - k0);
           load_keys(qkv, row, k0, kn, hd, kt, v);
+          ck::matmul_acc(q, hd, kt, kAttnBlock, s, kAttnBlock, qn, hd, kn, 0.0f);
           for (size_t i = 0; i < qn; ++i) {
+            float* si = s + i * kAttnBlock;
             const size_t valid = std::min(kn, q0 + i + 1 - std::min(q0 + i + 1, k0));
+            // Keys past the query (causal) get probability 0, so the block product below
+            // leaves them out.
+            std::fill(si + valid, si + kn, 0.0f);
             if (valid == 0) continue;
-            scores(q + i * hd, kt, hd, valid, s);
-            const float new_max = std::max(norm[i].max, ck::max(s, valid));
+            const float new_max = std::max(norm[i].max, ck::max(si, valid));
             const float corr = norm[i].rescale(new_max);
-            const float block_sum = ck::exp_shifted(s, 1.0f, new_max, s, valid);
+            const float block_sum = ck::exp_shifted(si, 1.0f, new_max, si, valid);
             norm[i].sum = norm[i].sum * corr + block_sum;
             norm[i].max = new_max;
-            float* a = acc + i * hd;
-            ck::scale(corr, a, hd);
-            for (size_t j = 0; j < valid; ++j) ck::axpy(s[j], v + j * hd, a, hd);
+            ck::scale(corr, acc + i * hd, hd);
           }
+          ck::matmul_acc(s, kAttnBlock, v, hd, acc, hd, qn, kn, hd, 1.0f);
         }
         for (size_t i = 0; i < qn; ++i) {
           float* a = acc + i * hd;
@@ -432,15 +435,18 @@ class CpuOps final : public Ops {
         float* dv = tls_scratch(1, t_len * hd);
         float* kt = tls_scratch(2, hd * kAttnBlock);  // one key block's k, transposed
         float* vt = tls_scratch(3, hd * kAttnBlock);  // and its v, transposed
-        float* blk = tls_scratch(4, 5 * kAttnBlock * hd + hd + 2 * kAttnBlock);
+        float* blk = tls_scratch(4, 5 * kAttnBlock * hd + hd);
         float* q = blk;                           // the query block's q rows
         float* g = q + kAttnBlock * hd;           // its dout rows
         float* dq = g + kAttnBlock * hd;          // its dq accumulators
         float* krows = dq + kAttnBlock * hd;      // the key block's k rows
         float* vrows = krows + kAttnBlock * hd;   // and v rows
         float* tmp = vrows + kAttnBlock * hd;     // one row of hd
-        float* p = tmp + hd;                      // probabilities of one query against the block
-        float* ds = p + kAttnBlock;               // their score gradients
+        float* tiles = tls_scratch(5, 4 * kAttnBlock * kAttnBlock);
+        float* p = tiles;                                // probabilities of the block pair
+        float* ds = p + kAttnBlock * kAttnBlock;         // their score gradients
+        float* pt = ds + kAttnBlock * kAttnBlock;        // P transposed
+        float* dst = pt + kAttnBlock * kAttnBlock;       // dS transposed
         std::fill(dk, dk + t_len * hd, 0.0f);
         std::fill(dv, dv + t_len * hd, 0.0f);
         for (size_t q0 = 0; q0 < t_len; q0 += kAttnBlock) {
@@ -462,23 +468,26 @@ class CpuOps final : public Ops {
                 vt[d * kAttnBlock + j] = vrows[j * hd + d];
               }
             }
+            constexpr size_t B = kAttnBlock;
+            ck::matmul_acc(q, hd, kt, B, p, B, qn, hd, kn, 0.0f);   // S = Q K^T
+            ck::matmul_acc(g, hd, vt, B, ds, B, qn, hd, kn, 0.0f);  // dP = dO V^T
             for (size_t i = 0; i < qn; ++i) {
               const size_t t = q0 + i;
               const size_t valid = std::min(kn, t + 1 - std::min(t + 1, k0));
-              if (valid == 0) continue;
-              const float* qi = q + i * hd;
-              const float* gi = g + i * hd;
-              scores(qi, kt, hd, valid, p);
-              ck::exp_shifted(p, scale, lse[bh * t_len + t], p, valid);  // P = exp(s - lse)
-              scores(gi, vt, hd, valid, ds);                             // dP = dout_i . v_j
+              float* pi = p + i * B;
+              float* dsi = ds + i * B;
+              if (valid > 0) ck::exp_shifted(pi, scale, lse[bh * t_len + t], pi, valid);
+              std::fill(pi + valid, pi + kn, 0.0f);  // causal: no probability past the query
               const float di = delta[bh * t_len + t];
-              for (size_t j = 0; j < valid; ++j) {
-                ck::axpy(p[j], gi, dv + (k0 + j) * hd, hd);
-                const float dsj = p[j] * (ds[j] - di) * scale;  // through the 1/sqrt(hd) too
-                ck::axpy(dsj, krows + j * hd, dq + i * hd, hd);
-                ck::axpy(dsj, qi, dk + (k0 + j) * hd, hd);
+              for (size_t j = 0; j < kn; ++j) {
+                dsi[j] = pi[j] * (dsi[j] - di) * scale;  // through the 1/sqrt(hd) too
+                pt[j * B + i] = pi[j];
+                dst[j * B + i] = dsi[j];
               }
             }
+            ck::matmul_acc(pt, B, g, hd, dv + k0 * hd, hd, kn, qn, hd, 1.0f);      // dV += P^T dO
+            ck::matmul_acc(ds, B, krows, hd, dq, hd, qn, kn, hd, 1.0f);            // dQ += dS K
+            ck::matmul_acc(dst, B, q, hd, dk + k0 * hd, hd, kn, qn, hd, 1.0f);     // dK += dS^T Q
           }
           for (size_t i = 0; i < qn; ++i) {
             store(dqkv, row(q0 + i, 0), dq + i * hd, hd, add, tmp);
@@ -697,12 +706,6 @@ class CpuOps final : public Ops {
       load_into(qkv, row(k0 + j, 2), hd, v + j * hd);
     }
   }
-  // s[j] = sum_d q[d] kt[d][j] for j < n: axpy over the keys, no horizontal sums.
-  static void scores(const float* q, const float* kt, size_t hd, size_t n, float* s) {
-    std::fill(s, s + n, 0.0f);
-    for (size_t d = 0; d < hd; ++d) ck::axpy(q[d], kt + d * kAttnBlock, s, n);
-  }
-
   Status cross_entropy(Tensor dlogits, float* losses, ConstTensor logits,
                        const std::int32_t* targets, std::int64_t rows, std::int64_t vocab,
                        float grad_scale, gpu::Stream& stream, std::string_view op) {

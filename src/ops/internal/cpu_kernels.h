@@ -16,6 +16,10 @@ float sum(const float* a, std::size_t n);
 float max(const float* a, std::size_t n);
 // y[i] += alpha * x[i].
 void axpy(float alpha, const float* x, float* y, std::size_t n);
+// C (m x n) = beta * C + A (m x k) B (k x n), row-major with leading dimensions; beta 0 or 1.
+// One dispatch for a whole small block (attention's 64 x 64 tiles), broadcast-FMA over B's rows.
+void matmul_acc(const float* a, std::size_t lda, const float* b, std::size_t ldb, float* c,
+                std::size_t ldc, std::size_t m, std::size_t k, std::size_t n, float beta);
 // x[i] *= alpha.
 void scale(float alpha, float* x, std::size_t n);
 // out[i] = a[i] + b[i] (out may alias a or b).
