@@ -19,6 +19,7 @@ void Store::Impl::fail_op(Block& b, Op& op, Status st) {
   op.status = st;
   b.error = st;
   b.skip_until = b.next_seq - 1;
+  ++walk_epoch;
   b.failures.push_back(Failure{op.seq, b.next_seq - 1, st});
   if (st.code() == ErrorCode::kCorrupt) {
     ++stats.checksum_failures;
@@ -372,6 +373,7 @@ bool Store::Impl::finish_op(Block& b) {
   b.done_seq = op.seq;
   b.issued_seq = std::max(b.issued_seq, op.seq);
   b.ops.pop_front();
+  if (b.ops.empty()) busy.erase(b.id);
   cv.notify_all();
   return true;
 }
@@ -563,21 +565,22 @@ bool Store::Impl::idle() const {
     std::lock_guard lock(wake_mu);
     if (!device_done.empty()) return false;
   }
-  for (const auto& [id, b] : blocks) {
-    if (!b.ops.empty()) return false;
-  }
-  return true;
+  return busy.empty();
 }
 
 // Erases destroyed blocks whose chains have drained.
 void Store::Impl::reap_destroyed() {
-  for (auto it = blocks.begin(); it != blocks.end();) {
-    if (it->second.destroyed && it->second.ops.empty()) {
-      it = blocks.erase(it);
+  std::size_t kept = 0;
+  for (BlockId id : to_reap) {
+    auto it = blocks.find(id);
+    if (it == blocks.end()) continue;
+    if (it->second.ops.empty()) {
+      blocks.erase(it);
     } else {
-      ++it;
+      to_reap[kept++] = id;
     }
   }
+  to_reap.resize(kept);
 }
 
 void Store::Impl::mover_loop() {
@@ -598,17 +601,16 @@ void Store::Impl::mover_loop() {
     progress |= !dd.empty();
     // Chains run in the order their heads were decided, so that staging buffers and disk
     // slots go to the move decided first (the victim's write-back before a later one).
-    std::vector<Block*> busy;
-    for (auto& [id, b] : blocks) {
-      if (!b.ops.empty()) busy.push_back(&b);
-    }
-    std::sort(busy.begin(), busy.end(), [this](const Block* x, const Block* y) {
+    std::vector<Block*> work;
+    work.reserve(busy.size());
+    for (BlockId id : busy) work.push_back(&blocks.at(id));
+    std::sort(work.begin(), work.end(), [this](const Block* x, const Block* y) {
       const bool dx = deferrable(*x);
       const bool dy = deferrable(*y);
       if (dx != dy) return dy;
       return x->ops.front().decided < y->ops.front().decided;
     });
-    for (Block* b : busy) progress |= advance(*b);
+    for (Block* b : work) progress |= advance(*b);
     reap_destroyed();
     std::vector<IoJob> jobs = pick_jobs();
     if (stopping && idle() && in_flight.empty()) break;

@@ -86,6 +86,11 @@ std::optional<std::vector<BlockId>> Store::Impl::choose_victims(
 // used after it), so that a slow read gets the disk while quick host loads run before its use.
 void Store::Impl::prefetch_ahead() {
   if (!belady() || trace.empty()) return;
+  // Nothing changed since a full walk found nothing to start: this one would find nothing too
+  // (a pin that follows the trace moves the window, but only over copies already valid).
+  if (walk_idle_at == walk_epoch) return;
+  const std::uint64_t epoch = walk_epoch;
+  bool skipped_far = false;  // a host-sourced load left for later: a later walk may start it
   bool dev_stop = false;
   bool host_stop = false;
   std::uint32_t host_sourced = 0;  // device uses in the window whose bytes come from the host
@@ -115,12 +120,17 @@ void Store::Impl::prefetch_ahead() {
           dev.valid ? dev.loaded_from == Tier::kHost : b->copies[ti(Tier::kHost)].valid;
       const bool far = host_sourced >= options.host_prefetch_depth;
       if (from_host) ++host_sourced;
-      if (dev.valid || (far && from_host)) continue;
+      if (dev.valid) continue;
+      if (far && from_host) {
+        skipped_far = true;
+        continue;
+      }
       if (!try_prefetch(*b, Tier::kDevice, d)) dev_stop = true;
     } else if (e.tier == Tier::kHost && !host_stop && b->home == Tier::kNvme) {
       if (!try_prefetch(*b, Tier::kHost, d)) host_stop = true;
     }
   }
+  if (!dev_stop && !host_stop && !skipped_far && epoch == walk_epoch) walk_idle_at = epoch;
 }
 
 void Store::Impl::note_pin(const TraceEntry& e) {

@@ -30,6 +30,8 @@ std::uint64_t Store::Impl::push_op(Block& b, Op op) {
   if (op.kind == OpKind::kFree) ++pending_frees[ti(op.dst)];
   if (op.kind != OpKind::kFree) b.fill_seq[ti(op.dst)] = op.seq;
   b.ops.push_back(std::move(op));
+  busy.insert(b.id);
+  ++walk_epoch;
   wake();
   return b.next_seq - 1;
 }
@@ -310,6 +312,9 @@ Status Store::Impl::check_invariants() const {
     }
     if (b.done_seq >= b.next_seq || b.issued_seq >= b.next_seq) {
       return Status::internal(who + ": done/issued seq past the last op");
+    }
+    if (b.ops.empty() == (busy.count(id) > 0)) {
+      return Status::internal(who + ": the mover's busy set disagrees with its chain");
     }
     std::uint64_t prev = b.done_seq;
     for (const Op& op : b.ops) {

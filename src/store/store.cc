@@ -200,6 +200,7 @@ Status Store::destroy_block(BlockId id) {
     b->copies[i] = Copy{};
   }
   b->destroyed = true;
+  m.to_reap.push_back(id);
   m.wake();
   return Status::ok();
 }
@@ -264,6 +265,7 @@ Result<Lease> Store::pin(BlockId id, Tier tier, Access access) {
     c.loaded_from = *src;
   }
   if (access != Access::kRead) {
+    ++m.walk_epoch;
     for (std::size_t i = 0; i < kTierCount; ++i) b.copies[i].valid = false;
     c.valid = true;
     if (access == Access::kWrite) c.loaded_from = Tier::kNvme;  // nothing was loaded
@@ -331,6 +333,7 @@ void Store::mark_step() {
     m.trace = std::move(m.record);
     m.build_index();
     m.following = !m.trace.empty();
+    ++m.walk_epoch;
   }
   // Spills learned while following the trace are valid for the next step; a recording step's
   // (LRU) evictions say nothing about Belady's.
@@ -444,7 +447,10 @@ void Store::unpin(Lease& lease, gpu::Stream* writer) {
   TZ_ASSERT(b.leases[t] > 0 && b.total_leases > 0);
   --b.leases[t];
   --b.total_leases;
-  if (lease.access_ != Access::kRead) --b.write_leases[t];
+  if (lease.access_ != Access::kRead) {
+    --b.write_leases[t];
+    ++m.walk_epoch;  // the block is a prefetch candidate again
+  }
   b.marks.erase(b.marks.find(Impl::lease_mark(lease.access_, lease.first_seq_, lease.ready_seq_)));
   b.copies[t].lru_tick = ++m.tick;
   if (writer != nullptr) {

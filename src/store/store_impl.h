@@ -19,6 +19,7 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <thread>
 #include <unordered_map>
 #include <unordered_set>
@@ -53,6 +54,15 @@ struct Store::Impl {
   std::array<std::uint64_t, kTierCount> pending_frees{};
   std::array<std::deque<std::pair<BlockId, std::uint64_t>>, kTierCount> alloc_fifo;
   std::uint64_t tick = 0;
+  // Blocks with a non-empty chain (the mover's work list, so a pass costs the busy blocks, not
+  // all of them), and destroyed blocks to erase once their chains drain.
+  std::set<BlockId> busy;
+  std::vector<BlockId> to_reap;
+  // Bumped on every change the prefetch walk depends on (a decision pushed, a write pin or its
+  // release, an error, a new trace); walk_idle_at: the epoch at which a full walk found nothing
+  // to start, so that the next pins skip the walk until something changes.
+  std::uint64_t walk_epoch = 1;
+  std::uint64_t walk_idle_at = 0;
   std::uint64_t decisions = 0;  // ops pushed so far (Op::decided)
   BlockId protect = 0;          // the block being pinned: never a victim while its pin is placed
 
