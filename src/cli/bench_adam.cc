@@ -20,6 +20,7 @@
 #include "cli/command.h"
 #include "core/dtype.h"
 #include "core/units.h"
+#include "cpu/data_path.h"
 #include "cpu/optimizer.h"
 #include "cpu/simd.h"
 #include "cpu/topology.h"
@@ -112,6 +113,10 @@ int run(const AdamBenchOptions& opts) {
     return fail(Status::invalid_argument("--param-copy: none, bf16 or fp16"));
   }
   if (Status st = cpu::set_simd_target(opts.simd); !st.is_ok()) return fail(st);
+  // The same warnings as `tierzero info` (a slow SIMD path, staging without huge pages).
+  for (const std::string& w : cpu::data_path_report().warnings) {
+    std::fprintf(stderr, "tierzero bench adam: warning: %s\n", w.c_str());
+  }
 
   cpu::OptimizerOptions oo;
   oo.threads = opts.threads;

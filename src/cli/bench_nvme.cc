@@ -18,6 +18,7 @@
 #include "cli/command.h"
 #include "core/log.h"
 #include "core/units.h"
+#include "cpu/data_path.h"
 #include "cpu/pinned_pool.h"
 #include "nvme/file.h"
 #include "nvme/io_queue.h"
@@ -85,6 +86,11 @@ int run(const BenchNvmeOptions& o) {
   po.slab_bytes = std::max<std::uint64_t>(po.slab_bytes / *bs * *bs, *bs);
   auto pool = PinnedPool::create(po);
   if (!pool.is_ok()) return fail(pool.status());
+  // The same warnings as `tierzero info`; --no-huge-pages asks for the 4 KiB path on purpose.
+  for (const std::string& w : cpu::data_path_report().warnings) {
+    if (w.find("optimizer") != std::string::npos) continue;  // not this benchmark's path
+    std::fprintf(stderr, "tierzero bench nvme: warning: %s\n", w.c_str());
+  }
 
   nvme::IoEngineOptions eo;
   eo.queue_depth = static_cast<std::uint32_t>(slots);
@@ -204,6 +210,8 @@ int run(const BenchNvmeOptions& o) {
       {"direct", files.front().direct()},
       {"sqpoll", o.sqpoll},
       {"huge_pages", !o.no_huge_pages},
+      {"staging_huge_bytes", pool->stats().huge_bytes},
+      {"staging_bytes", pool->stats().mapped_bytes},
       {"machine", machine_json()},
   };
   if (o.json) {

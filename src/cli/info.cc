@@ -16,6 +16,7 @@
 #include "cli/command.h"
 #include "comm/probe.h"
 #include "core/units.h"
+#include "cpu/data_path.h"
 #include "cpu/simd.h"
 #include "cpu/topology.h"
 #include "gpu/probe.h"
@@ -120,6 +121,22 @@ json collect(const InfoOptions& o) {
   json paths = json::array();
   for (const auto& p : o.paths) paths.push_back(nvme::probe_path(p));
   j["paths"] = paths;
+  const cpu::DataPathReport dp = cpu::data_path_report();
+  json d;
+  d["optimizer_simd_target"] = dp.simd_target;
+  d["optimizer_best_simd_target"] = dp.best_simd_target;
+  d["staging_huge_pages"] = dp.staging_huge_pages;
+  d["staging_page_source"] = dp.staging_source;
+  d["thp_mode"] = dp.thp_mode;
+  d["thp_defrag"] = dp.thp_defrag;
+  d["reserved_hugepages_free"] = dp.hugepages_free;
+  d["memlock"] = dp.memlock_unlimited || dp.cap_ipc_lock
+                     ? json("unlimited")
+                     : json(format_bytes(static_cast<double>(dp.memlock_limit_bytes)));
+  json warnings = json::array();
+  for (const std::string& w : dp.warnings) warnings.push_back(w);
+  d["warnings"] = warnings;
+  j["data_path"] = d;
   return j;
 }
 
@@ -151,8 +168,9 @@ void print_human(const json& j, const std::string& prefix) {
 TZ_REGISTER_COMMAND([](CommandTree& tree) {
   auto opts = std::make_shared<InfoOptions>();
   CLI::App* info = tree.root->add_subcommand(
-      "info", "Report CPU SIMD, NUMA, memory and memlock, GPUs, NCCL/MPI, and per --path: "
-              "filesystem, free space, O_DIRECT, io_uring and libaio support");
+      "info", "Report CPU SIMD, NUMA, memory and memlock, GPUs, NCCL/MPI, per --path: "
+              "filesystem, free space, O_DIRECT, io_uring and libaio support, and the data path "
+              "this host takes (optimizer SIMD target, huge pages for staging) with warnings");
   info->add_option("--path", opts->paths, "Directory to probe for swap files (repeatable)");
   info->add_flag("--json", opts->as_json, "Print one JSON object");
   info->callback([opts] {
@@ -161,6 +179,9 @@ TZ_REGISTER_COMMAND([](CommandTree& tree) {
       std::printf("%s\n", j.dump(2).c_str());
     } else {
       print_human(j, "");
+      for (const auto& w : j["data_path"]["warnings"]) {
+        std::fprintf(stderr, "tierzero info: warning: %s\n", w.get<std::string>().c_str());
+      }
     }
     exit_code() = 0;
   });
