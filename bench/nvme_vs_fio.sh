@@ -11,6 +11,9 @@
 #   ENGINES, RWS, BSS, QDS (space-separated lists to narrow the sweep), FIO_IOMEM (fio's --iomem,
 #   e.g. shmhuge to give fio huge-page buffers; needs reserved huge pages), TZ_4K (1, default:
 #   also run tierzero with --no-huge-pages, staging in 4 KiB pages like fio's malloc buffers).
+# Each row also gives the mean request size the device saw for each tool (KB per request, from
+# /sys/block/<disk>/stat around each run; other I/O on that disk at the same time blurs it), which
+# shows how requests were split: on 4 KiB pages at the device's max_segments pages.
 set -euo pipefail
 
 DIR="${1:-/tmp}"
@@ -40,10 +43,33 @@ command -v python3 >/dev/null || { echo "nvme_vs_fio: python3 needed to parse fi
 NAME="tierzero-nvme-vs-fio.dat"
 FILE="$DIR/$NAME"
 RAW="$(mktemp)"
-cleanup() { rm -f "$FILE" "$RAW" "$RAW.fio" "$RAW.err"; }
+cleanup() { rm -f "$FILE" "$RAW" "$RAW.fio" "$RAW.err" "$RAW.tz"; }
 trap cleanup EXIT
 
+# The whole disk under DIR, for request sizes: /sys/block/<disk>/stat (partitions map to it).
+DEV="$(basename "$(df --output=source "$DIR" | tail -1)")"
+STAT=""
+for cand in "/sys/class/block/$DEV/stat" "/sys/block/$DEV/stat"; do
+  if [ -r "$cand" ]; then STAT="$cand"; break; fi
+done
+# "ios sectors" of reads or writes so far ("0 0" when the disk has no stat file).
+dev_counts() {
+  if [ -z "$STAT" ]; then echo "0 0"; return; fi
+  if [ "$1" = read ]; then awk '{print $1, $3}' "$STAT"; else awk '{print $5, $7}' "$STAT"; fi
+}
+# KB per request between two dev_counts outputs (0 when unknown).
+req_kb() {
+  # shellcheck disable=SC2086
+  set -- $1 $2
+  if [ $(( $3 - $1 )) -gt 0 ]; then echo $(( ($4 - $2) / 2 / ($3 - $1) )); else echo 0; fi
+}
+
 echo "# nvme_vs_fio: $(date -u) on $(hostname), $(nproc) cpus, linux $(uname -r)" >&2
+if [ -n "$STAT" ]; then
+  q="$(dirname "$(readlink -f "/sys/class/block/$DEV")")"
+  [ -d "/sys/class/block/$DEV/queue" ] && q="/sys/class/block/$DEV"
+  echo "# disk $DEV: max_segments $(cat "$q/queue/max_segments" 2>/dev/null || echo ?), max_sectors_kb $(cat "$q/queue/max_sectors_kb" 2>/dev/null || echo ?)" >&2
+fi
 echo "# file $FILE, size $SIZE, repeat $REPEAT, tierzero $TIERZERO, $(fio --version)" >&2
 # Create and fill the file once (tierzero writes it through; fio then reuses it).
 "$TIERZERO" --log-level warn bench nvme --path "$DIR" --file-name "$NAME" --size "$SIZE" \
@@ -57,6 +83,7 @@ for engine in $ENGINES; do
         if [ "$engine" = io_uring ]; then extra="$FIO_URING_OPTS"; fi
         if [ -n "$FIO_IOMEM" ]; then extra="$extra --iomem=$FIO_IOMEM"; fi
         for r in $(seq 1 "$REPEAT"); do
+          before="$(dev_counts "$rw")"
           # shellcheck disable=SC2086
           fio --name=nvme_vs_fio --filename="$FILE" --direct=1 --rw="$rw" --bs="$bs" \
               --iodepth="$qd" --ioengine="$engine" --size="$SIZE" --numjobs=1 \
@@ -65,6 +92,7 @@ for engine in $ENGINES; do
             cat "$RAW.err" >&2
             exit 1
           }
+          kb="$(req_kb "$before" "$(dev_counts "$rw")")"
           python3 -c '
 import json, sys
 j = json.load(sys.stdin)["jobs"][0]
@@ -74,24 +102,28 @@ secs = d["runtime"] / 1000.0
 gb = d["io_bytes"] / 1e9
 print(json.dumps({"tool": "fio", "engine": sys.argv[2], "rw": rw, "bs": sys.argv[3],
                   "qd": int(sys.argv[4]), "gbps": d["bw_bytes"] / 1e9,
-                  "cpu_s_per_gb": (j["usr_cpu"] + j["sys_cpu"]) / 100.0 * secs / gb}))
-' "$rw" "$engine" "$bs" "$qd" <"$RAW.fio" >>"$RAW"
+                  "cpu_s_per_gb": (j["usr_cpu"] + j["sys_cpu"]) / 100.0 * secs / gb,
+                  "req_kb": int(sys.argv[5])}))
+' "$rw" "$engine" "$bs" "$qd" "$kb" <"$RAW.fio" >>"$RAW"
           variants="default"
           if [ "$TZ_4K" = 1 ]; then variants="default 4k"; fi
           for variant in $variants; do
             flag=""
             if [ "$variant" = 4k ]; then flag="--no-huge-pages"; fi
+            before="$(dev_counts "$rw")"
             # shellcheck disable=SC2086
             "$TIERZERO" --log-level warn bench nvme --path "$DIR" --file-name "$NAME" \
                 --size "$SIZE" --engine "$engine" --rw "$rw" --bs "$bs" --qd "$qd" --repeat 1 \
-                --keep-file --json $flag |
-              python3 -c '
+                --keep-file --json $flag 2>/dev/null >"$RAW.tz"
+            kb="$(req_kb "$before" "$(dev_counts "$rw")")"
+            python3 -c '
 import json, sys
 j = json.loads(sys.stdin.read())
 tool = "tierzero" if sys.argv[2] == "default" else "tierzero_4k"
 print(json.dumps({"tool": tool, "engine": j["engine"], "rw": j["rw"], "bs": sys.argv[1],
-                  "qd": j["qd"], "gbps": j["gbps_median"], "cpu_s_per_gb": j["cpu_s_per_gb"]}))
-' "$bs" "$variant" >>"$RAW"
+                  "qd": j["qd"], "gbps": j["gbps_median"], "cpu_s_per_gb": j["cpu_s_per_gb"],
+                  "req_kb": int(sys.argv[3])}))
+' "$bs" "$variant" "$kb" <"$RAW.tz" >>"$RAW"
           done
         done
       done
@@ -109,6 +141,7 @@ for line in open(sys.argv[1]):
     r = rows.setdefault(key, {})
     r.setdefault(m["tool"], []).append(m["gbps"])
     r.setdefault(m["tool"] + "_cpu", []).append(m["cpu_s_per_gb"])
+    r.setdefault(m["tool"] + "_kb", []).append(m.get("req_kb", 0))
 has4k = any("tierzero_4k" in r for r in rows.values())
 def rng(v):
     return f"{statistics.median(v):.3f} ({min(v):.3f}-{max(v):.3f})"
@@ -119,6 +152,8 @@ if has4k:
     sep += " --- | --- |"
 head += " fio cpu s/GB | tierzero cpu s/GB |" + (" 4K cpu s/GB |" if has4k else "")
 sep += " --- | --- |" + (" --- |" if has4k else "")
+head += " KB/request fio, tierzero" + (", 4K |" if has4k else " |")
+sep += " --- |"
 print(head)
 print(sep)
 def order(k):
@@ -134,5 +169,7 @@ for key in sorted(rows, key=order):
     line += f" {statistics.median(r['fio_cpu']):.4f} | {statistics.median(r['tierzero_cpu']):.4f} |"
     if has4k:
         line += f" {statistics.median(r['tierzero_4k_cpu']):.4f} |"
+    kbs = [int(statistics.median(r[t + "_kb"])) for t in ("fio", "tierzero", "tierzero_4k") if t in r]
+    line += " " + ", ".join(str(k) for k in kbs) + " |"
     print(line)
 PY
