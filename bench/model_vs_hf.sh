@@ -58,7 +58,7 @@ import json, sys, torch
 from transformers import GPT2Config, GPT2LMHeadModel
 work = sys.argv[1]
 torch.manual_seed(7)
-cfg = GPT2Config(n_layer=2, n_head=4, n_embd=64, vocab_size=96, n_positions=32,
+cfg = GPT2Config(n_layer=2, n_head=4, n_embd=64, vocab_size=96, n_positions=32, bos_token_id=95, eos_token_id=95,
                  resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
 m = GPT2LMHeadModel(cfg).eval()
 # Larger than HF's init so the logits spread and every weight matters.
@@ -112,7 +112,7 @@ from transformers import GPT2Config, GPT2LMHeadModel
 threads, repeat = int(sys.argv[1]), int(sys.argv[2])
 torch.set_num_threads(threads)
 torch.manual_seed(1)
-cfg = GPT2Config(n_layer=12, n_head=12, n_embd=768, vocab_size=256, n_positions=256,
+cfg = GPT2Config(n_layer=12, n_head=12, n_embd=768, vocab_size=256, n_positions=256, bos_token_id=255, eos_token_id=255,
                  resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
 m = GPT2LMHeadModel(cfg).train()
 x = torch.randint(0, 256, (4, 256)); y = torch.randint(0, 256, (4, 256))
