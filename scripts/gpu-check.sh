@@ -100,6 +100,19 @@ if [ "$have_cli" = yes ]; then
   else
     status_comm=fail; tail -20 "$RESULTS/bench-comm.err"
   fi
+  # The kernels (their CUDA-vs-CPU tests ran with -L gpu above) and the model on the GPU: bench ops
+  # in bf16, gpt2-124m for 20 steps without offload, gpt2-1.5b with both offloads on NVMe.
+  step "bench ops (cuda, bf16)"
+  timeout "$(budget 90)" "$TZ" bench ops --device cuda --dtype bf16 --repeat 5 --json \
+    > "$RESULTS/bench-ops.jsonl" 2> "$RESULTS/bench-ops.err" || tail -20 "$RESULTS/bench-ops.err"
+  step "train gpt2-124m, 20 steps, no offload"
+  timeout "$(budget 120)" "$TZ" train --config configs/train/gpu_bf16.json --model gpt2-124m \
+    --steps 20 --seq 1024 --json > "$RESULTS/train-124m.json" 2> "$RESULTS/train-124m.err" \
+    || tail -20 "$RESULTS/train-124m.err"
+  step "train gpt2-1.5b, 5 steps, parameters and optimizer on NVMe"
+  timeout "$(budget 180)" "$TZ" train --config configs/good/ds_zero3_nvme_offload.json --model gpt2-1.5b \
+    --steps 5 --seq 1024 --nvme-path "${TZ_GPU_NVME:-/tmp}" --json \
+    > "$RESULTS/train-1.5b.json" 2> "$RESULTS/train-1.5b.err" || tail -20 "$RESULTS/train-1.5b.err"
 fi
 
 step "summary"
