@@ -37,6 +37,7 @@
 #include "gpu/select.h"
 #include "model/data.h"
 #include "model/gpt2.h"
+#include "zero/checkpoint.h"
 #include "zero/engine.h"
 
 namespace tz::cli {
@@ -57,6 +58,10 @@ struct TrainFlags {
   std::string nvme_path;
   std::string init;
   std::string save_weights;
+  std::string save_dir;  // checkpoints (docs/checkpoints.md)
+  int save_every = 0;
+  int keep = 0;
+  std::string resume;
   std::string metrics;
   std::string trace_out;
   std::optional<std::uint64_t> seed;
@@ -479,10 +484,35 @@ Status run_rank(const RunSetup& s, int rank, gpu::Device& device, comm::Comm& co
     if (reporter) reporter->line("step 0 | val loss " + std::to_string(v0));
   }
 
+  // --resume: the checkpoint's weights, optimizer states, engine scalars and loader position;
+  // --steps counts from the start of training, so the run continues at the step after it.
+  int first_step = 1;
+  if (!f.resume.empty()) {
+    TZ_ASSIGN_OR_RETURN(std::string dir, zero::resolve_checkpoint(f.resume));
+    TZ_ASSIGN_OR_RETURN(zero::CheckpointExtra extra, zero::load_checkpoint(*engine, dir));
+    if (extra.model.value("name", "") != s.shape.name) {
+      return Status::invalid_argument("--resume " + dir + ": checkpoint of model '" +
+                                      extra.model.value("name", "") + "', not '" + s.shape.name +
+                                      "'");
+    }
+    TZ_RETURN_IF_ERROR(loader.restore(extra.trainer["loader"]));
+    first_step = extra.trainer.value("next_step", 1);
+    if (reporter) reporter->line("resumed from " + dir + " at step " + std::to_string(first_step));
+  }
+  const auto save = [&](int step) -> Status {
+    zero::CheckpointExtra extra;
+    extra.model = {{"name", s.shape.name}};
+    extra.trainer = {{"next_step", step + 1}, {"loader", loader.state()}};
+    TZ_ASSIGN_OR_RETURN(std::string dir,
+                        zero::save_checkpoint(*engine, comm, f.save_dir, step, extra, f.keep));
+    if (reporter) reporter->line("saved " + dir);
+    return Status::ok();
+  };
+
   const int k = engine->gradient_accumulation_steps();
   const auto bt = static_cast<std::size_t>(loader.tokens_per_micro_batch());
   std::vector<std::int32_t> tok(bt), tgt(bt);
-  for (int step = 1; step <= f.steps; ++step) {
+  for (int step = first_step; step <= f.steps; ++step) {
     double loss_sum = 0;
     for (int m = 0; m < k; ++m) {
       loader.next(tok, tgt);
@@ -515,6 +545,10 @@ Status run_rank(const RunSetup& s, int rank, gpu::Device& device, comm::Comm& co
       summary->comm_formula_bytes = rep.comm_formula_bytes;
     }
     if (reporter) reporter->step(rep, loss, val_loss);
+    if (!f.save_dir.empty() && (stop || (f.save_every > 0 && step % f.save_every == 0) ||
+                                step == f.steps)) {
+      TZ_RETURN_IF_ERROR(save(step));
+    }
     if (stop) {
       if (summary != nullptr) summary->interrupted = true;
       if (reporter) reporter->line("interrupted: stopped after step " + std::to_string(step));
@@ -685,6 +719,15 @@ TZ_REGISTER_COMMAND([](CommandTree& tree) {
       ->check(CLI::Range(0, 1));
   cmd->add_option("--nvme-path", f->nvme_path, "Directory for both offloads' swap files");
   cmd->add_option("--init", f->init, "Initial weights (HF GPT-2 safetensors) instead of HF's init");
+  cmd->add_option("--save-dir", f->save_dir,
+                  "Write checkpoints into DIR/step-N (after every --save-every steps, the last step "
+                  "and Ctrl-C); crash-consistent, by parameter (docs/checkpoints.md)");
+  cmd->add_option("--save-every", f->save_every, "Steps between checkpoints (0: only at the end)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--keep", f->keep, "Checkpoints to keep (0: all)")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--resume", f->resume,
+                  "Continue from a checkpoint (DIR/step-N) or the latest in DIR; any rank count, "
+                  "stage or offload (a reshard)");
   cmd->add_option("--save-weights", f->save_weights,
                   "Write the final weights as HF safetensors (+ config.json beside them)");
   cmd->add_option("--metrics", f->metrics, "One JSON object per step to this file (JSONL)");
