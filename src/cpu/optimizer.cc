@@ -64,67 +64,11 @@ detail::StepKernel make_kernel(const OptimizerSpec& s, const StepArgs& a) {
   k.grad_dtype = a.grad_dtype;
   k.state_dtype = s.state_dtype;
   k.copy_dtype = a.copy_dtype;
-  const double lr = a.lr_override >= 0.0 ? a.lr_override : s.lr;
-  const double t = static_cast<double>(a.step);
-  switch (s.kind) {
-    case OptimizerKind::kAdam: {
-      optim::AdamCoeffs& c = k.adam;
-      c.grad_scale = a.grad_multiplier;
-      c.beta1 = to_float(s.beta1);
-      c.beta2 = to_float(s.beta2);
-      // 1 - beta is exact in float for beta in [0.5, 1) (Sterbenz); computing it from the float
-      // beta keeps m and v convex combinations of the float coefficients the user sees.
-      c.one_minus_beta1 = to_float(1.0 - static_cast<double>(c.beta1));
-      c.one_minus_beta2 = to_float(1.0 - static_cast<double>(c.beta2));
-      c.eps = to_float(s.eps);
-      if (s.bias_correction) {
-        c.step_size = to_float(lr / (1.0 - std::pow(static_cast<double>(c.beta1), t)));
-        c.sqrt_bias_correction2 =
-            to_float(std::sqrt(1.0 - std::pow(static_cast<double>(c.beta2), t)));
-      } else {
-        c.step_size = to_float(lr);
-        c.sqrt_bias_correction2 = 1.0f;
-      }
-      if (s.decoupled_weight_decay) {
-        c.l2_decay = 0.0f;
-        c.param_scale = to_float(1.0 - lr * s.weight_decay);
-      } else {
-        c.l2_decay = to_float(s.weight_decay);
-        c.param_scale = 1.0f;
-      }
-      break;
-    }
-    case OptimizerKind::kSgd: {
-      optim::SgdCoeffs& c = k.sgd;
-      c.grad_scale = a.grad_multiplier;
-      c.lr = to_float(lr);
-      c.momentum = to_float(s.momentum);
-      c.dampening_complement = to_float(1.0 - s.dampening);
-      c.weight_decay = to_float(s.weight_decay);
-      c.nesterov = s.nesterov;
-      c.first_step = a.step == 1;
-      break;
-    }
-    case OptimizerKind::kLion: {
-      optim::LionCoeffs& c = k.lion;
-      c.grad_scale = a.grad_multiplier;
-      c.lr = to_float(lr);
-      c.beta1 = to_float(s.beta1);
-      c.beta2 = to_float(s.beta2);
-      c.one_minus_beta1 = to_float(1.0 - static_cast<double>(c.beta1));
-      c.one_minus_beta2 = to_float(1.0 - static_cast<double>(c.beta2));
-      c.param_scale = to_float(1.0 - lr * s.weight_decay);
-      break;
-    }
-    case OptimizerKind::kAdagrad: {
-      optim::AdagradCoeffs& c = k.adagrad;
-      c.grad_scale = a.grad_multiplier;
-      c.clr = to_float(lr / (1.0 + (t - 1.0) * s.lr_decay));
-      c.eps = to_float(s.eps);
-      c.weight_decay = to_float(s.weight_decay);
-      break;
-    }
-  }
+  const StepCoeffs c = step_coeffs(s, a);
+  k.adam = c.adam;
+  k.sgd = c.sgd;
+  k.lion = c.lion;
+  k.adagrad = c.adagrad;
   return k;
 }
 
@@ -393,6 +337,72 @@ Status reference_step(const OptimizerSpec& spec, std::span<const Shard> shards,
   build_tiles(shards, args, spec, std::size_t{1} << 20, tiles);
   detail::reference_kernels().update(kernel, tiles.data(), tiles.size());
   return Status::ok();
+}
+
+StepCoeffs step_coeffs(const OptimizerSpec& s, const StepArgs& a) {
+  StepCoeffs k;
+  const double lr = a.lr_override >= 0.0 ? a.lr_override : s.lr;
+  const double t = static_cast<double>(a.step);
+  switch (s.kind) {
+    case OptimizerKind::kAdam: {
+      optim::AdamCoeffs& c = k.adam;
+      c.grad_scale = a.grad_multiplier;
+      c.beta1 = to_float(s.beta1);
+      c.beta2 = to_float(s.beta2);
+      // 1 - beta is exact in float for beta in [0.5, 1) (Sterbenz); computing it from the float
+      // beta keeps m and v convex combinations of the float coefficients the user sees.
+      c.one_minus_beta1 = to_float(1.0 - static_cast<double>(c.beta1));
+      c.one_minus_beta2 = to_float(1.0 - static_cast<double>(c.beta2));
+      c.eps = to_float(s.eps);
+      if (s.bias_correction) {
+        c.step_size = to_float(lr / (1.0 - std::pow(static_cast<double>(c.beta1), t)));
+        c.sqrt_bias_correction2 =
+            to_float(std::sqrt(1.0 - std::pow(static_cast<double>(c.beta2), t)));
+      } else {
+        c.step_size = to_float(lr);
+        c.sqrt_bias_correction2 = 1.0f;
+      }
+      if (s.decoupled_weight_decay) {
+        c.l2_decay = 0.0f;
+        c.param_scale = to_float(1.0 - lr * s.weight_decay);
+      } else {
+        c.l2_decay = to_float(s.weight_decay);
+        c.param_scale = 1.0f;
+      }
+      break;
+    }
+    case OptimizerKind::kSgd: {
+      optim::SgdCoeffs& c = k.sgd;
+      c.grad_scale = a.grad_multiplier;
+      c.lr = to_float(lr);
+      c.momentum = to_float(s.momentum);
+      c.dampening_complement = to_float(1.0 - s.dampening);
+      c.weight_decay = to_float(s.weight_decay);
+      c.nesterov = s.nesterov;
+      c.first_step = a.step == 1;
+      break;
+    }
+    case OptimizerKind::kLion: {
+      optim::LionCoeffs& c = k.lion;
+      c.grad_scale = a.grad_multiplier;
+      c.lr = to_float(lr);
+      c.beta1 = to_float(s.beta1);
+      c.beta2 = to_float(s.beta2);
+      c.one_minus_beta1 = to_float(1.0 - static_cast<double>(c.beta1));
+      c.one_minus_beta2 = to_float(1.0 - static_cast<double>(c.beta2));
+      c.param_scale = to_float(1.0 - lr * s.weight_decay);
+      break;
+    }
+    case OptimizerKind::kAdagrad: {
+      optim::AdagradCoeffs& c = k.adagrad;
+      c.grad_scale = a.grad_multiplier;
+      c.clr = to_float(lr / (1.0 + (t - 1.0) * s.lr_decay));
+      c.eps = to_float(s.eps);
+      c.weight_decay = to_float(s.weight_decay);
+      break;
+    }
+  }
+  return k;
 }
 
 }  // namespace tz::cpu

@@ -120,6 +120,18 @@ class CpuOptimizer {
   std::unique_ptr<Impl> impl_;
 };
 
+// The per-step coefficients of an update (learning rate after lr_override, bias corrections,
+// decay, the gradient multiplier), computed once in double and rounded to float. Every backend
+// applies these same floats (the CPU kernels, HostDevice and the CUDA kernel through
+// gpu::OptimizerStepArgs), which is what makes their updates bit-identical.
+struct StepCoeffs {
+  optim::AdamCoeffs adam{};
+  optim::SgdCoeffs sgd{};
+  optim::LionCoeffs lion{};
+  optim::AdagradCoeffs adagrad{};
+};
+StepCoeffs step_coeffs(const OptimizerSpec& spec, const StepArgs& args);
+
 // Single-threaded, non-SIMD reference of the same update (the scalar path of the functors in
 // optimizer_math.h), for tests and for machines where the SIMD table is forced off. Same
 // contract as CpuOptimizer::step.
