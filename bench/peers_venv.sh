@@ -35,6 +35,7 @@ peers_venv_need() {
     if [[ ! -x "$py" ]]; then
       echo "$who: creating $venv (python3 -m venv)" >&2
       python3 -m venv "$venv" || { echo "$who: python3 -m venv $venv failed" >&2; exit 1; }
+      if "$py" -c "import $imports" 2>/dev/null; then exit 0; fi
     fi
     echo "$who: installing $* into $venv from PyPI (may take minutes and GBs)" >&2
     if ! "$venv/bin/pip" install -q "$@" >> "$venv.install.log" 2>&1 ||
