@@ -136,7 +136,8 @@ for ((r = 0; r < rounds; ++r)); do
   echo "$hf" | tee -a "$out"
   hf_times+=("$(echo "$hf" | "$py" -c 'import json,sys; print(json.load(sys.stdin)["fwd_bwd_s_median"])')")
 done
-"$py" - "${tz_times[*]}" "${hf_times[*]}" "$threads" <<'PY' | tee -a "$out"
+# --rounds 0 checks the weights only: no timing summary.
+((rounds > 0)) && "$py" - "${tz_times[*]}" "${hf_times[*]}" "$threads" <<'PY' | tee -a "$out"
 import json, statistics, sys
 tz = [float(x) for x in sys.argv[1].split()]; hf = [float(x) for x in sys.argv[2].split()]
 t, h = statistics.median(tz), statistics.median(hf)
