@@ -164,7 +164,8 @@ def cmd_train(work, model, config, tokens, steps, threads, tag):
     m.save_pretrained(f"{work}/pt_{tag}", safe_serialization=True)
     times = [r["step_s"] for r in rows[1:]] or [rows[0]["step_s"]]
     print(json.dumps({"bench": "train_vs_pytorch", "case": "pytorch_train", "tag": tag,
-                      "torch": torch.__version__, "threads": int(threads), "steps": steps,
+                      "torch": torch.__version__, "attn_implementation": m.config._attn_implementation,
+                      "threads": int(threads), "steps": steps,
                       "final_loss": rows[-1]["loss"], "step_s_median": statistics.median(times),
                       "tokens_per_s": B * T / statistics.median(times)}))
 
