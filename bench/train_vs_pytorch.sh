@@ -21,7 +21,9 @@
 #
 # usage: bench/train_vs_pytorch.sh [--build build/peers] [--venv build/peers-venv] [--threads 2]
 #          [--steps 20] [--rounds 3] [--model gpt2:layers=12,heads=12,embd=768,vocab=256,seq=256]
-#          [--text FILE] [--phases train,export] [--keep-work] [--out FILE]
+#          [--text FILE] [--phases train,export] [--first tierzero|pytorch] [--keep-work] [--out FILE]
+# --first: which side runs first in round 1 (then they alternate). One round of GPT-2-small's shape
+# takes about 10 minutes on an idle 2-core machine, 20+ on a loaded one.
 set -euo pipefail
 
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -34,6 +36,7 @@ rounds=3
 model="gpt2:layers=12,heads=12,embd=768,vocab=256,seq=256"
 text=""
 phases="train,export"
+first=tierzero
 keep_work=0
 out=""
 while [[ $# -gt 0 ]]; do
@@ -46,12 +49,14 @@ while [[ $# -gt 0 ]]; do
     --model) model="$2"; shift 2 ;;
     --text) text="$2"; shift 2 ;;
     --phases) phases="$2"; shift 2 ;;
+    --first) first="$2"; shift 2 ;;
     --keep-work) keep_work=1; shift ;;
     --out) out="$2"; shift 2 ;;
-    -h|--help) sed -n '2,26p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,28p' "$0"; exit 0 ;;
     *) echo "train_vs_pytorch: unknown argument $1" >&2; exit 2 ;;
   esac
 done
+[[ "$first" == tierzero || "$first" == pytorch ]] || { echo "train_vs_pytorch: --first must be tierzero or pytorch" >&2; exit 2; }
 if [[ "${CI:-}" == "true" ]]; then
   echo "train_vs_pytorch: peers are never run in CI" >&2
   exit 0
@@ -310,8 +315,11 @@ if [[ ",$phases," == *,train,* ]]; then
       "$work/tz_$1.json" "$1" | tee -a "$out"
   }
   run_pt() { "$py" "$work/peer.py" train "$work" "$model" "$config" "$work/tokens.bin" "$steps" "$threads" "$1" | tee -a "$out"; }
+  tz_first_parity=1
+  [[ "$first" == tierzero ]] || tz_first_parity=0
   for ((r = 1; r <= rounds; ++r)); do
-    if ((r % 2 == 1)); then run_tz "$r"; run_pt "$r"; else run_pt "$r"; run_tz "$r"; fi
+    # tierzero goes first in odd rounds when --first tierzero, in even rounds otherwise.
+    if (((r % 2) == tz_first_parity)); then run_tz "$r"; run_pt "$r"; else run_pt "$r"; run_tz "$r"; fi
     "$tierzero" bench model --model "$model" --weights "$work/tz_$r/model.safetensors" \
       --ids "$work/eval_ids.json" --threads "$threads" --json > "$work/tz_eval_$r.json"
     "$py" "$work/peer.py" compare "$work" "$out" "$r" "$work/tz_$r.jsonl" "$work/tz_eval_$r.json" \
