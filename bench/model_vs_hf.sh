@@ -46,6 +46,7 @@ peers_venv_need "$venv" model_vs_hf "torch, transformers, safetensors, numpy" \
   torch transformers safetensors numpy || exit 1
 py="$venv/bin/python"
 export OMP_NUM_THREADS="$threads" MKL_NUM_THREADS="$threads"
+export HF_HUB_DISABLE_PROGRESS_BARS=1 TRANSFORMERS_VERBOSITY=error
 work="$(mktemp -d "$build/model_vs_hf.XXXXXX")"
 trap 'rm -rf "$work"' EXIT
 
