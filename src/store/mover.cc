@@ -119,6 +119,25 @@ Status Store::Impl::device_copy(void* dst, const void* src, std::uint64_t bytes,
   return device->copy_async(dst, src, static_cast<std::size_t>(bytes), kind, stream);
 }
 
+// The host budget has room for `b` but no piece of the pinned pool fits it (blocks of several
+// sizes come and go in one slab), and no free is in flight to wait for: evict copies worth at
+// least b's bytes beyond what the budget needs, in the policy's order, so that their frees open
+// a piece. Only copies already allocated: the free of one still queued for its allocation behind
+// b in the FIFO would never come. Returns false when nothing can be evicted (b's load fails).
+bool Store::Impl::relieve_host_fragmentation(Block& b) {
+  const Tier t = Tier::kHost;
+  const std::uint64_t room =
+      budget[ti(t)] > logical_used[ti(t)] ? budget[ti(t)] - logical_used[ti(t)] : 0;
+  auto victims = choose_victims(t, room + b.bytes, b.id, std::nullopt, /*allocated_only=*/true);
+  if (!victims) victims = choose_victims(t, room + 1, b.id, std::nullopt, /*allocated_only=*/true);
+  if (!victims || victims->empty()) return false;
+  TZ_LOG_DEBUG("store: '%s' does not fit a free piece of the pinned pool: evicting %zu copies",
+               b.name.c_str(), victims->size());
+  for (BlockId v : *victims) evict(*find(v), t);
+  ++stats.tiers[ti(t)].fragmentation_evictions;
+  return true;
+}
+
 // Tries to start op (the head of b's chain). Returns true if it made progress.
 bool Store::Impl::start_op(Block& b, Op& op) {
   if (op.kind == OpKind::kAlloc) {
@@ -161,6 +180,7 @@ bool Store::Impl::start_op(Block& b, Op& op) {
         b.host = std::move(buf).value();
       } else {
         if (pending_frees[ti(t)] > 0) return false;  // fragmentation: wait for frees
+        if (relieve_host_fragmentation(b)) return false;  // and retry after theirs
         st = std::move(buf).take_status().with_context("store: pinned pool");
       }
     } else {
