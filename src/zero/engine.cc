@@ -951,7 +951,14 @@ class EngineImpl final : public Engine {
     }
   }
 
+  // The compute stream may run far behind the caller (HostDevice, a queued GPU), so buffers whose
+  // free waits for it can pile up: an allocation that would take the device past the plan (or that
+  // the device refuses) first waits for them, so the peak stays within the plan, not the budget.
   Result<gpu::DeviceBuffer> allocate_device(std::size_t bytes) {
+    if (!deferred_.empty() &&
+        device_.memory_stats().in_use_bytes + bytes > tier_plan(Tier::kDevice)) {
+      reap_deferred(true);
+    }
     auto b = device_.allocate(bytes);
     if (b.is_ok() || deferred_.empty()) return b;
     reap_deferred(true);

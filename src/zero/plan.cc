@@ -5,6 +5,7 @@
 #include "zero/plan.h"
 
 #include <algorithm>
+#include <functional>
 
 #include "core/assert.h"
 #include "cpu/optimizer.h"
@@ -43,6 +44,16 @@ Result<Placement> parse_offload(const std::string& device, const char* key) {
 
 // The engine's scalar buffers: every rank's values as four 16-bit pieces of two scalars.
 constexpr std::uint64_t kScalarPieces = 4;
+
+// The sum of the three largest values (all of them when there are fewer).
+std::uint64_t largest_three_sum(std::vector<std::uint64_t> v) {
+  const std::size_t n = std::min<std::size_t>(3, v.size());
+  std::partial_sort(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(n), v.end(),
+                    std::greater<>());
+  std::uint64_t sum = 0;
+  for (std::size_t i = 0; i < n; ++i) sum += v[i];
+  return sum;
+}
 
 }  // namespace
 
@@ -139,15 +150,17 @@ Result<MemoryPlan> plan_memory(const PlanInputs& in, const Config& config,
   plan.home.nvme = home[2];
   // Stage 3: units below stage3_param_persistence_threshold elements stay gathered.
   std::uint64_t persistent_bytes = 0;
-  std::uint64_t max_stream_padded = 0;  // largest unit gathered and released each use
+  std::vector<std::uint64_t> streamed_padded;  // units gathered and released at each use
+  std::vector<std::uint64_t> all_padded;
   for (const UnitLayout& u : units) {
     const bool persistent =
         in.stage == 3 && u.numel < config.zero.stage3_param_persistence_threshold;
     plan.persistent.push_back(persistent);
+    all_padded.push_back(u.padded);
     if (persistent) {
       persistent_bytes += u.padded * es;
     } else {
-      max_stream_padded = std::max<std::uint64_t>(max_stream_padded, u.padded);
+      streamed_padded.push_back(u.padded);
     }
   }
   plan.device_budget_bytes =
@@ -177,22 +190,41 @@ Result<MemoryPlan> plan_memory(const PlanInputs& in, const Config& config,
   term(Tier::kDevice, "persistent gathered units (stage 3, below the threshold)", persistent_bytes);
   // A model holds at most two gathered units (GPT-2's tied wte and the current block) and two
   // gradient buffers at once; gathered buffers of one unit and the next overlap while the
-  // previous one's free waits for the compute stream.
-  term(Tier::kDevice, "gather buffers (3 units)", in.stage == 3 ? 3 * max_stream_padded * es : 0);
-  term(Tier::kDevice, "gradient buffers (3 units)", 3 * max_padded * es);
-  term(Tier::kDevice, "scratch (stage-0 gathered gradient, get_tensor)", max_padded * 4);
+  // previous one's free waits for the compute stream: at most the three largest units at once.
+  const std::uint64_t gather = in.stage == 3 ? largest_three_sum(streamed_padded) * es : 0;
+  const std::uint64_t grads = largest_three_sum(all_padded) * es;
+  term(Tier::kDevice, "gather buffers (3 largest units)", gather);
+  term(Tier::kDevice, "gradient buffers (3 largest units)", grads);
+  // Stage 0's gathered gradient (in step(), after every gradient buffer went back) and
+  // get_tensor's fp32 unit (between steps) are never live with the micro-batch's buffers, so the
+  // device peak grows only by what they need beyond those.
+  const std::uint64_t scratch = max_padded * 4;
+  term(Tier::kDevice, "scratch beyond the micro-batch buffers (stage-0 gathered gradient, get_tensor)",
+       scratch > gather + grads ? scratch - gather - grads : 0);
   term(Tier::kDevice, "norm and scalar buffers",
        sizeof(gpu::NormAccumulator) +
            static_cast<std::uint64_t>(in.world_size) * 2 * kScalarPieces * 4);
   term(Tier::kDevice, "model activations (EngineOptions::activation_bytes)", in.activation_bytes);
   const std::uint64_t device_plan = plan.tier_bytes(Tier::kDevice);
   if (device_plan > plan.device_budget_bytes) {
-    return Status::out_of_memory(
-        "engine plan: the device tier needs " + std::to_string(device_plan) + " bytes (" +
-        std::to_string(home[0]) + " of parameter/optimizer/gradient state), over the "
-        "device budget of " + std::to_string(plan.device_budget_bytes) +
-        " bytes; offload the optimizer (zero_optimization.offload_optimizer.device cpu/nvme), "
-        "raise zero_optimization.stage or offload the parameters");
+    std::vector<PlanTerm> terms = plan.terms;
+    std::sort(terms.begin(), terms.end(),
+              [](const PlanTerm& a, const PlanTerm& b) { return a.bytes > b.bytes; });
+    std::string largest;
+    for (const PlanTerm& t : terms) {
+      if (t.bytes == 0 || largest.size() > 200) continue;
+      largest += std::string(largest.empty() ? "" : ", ") + t.name + " " + std::to_string(t.bytes);
+    }
+    const std::string advice =
+        home[0] > 0
+            ? "offload the optimizer (zero_optimization.offload_optimizer.device cpu/nvme), raise "
+              "zero_optimization.stage or offload the parameters"
+            : "lower zero_optimization.stage3_prefetch_bucket_size (the device cache), the micro "
+              "batch or the sequence length (activations), or raise tierzero.device_budget";
+    return Status::out_of_memory("engine plan: the device tier needs " +
+                                 std::to_string(device_plan) + " bytes (" + largest +
+                                 "), over the device budget of " +
+                                 std::to_string(plan.device_budget_bytes) + " bytes; " + advice);
   }
   // NVMe-homed blocks are worked on in the host tier: the largest unit's NVMe-homed state,
   // times the units in flight at once (the one updated, the next one read ahead, the previous
@@ -204,18 +236,8 @@ Result<MemoryPlan> plan_memory(const PlanInputs& in, const Config& config,
     if (in.param == Placement::kNvme) b += u.shard * es;
     max_unit_nvme = std::max(max_unit_nvme, round_up(b, 4096 * 4));
   }
-  std::uint64_t host_budget =
-      in.host_budget_bytes > 0 ? in.host_budget_bytes : config.tierzero.host_budget;
-  if (host_budget == 0) host_budget = round_up(home[1], 4096) + 4 * max_unit_nvme + (1u << 20);
-  if (home[1] > host_budget) {
-    return Status::out_of_memory("engine plan: the host tier needs " + std::to_string(home[1]) +
-                                 " bytes, over the host budget of " +
-                                 std::to_string(host_budget) + " bytes (tierzero.host_budget)");
-  }
-  plan.host_budget_bytes = host_budget;
   store::StoreOptions& so = plan.store;
   so.device_budget_bytes = home[0] + device_cache;
-  so.host_budget_bytes = host_budget;
   so.chunk_bytes = std::clamp<std::uint64_t>(round_up(max_opt * 4, 4096), 64u << 10, 8u << 20);
   if (home[2] > 0) {
     so.chunk_bytes =
@@ -227,15 +249,50 @@ Result<MemoryPlan> plan_memory(const PlanInputs& in, const Config& config,
   // parameter copies going out) and an fp32 unit (stage 0's gathered gradient).
   plan.stage16_bytes = round_up(max_padded * es, 4096);
   plan.stage32_bytes = round_up(max_padded * 4, 4096);
+  const std::uint64_t staging_bytes =
+      so.staging_buffers * so.chunk_bytes + plan.stage16_bytes + plan.stage32_bytes;
+  // A configured host budget is the whole host tier: the store's blocks get what the staging
+  // buffers leave. Unset, the store gets the host-homed state and four units of NVMe-homed state
+  // in flight. NVMe-homed state needs room for at least two units at once (the one worked on and
+  // the next read ahead).
+  const std::uint64_t host_need =
+      round_up(home[1], 4096) + (home[2] > 0 ? 2 * max_unit_nvme : 0);
+  const std::uint64_t configured_host =
+      in.host_budget_bytes > 0 ? in.host_budget_bytes : config.tierzero.host_budget;
+  std::uint64_t host_budget = round_up(home[1], 4096) + 4 * max_unit_nvme + (1u << 20);
+  if (configured_host > 0) {
+    if (configured_host < host_need + staging_bytes) {
+      return Status::out_of_memory(
+          "engine plan: the host tier needs at least " + std::to_string(host_need + staging_bytes) +
+          " bytes (" + std::to_string(home[1]) + " of host-homed state, " +
+          std::to_string(host_need - round_up(home[1], 4096)) +
+          " for two units of NVMe-homed state, " + std::to_string(staging_bytes) +
+          " of staging), over the host budget of " + std::to_string(configured_host) +
+          " bytes; raise tierzero.host_budget or offload the optimizer to NVMe");
+    }
+    host_budget = configured_host - staging_bytes;
+  }
+  plan.host_budget_bytes = host_budget;
+  so.host_budget_bytes = host_budget;
   term(Tier::kHost, "home blocks (host-homed state)", home[1]);
-  term(Tier::kHost, "host cache of NVMe-homed blocks", host_budget - home[1]);
+  // The store caches only NVMe-homed blocks in the host tier, so it holds at most all of them,
+  // whatever room its budget leaves (a budget far above the NVMe state is not a fill).
+  term(Tier::kHost, "host cache of NVMe-homed blocks", std::min(host_budget - home[1], home[2]));
   term(Tier::kHost, "store staging buffers", so.staging_buffers * so.chunk_bytes);
   term(Tier::kHost, "engine staging (16-bit unit, fp32 unit)",
        plan.stage16_bytes + plan.stage32_bytes);
   term(Tier::kNvme, "home blocks (NVMe-homed state)", home[2]);
-  // The pool's slack covers its 4 KiB rounding and fragmentation; the plan's host term is what
-  // is handed out of it.
-  plan.pool.budget_bytes = plan.tier_bytes(Tier::kHost) + (2u << 20);
+  // The pool's slack covers its 4 KiB rounding and fragmentation: blocks of several sizes come
+  // and go in one slab, so the free bytes the store's budget leaves can be split into pieces
+  // smaller than the next block; one largest block more keeps a piece that fits. The plan's host
+  // term is what is handed out of it.
+  std::uint64_t max_block = 0;
+  for (const UnitLayout& u : units) {
+    max_block = std::max<std::uint64_t>(
+        {max_block, opt_elems(u) * 4, static_cast<std::uint64_t>(u.shard) * 4,
+         (in.stage == 3 ? u.shard : u.padded) * es});
+  }
+  plan.pool.budget_bytes = plan.tier_bytes(Tier::kHost) + round_up(max_block, 4096) + (2u << 20);
   plan.pool.slab_bytes = std::min<std::uint64_t>(1ull << 30, round_up(plan.pool.budget_bytes, 2u << 20));
   plan.pool.prefault = false;
   if (home[2] > 0) {

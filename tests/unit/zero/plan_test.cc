@@ -89,20 +89,23 @@ TEST(ZeroPlan, Stage3ParamsCpuOptimizerNvmeByHand) {
   EXPECT_EQ(term_of(p, Tier::kDevice, "home blocks"), 0u);
   EXPECT_EQ(term_of(p, Tier::kDevice, "device cache"), (4096u + 100352u) * 2);
   EXPECT_EQ(term_of(p, Tier::kDevice, "persistent gathered"), 8192u * 2);
-  EXPECT_EQ(term_of(p, Tier::kDevice, "gather buffers"), 3u * 200704 * 2);
-  EXPECT_EQ(term_of(p, Tier::kDevice, "gradient buffers"), 3u * 200704 * 2);
-  EXPECT_EQ(term_of(p, Tier::kDevice, "scratch"), 200704u * 4);
+  // Gathers: only "b" streams (three largest of one unit); gradients: both units.
+  EXPECT_EQ(term_of(p, Tier::kDevice, "gather buffers"), 200704u * 2);
+  EXPECT_EQ(term_of(p, Tier::kDevice, "gradient buffers"), (8192u + 200704u) * 2);
+  // get_tensor's fp32 unit (200704 * 4 = 802816) fits in the 819200 bytes of micro-batch buffers.
+  EXPECT_EQ(term_of(p, Tier::kDevice, "scratch beyond"), 0u);
   EXPECT_EQ(term_of(p, Tier::kDevice, "norm and scalar"), sizeof(gpu::NormAccumulator) + 2 * 2 * 4 * 4);
   EXPECT_EQ(term_of(p, Tier::kDevice, "model activations"), 1000000u);
 
   // Host: the default budget is the host-homed state plus four of the largest unit's NVMe state
-  // (b: 100352 * 12 B, rounded to 16 KiB) plus 1 MiB; the cache is the rest of it.
+  // (b: 100352 * 12 B, rounded to 16 KiB) plus 1 MiB; the cache could take the rest of it, but
+  // holds at most every NVMe-homed block (1253376 B < 4 * 1212416 + 1 MiB).
   const std::uint64_t unit_nvme = (100352ull * 12 + 16383) / 16384 * 16384;
   EXPECT_EQ(unit_nvme, 1212416u);
   const std::uint64_t budget = host_home + 4 * unit_nvme + (1u << 20);
   EXPECT_EQ(p.host_budget_bytes, budget);
   EXPECT_EQ(term_of(p, Tier::kHost, "home blocks"), host_home);
-  EXPECT_EQ(term_of(p, Tier::kHost, "host cache"), budget - host_home);
+  EXPECT_EQ(term_of(p, Tier::kHost, "host cache"), nvme_home);
   // Chunks: the largest fp32 shard (100352 * 4 = 401408 B) under aio's 1 MiB block; 4 of them.
   EXPECT_EQ(p.store.chunk_bytes, 401408u);
   EXPECT_EQ(term_of(p, Tier::kHost, "store staging"), 4u * 401408);
@@ -110,11 +113,12 @@ TEST(ZeroPlan, Stage3ParamsCpuOptimizerNvmeByHand) {
   EXPECT_EQ(term_of(p, Tier::kNvme, "home blocks"), nvme_home);
 
   const TierBytes b = p.bytes();
-  EXPECT_EQ(b.host, budget + 4 * 401408 + 200704 * 6);
+  EXPECT_EQ(b.host, host_home + nvme_home + 4 * 401408 + 200704 * 6);
   EXPECT_EQ(b.nvme, nvme_home);
   EXPECT_EQ(p.store.device_budget_bytes, (4096u + 100352u) * 2);
   EXPECT_EQ(p.store.host_budget_bytes, budget);
-  EXPECT_EQ(p.pool.budget_bytes, b.host + (2u << 20));
+  // Pool slack: the largest block (b's fp32 shards, 401408 B) and 2 MiB.
+  EXPECT_EQ(p.pool.budget_bytes, b.host + 401408 + (2u << 20));
   // Swap: NVMe state + one 4 KiB extent of slack per block (5 per unit), plus a stripe, rounded
   // to 1 MiB stripes, plus four stripes.
   const std::uint64_t need = nvme_home + 2 * 5 * 4096;
@@ -140,12 +144,16 @@ TEST(ZeroPlan, Stage1OnDeviceByHand) {
   EXPECT_EQ(p.home.host, 0u);
   EXPECT_EQ(p.home.nvme, 0u);
   EXPECT_EQ(term_of(p, Tier::kDevice, "gather buffers"), 0u);
+  EXPECT_EQ(term_of(p, Tier::kDevice, "gradient buffers"), (8192u + 200704u) * 2);
+  // get_tensor's fp32 "b" (802816 B) needs 385024 B beyond the gradient buffers.
+  EXPECT_EQ(term_of(p, Tier::kDevice, "scratch beyond"), 200704u * 4 - (8192u + 200704u) * 2);
   EXPECT_EQ(term_of(p, Tier::kDevice, "device cache"), 0u);
   EXPECT_EQ(term_of(p, Tier::kDevice, "persistent gathered"), 0u);
   EXPECT_EQ(p.persistent, (std::vector<bool>{false, false}));
   EXPECT_EQ(p.swap_bytes_per_path, 0u);
-  // Nothing homed on the host: a budget of 1 MiB (+ no NVMe working set).
+  // Nothing homed on the host: a budget of 1 MiB (+ no NVMe working set), and nothing to cache.
   EXPECT_EQ(p.host_budget_bytes, 1u << 20);
+  EXPECT_EQ(term_of(p, Tier::kHost, "host cache"), 0u);
   EXPECT_EQ(p.store.chunk_bytes, 401408u);
 }
 
@@ -183,11 +191,21 @@ TEST(ZeroPlan, HostOverBudgetNamesTheKey) {
   auto got = plan_memory(in, config, units);
   ASSERT_FALSE(got.is_ok());
   EXPECT_EQ(got.status().code(), ErrorCode::kOutOfMemory);
+  // Host-homed master + m + v + gradient shards (16 B per shard element) and the staging: four
+  // 401408 B chunks, a 16-bit and an fp32 unit of "b".
   const std::uint64_t host_home = (4096 + 100352) * 16;
-  EXPECT_NE(got.status().message().find("host tier needs " + std::to_string(host_home)),
+  const std::uint64_t staging = 4 * 401408 + 200704 * 2 + 200704 * 4;
+  EXPECT_NE(got.status().message().find("host tier needs at least " +
+                                        std::to_string(host_home + staging) + " bytes"),
             std::string::npos)
       << got.status().message();
-  EXPECT_NE(got.status().message().find("tierzero.host_budget"), std::string::npos);
+  EXPECT_NE(got.status().message().find("raise tierzero.host_budget"), std::string::npos);
+  // Exactly enough: the whole host tier is the budget (store blocks get what staging leaves).
+  in.host_budget_bytes = host_home + staging;
+  auto fits = plan_memory(in, config, units);
+  ASSERT_TRUE(fits.is_ok()) << fits.status().to_string();
+  EXPECT_EQ(fits->store.host_budget_bytes, host_home);
+  EXPECT_EQ(fits->bytes().host, host_home + staging);
 }
 
 TEST(ZeroPlan, EmptyUnitListIsRefused) {
