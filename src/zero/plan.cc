@@ -45,9 +45,9 @@ Result<Placement> parse_offload(const std::string& device, const char* key) {
 // The engine's scalar buffers: every rank's values as four 16-bit pieces of two scalars.
 constexpr std::uint64_t kScalarPieces = 4;
 
-// The sum of the three largest values (all of them when there are fewer).
-std::uint64_t largest_three_sum(std::vector<std::uint64_t> v) {
-  const std::size_t n = std::min<std::size_t>(3, v.size());
+// The sum of the `k` largest values (all of them when there are fewer).
+std::uint64_t largest_sum(std::vector<std::uint64_t> v, std::size_t k) {
+  const std::size_t n = std::min(k, v.size());
   std::partial_sort(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(n), v.end(),
                     std::greater<>());
   std::uint64_t sum = 0;
@@ -189,12 +189,14 @@ Result<MemoryPlan> plan_memory(const PlanInputs& in, const Config& config,
   term(Tier::kDevice, "device cache of offloaded parameter shards", device_cache);
   term(Tier::kDevice, "persistent gathered units (stage 3, below the threshold)", persistent_bytes);
   // A model holds at most two gathered units (GPT-2's tied wte and the current block) and two
-  // gradient buffers at once; gathered buffers of one unit and the next overlap while the
-  // previous one's free waits for the compute stream: at most the three largest units at once.
-  const std::uint64_t gather = in.stage == 3 ? largest_three_sum(streamed_padded) * es : 0;
-  const std::uint64_t grads = largest_three_sum(all_padded) * es;
-  term(Tier::kDevice, "gather buffers (3 largest units)", gather);
-  term(Tier::kDevice, "gradient buffers (3 largest units)", grads);
+  // gradient buffers (wte's lives through the backward) at once. A buffer released while the
+  // compute stream still reads it is freed once the stream is past it; allocate_device() waits
+  // for those frees before the device would pass the plan, so the caller runs ahead of the
+  // stream only as far as the plan leaves room, and the plan holds the two largest of each.
+  const std::uint64_t gather = in.stage == 3 ? largest_sum(streamed_padded, 2) * es : 0;
+  const std::uint64_t grads = largest_sum(all_padded, 2) * es;
+  term(Tier::kDevice, "gather buffers (2 largest units)", gather);
+  term(Tier::kDevice, "gradient buffers (2 largest units)", grads);
   // Stage 0's gathered gradient (in step(), after every gradient buffer went back) and
   // get_tensor's fp32 unit (between steps) are never live with the micro-batch's buffers, so the
   // device peak grows only by what they need beyond those.

@@ -89,7 +89,7 @@ TEST(ZeroPlan, Stage3ParamsCpuOptimizerNvmeByHand) {
   EXPECT_EQ(term_of(p, Tier::kDevice, "home blocks"), 0u);
   EXPECT_EQ(term_of(p, Tier::kDevice, "device cache"), (4096u + 100352u) * 2);
   EXPECT_EQ(term_of(p, Tier::kDevice, "persistent gathered"), 8192u * 2);
-  // Gathers: only "b" streams (three largest of one unit); gradients: both units.
+  // Gathers: only "b" streams; gradients: both units (the two largest).
   EXPECT_EQ(term_of(p, Tier::kDevice, "gather buffers"), 200704u * 2);
   EXPECT_EQ(term_of(p, Tier::kDevice, "gradient buffers"), (8192u + 200704u) * 2);
   // get_tensor's fp32 unit (200704 * 4 = 802816) fits in the 819200 bytes of micro-batch buffers.
@@ -155,6 +155,28 @@ TEST(ZeroPlan, Stage1OnDeviceByHand) {
   EXPECT_EQ(p.host_budget_bytes, 1u << 20);
   EXPECT_EQ(term_of(p, Tier::kHost, "host cache"), 0u);
   EXPECT_EQ(p.store.chunk_bytes, 401408u);
+}
+
+// The buffers hold the two largest units, whatever their order: four units of 4096, 16384, 8192
+// and 32768 elements (padded as they are for one rank), stage 3, fp32 (4 B), nothing persistent.
+TEST(ZeroPlan, BuffersHoldTheTwoLargestUnits) {
+  PlanInputs in;
+  in.stage = 3;
+  in.compute_dtype = DType::kF32;
+  in.world_size = 1;
+  in.device_budget_bytes = 1ull << 30;
+  Config config;
+  config.zero.stage3_param_persistence_threshold = 0;
+  std::vector<UnitLayout> units;
+  for (std::int64_t n : {4096, 16384, 8192, 32768}) {
+    units.push_back(plan_unit_layout(unit("u" + std::to_string(n), {n}), 1));
+  }
+  auto got = plan_memory(in, config, units);
+  ASSERT_TRUE(got.is_ok()) << got.status().to_string();
+  EXPECT_EQ(term_of(*got, Tier::kDevice, "gather buffers"), (32768u + 16384u) * 4);
+  EXPECT_EQ(term_of(*got, Tier::kDevice, "gradient buffers"), (32768u + 16384u) * 4);
+  // get_tensor's fp32 copy of the largest unit fits in those buffers.
+  EXPECT_EQ(term_of(*got, Tier::kDevice, "scratch beyond"), 0u);
 }
 
 TEST(ZeroPlan, DeviceOverBudgetNamesBytesAndSetting) {
