@@ -119,6 +119,21 @@ Status Store::Impl::device_copy(void* dst, const void* src, std::uint64_t bytes,
   return device->copy_async(dst, src, static_cast<std::size_t>(bytes), kind, stream);
 }
 
+// Whether some free of a copy in `t` can run without an allocation in `t` that has not started
+// (the FIFO's head waits for the frees; a free queued behind an allocation, its own chain's or
+// one after the head in the FIFO, would never come).
+bool Store::Impl::free_can_complete(Tier t) const {
+  if (pending_frees[ti(t)] == 0) return false;
+  for (BlockId id : busy) {
+    const Block& b = blocks.at(id);
+    for (const Op& o : b.ops) {
+      if (o.kind == OpKind::kAlloc && o.dst == t && !o.started) break;
+      if (o.kind == OpKind::kFree && o.dst == t) return true;
+    }
+  }
+  return false;
+}
+
 // The host budget has room for `b` but no piece of the pinned pool fits it (blocks of several
 // sizes come and go in one slab), and no free is in flight to wait for: evict copies worth at
 // least b's bytes beyond what the budget needs, in the policy's order, so that their frees open
@@ -146,7 +161,17 @@ bool Store::Impl::start_op(Block& b, Op& op) {
     if (fifo.front() != std::make_pair(b.id, op.seq)) return false;
     const Tier t = op.dst;
     if (t != Tier::kDevice && phys_used[ti(t)] + b.bytes > budget[ti(t)]) {
-      return false;  // wait for frees
+      if (free_can_complete(t)) return false;  // wait for frees
+      // Every pending free waits behind an allocation queued after this one (or behind this
+      // one): waiting would never end. Make room by evicting more, or fail the load.
+      if (t == Tier::kHost && relieve_host_fragmentation(b)) return false;
+      fifo.pop_front();
+      op.started = true;
+      fail_op(b, op, Status::out_of_memory("store: allocating '" + b.name + "' in the " +
+                                           tier_name(t) + " tier: no room and nothing to evict"));
+      op.failed = false;
+      phys_used[ti(t)] += b.bytes;  // balanced by the free that follows (logically present)
+      return finish_op(b);
     }
     Status st;
     if (t == Tier::kDevice) {
@@ -179,7 +204,7 @@ bool Store::Impl::start_op(Block& b, Op& op) {
       if (buf) {
         b.host = std::move(buf).value();
       } else {
-        if (pending_frees[ti(t)] > 0) return false;  // fragmentation: wait for frees
+        if (free_can_complete(t)) return false;  // fragmentation: wait for frees
         if (relieve_host_fragmentation(b)) return false;  // and retry after theirs
         st = std::move(buf).take_status().with_context("store: pinned pool");
       }

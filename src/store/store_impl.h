@@ -148,6 +148,7 @@ struct Store::Impl {
                                                      std::optional<std::uint64_t> beyond,
                                                      bool allocated_only = false);
   bool relieve_host_fragmentation(Block& b);
+  bool free_can_complete(Tier t) const;
   void prefetch_ahead();
   void note_pin(const TraceEntry& e);
   void build_index();
