@@ -832,15 +832,21 @@ class EngineImpl final : public Engine {
                       ss.link(store::Link::kDeviceToNvme).bytes;
     optimizer_s_ = 0;
     copy_bytes_ = 0;
+    compute_busy_base_ = device_.compute_stream().busy_seconds();
   }
 
   // The step's lower bound (DESIGN.md): max(compute, NVMe bytes / NVMe bandwidth, host<->device
   // bytes / copy bandwidth, CPU optimizer time). Compute is the step's time outside the engine's
-  // calls (the model's own work). On a host-accessible device (HostDevice) compute and the CPU
-  // optimizer run on the same cores, so those two add. A bandwidth of 0 (unknown) drops its term.
+  // calls (the model's own work), or the compute stream's busy time where the device can tell
+  // (HostDevice: the model's kernels run on the stream's thread while the engine waits in its
+  // calls, so the time outside them is only the enqueueing). On a host-accessible device compute
+  // and the CPU optimizer run on the same cores, so those two add. A bandwidth of 0 (unknown)
+  // drops its term.
   double step_bound(const StepReport& r, std::uint64_t copy_bytes) const {
     const double engine_s = r.stall_gather_s + r.stall_reduce_s + r.stall_optimizer_s;
-    const double compute_s = std::max(0.0, r.step_s - engine_s);
+    double compute_s = std::max(0.0, r.step_s - engine_s);
+    const double busy = device_.compute_stream().busy_seconds();
+    if (busy >= 0 && compute_busy_base_ >= 0) compute_s = std::max(compute_s, busy - compute_busy_base_);
     double bound = device_.host_accessible() ? compute_s + optimizer_s_ : std::max(compute_s, optimizer_s_);
     if (options_.nvme_read_bytes_per_s > 0 && options_.nvme_write_bytes_per_s > 0) {
       bound = std::max(bound, static_cast<double>(r.nvme_read_bytes) / options_.nvme_read_bytes_per_s +
@@ -1308,6 +1314,7 @@ class EngineImpl final : public Engine {
 
   std::deque<Unit> units_;  // stable addresses: views point at the specs
   std::vector<PlanTerm> plan_;
+  double compute_busy_base_ = -1;  // the compute stream's busy_seconds() when the step opened
   bool finalized_ = false;
   std::uint64_t param_count_ = 0;
   std::unique_ptr<PinnedPool> pool_;
