@@ -174,6 +174,16 @@ struct Estimate {
   bool fits() const {
     return std::all_of(checks.begin(), checks.end(), [](const Check& c) { return c.ok; });
   }
+  // "yes", or "no (device, host)": the tiers that do not fit.
+  std::string verdict() const {
+    std::string over;
+    for (const Check& c : checks) {
+      if (!c.ok && over.find(c.tier) == std::string::npos) {
+        over += (over.empty() ? "" : ", ") + c.tier;
+      }
+    }
+    return over.empty() ? "yes" : "no (" + over + ")";
+  }
 };
 
 // DeepSpeed's estimators (docs/estimate.md cites them): estimate_zero3_model_states_mem_needs
@@ -503,7 +513,7 @@ void print_one(const Setup& s, const Estimate& e, const std::optional<zero::Tier
       ms(&zero::TierBytes::device));
   row("host", plan.host, e.formula.host, ds(&zero::TierBytes::host), ms(&zero::TierBytes::host));
   row("nvme", plan.nvme, e.formula.nvme, ds(&zero::TierBytes::nvme), ms(&zero::TierBytes::nvme));
-  std::printf("\nfits this machine: %s\n", e.fits() ? "yes" : "no");
+  std::printf("\nfits this machine: %s\n", e.verdict().c_str());
   for (const Estimate::Check& c : e.checks) {
     std::printf("  [%s] %s\n", c.ok ? "ok" : "NO", c.text.c_str());
   }
@@ -548,7 +558,7 @@ void print_all(const Setup& s, const std::vector<Estimate>& rows) {
                 gib(p.nvme).c_str(), gib(e.formula.device).c_str(), gib(e.formula.host).c_str(),
                 gib(e.formula.nvme).c_str(),
                 e.deepspeed ? gib(e.deepspeed->device).c_str() : "-",
-                e.deepspeed ? gib(e.deepspeed->host).c_str() : "-", e.fits() ? "yes" : "no");
+                e.deepspeed ? gib(e.deepspeed->host).c_str() : "-", e.verdict().c_str());
   }
 }
 

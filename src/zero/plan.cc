@@ -189,14 +189,15 @@ Result<MemoryPlan> plan_memory(const PlanInputs& in, const Config& config,
   term(Tier::kDevice, "device cache of offloaded parameter shards", device_cache);
   term(Tier::kDevice, "persistent gathered units (stage 3, below the threshold)", persistent_bytes);
   // A model holds at most two gathered units (GPT-2's tied wte and the current block) and two
-  // gradient buffers (wte's lives through the backward) at once. A buffer released while the
-  // compute stream still reads it is freed once the stream is past it; allocate_device() waits
-  // for those frees before the device would pass the plan, so the caller runs ahead of the
-  // stream only as far as the plan leaves room, and the plan holds the two largest of each.
-  const std::uint64_t gather = in.stage == 3 ? largest_sum(streamed_padded, 2) * es : 0;
-  const std::uint64_t grads = largest_sum(all_padded, 2) * es;
-  term(Tier::kDevice, "gather buffers (2 largest units)", gather);
-  term(Tier::kDevice, "gradient buffers (2 largest units)", grads);
+  // gradient buffers (wte's lives through the backward) at once, plus one of each released while
+  // the compute stream still reads it: allocate_device() waits for such frees before the device
+  // would pass the plan, so the caller runs ahead of the stream by one unit at most. (With only
+  // two of each, the store's copies in flight at stage 3 with offloaded parameters took the
+  // device past the plan: e2e.train.peaks.)
+  const std::uint64_t gather = in.stage == 3 ? largest_sum(streamed_padded, 3) * es : 0;
+  const std::uint64_t grads = largest_sum(all_padded, 3) * es;
+  term(Tier::kDevice, "gather buffers (3 largest units)", gather);
+  term(Tier::kDevice, "gradient buffers (3 largest units)", grads);
   // Stage 0's gathered gradient (in step(), after every gradient buffer went back) and
   // get_tensor's fp32 unit (between steps) are never live with the micro-batch's buffers, so the
   // device peak grows only by what they need beyond those.
@@ -285,17 +286,27 @@ Result<MemoryPlan> plan_memory(const PlanInputs& in, const Config& config,
        plan.stage16_bytes + plan.stage32_bytes);
   term(Tier::kNvme, "home blocks (NVMe-homed state)", home[2]);
   // The pool's slack covers its 4 KiB rounding and fragmentation: blocks of several sizes come
-  // and go in one slab, so the free bytes the store's budget leaves can be split into pieces
-  // smaller than the next block; one largest block more keeps a piece that fits. The plan's host
-  // term is what is handed out of it.
+  // and go in a slab, so the free bytes the store's budget leaves can be split into pieces
+  // smaller than the next block, and a buffer never spans two slabs; one largest block more per
+  // slab keeps a piece that fits. The plan's host term is what is handed out of it.
   std::uint64_t max_block = 0;
   for (const UnitLayout& u : units) {
     max_block = std::max<std::uint64_t>(
         {max_block, opt_elems(u) * 4, static_cast<std::uint64_t>(u.shard) * 4,
          (in.stage == 3 ? u.shard : u.padded) * es});
   }
-  plan.pool.budget_bytes = plan.tier_bytes(Tier::kHost) + round_up(max_block, 4096) + (2u << 20);
-  plan.pool.slab_bytes = std::min<std::uint64_t>(1ull << 30, round_up(plan.pool.budget_bytes, 2u << 20));
+  const std::uint64_t host_plan = plan.tier_bytes(Tier::kHost) + (2u << 20);
+  const std::uint64_t block_slack = round_up(max_block, 4096);
+  std::uint64_t slabs = 1;
+  for (;;) {
+    plan.pool.budget_bytes = host_plan + slabs * block_slack;
+    plan.pool.slab_bytes =
+        std::min<std::uint64_t>(1ull << 30, round_up(plan.pool.budget_bytes, 2u << 20));
+    const std::uint64_t need = (plan.pool.budget_bytes + plan.pool.slab_bytes - 1) /
+                               plan.pool.slab_bytes;
+    if (need <= slabs) break;
+    slabs = need;
+  }
   plan.pool.prefault = false;
   if (home[2] > 0) {
     // Every block's extent is 4 KiB-rounded; stripes add at most one per path of slack each.

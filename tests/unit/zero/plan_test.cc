@@ -89,7 +89,7 @@ TEST(ZeroPlan, Stage3ParamsCpuOptimizerNvmeByHand) {
   EXPECT_EQ(term_of(p, Tier::kDevice, "home blocks"), 0u);
   EXPECT_EQ(term_of(p, Tier::kDevice, "device cache"), (4096u + 100352u) * 2);
   EXPECT_EQ(term_of(p, Tier::kDevice, "persistent gathered"), 8192u * 2);
-  // Gathers: only "b" streams; gradients: both units (the two largest).
+  // Gathers: only "b" streams; gradients: both units (fewer than three).
   EXPECT_EQ(term_of(p, Tier::kDevice, "gather buffers"), 200704u * 2);
   EXPECT_EQ(term_of(p, Tier::kDevice, "gradient buffers"), (8192u + 200704u) * 2);
   // get_tensor's fp32 unit (200704 * 4 = 802816) fits in the 819200 bytes of micro-batch buffers.
@@ -117,7 +117,7 @@ TEST(ZeroPlan, Stage3ParamsCpuOptimizerNvmeByHand) {
   EXPECT_EQ(b.nvme, nvme_home);
   EXPECT_EQ(p.store.device_budget_bytes, (4096u + 100352u) * 2);
   EXPECT_EQ(p.store.host_budget_bytes, budget);
-  // Pool slack: the largest block (b's fp32 shards, 401408 B) and 2 MiB.
+  // Pool slack: the largest block (b's fp32 shards, 401408 B) for its one slab, and 2 MiB.
   EXPECT_EQ(p.pool.budget_bytes, b.host + 401408 + (2u << 20));
   // Swap: NVMe state + one 4 KiB extent of slack per block (5 per unit), plus a stripe, rounded
   // to 1 MiB stripes, plus four stripes.
@@ -157,9 +157,10 @@ TEST(ZeroPlan, Stage1OnDeviceByHand) {
   EXPECT_EQ(p.store.chunk_bytes, 401408u);
 }
 
-// The buffers hold the two largest units, whatever their order: four units of 4096, 16384, 8192
-// and 32768 elements (padded as they are for one rank), stage 3, fp32 (4 B), nothing persistent.
-TEST(ZeroPlan, BuffersHoldTheTwoLargestUnits) {
+// The buffers hold the three largest units, whatever their order: four units of 4096, 16384,
+// 8192 and 32768 elements (padded as they are for one rank), stage 3, fp32 (4 B), nothing
+// persistent.
+TEST(ZeroPlan, BuffersHoldTheThreeLargestUnits) {
   PlanInputs in;
   in.stage = 3;
   in.compute_dtype = DType::kF32;
@@ -173,10 +174,34 @@ TEST(ZeroPlan, BuffersHoldTheTwoLargestUnits) {
   }
   auto got = plan_memory(in, config, units);
   ASSERT_TRUE(got.is_ok()) << got.status().to_string();
-  EXPECT_EQ(term_of(*got, Tier::kDevice, "gather buffers"), (32768u + 16384u) * 4);
-  EXPECT_EQ(term_of(*got, Tier::kDevice, "gradient buffers"), (32768u + 16384u) * 4);
+  EXPECT_EQ(term_of(*got, Tier::kDevice, "gather buffers"), (32768u + 16384u + 8192u) * 4);
+  EXPECT_EQ(term_of(*got, Tier::kDevice, "gradient buffers"), (32768u + 16384u + 8192u) * 4);
   // get_tensor's fp32 copy of the largest unit fits in those buffers.
   EXPECT_EQ(term_of(*got, Tier::kDevice, "scratch beyond"), 0u);
+}
+
+// A host tier over 1 GiB is several slabs (a buffer never spans two), so the pool keeps one
+// largest block of slack per slab: one unit of 80,001,024 elements (padded), stage 1, optimizer
+// on the CPU, fp32, one rank: master + m + v + gradient = 16 B per element on the host.
+TEST(ZeroPlan, PoolSlackIsOneLargestBlockPerSlab) {
+  PlanInputs in;
+  in.stage = 1;
+  in.compute_dtype = DType::kF32;
+  in.optimizer = Placement::kHost;
+  in.grad = Placement::kHost;
+  in.world_size = 1;
+  in.device_budget_bytes = 8ull << 30;
+  Config config;
+  std::vector<UnitLayout> units{plan_unit_layout(unit("big", {80000000}), 1)};
+  ASSERT_EQ(units[0].padded, 80001024u);
+  auto got = plan_memory(in, config, units);
+  ASSERT_TRUE(got.is_ok()) << got.status().to_string();
+  const std::uint64_t block = 80001024ull * 4;  // an fp32 state block (4 KiB-aligned already)
+  EXPECT_EQ(got->home.host, 80001024ull * 16);
+  const std::uint64_t slabs = (got->pool.budget_bytes + (1ull << 30) - 1) >> 30;
+  EXPECT_EQ(got->pool.slab_bytes, 1ull << 30);
+  EXPECT_GE(slabs, 2u);
+  EXPECT_EQ(got->pool.budget_bytes, got->bytes().host + (2u << 20) + slabs * block);
 }
 
 TEST(ZeroPlan, DeviceOverBudgetNamesBytesAndSetting) {
