@@ -43,16 +43,11 @@ tierzero="$build/src/cli/tierzero"
 [[ -x "$tierzero" ]] || { echo "adam_vs_peers: $tierzero not built (ninja -C $build tierzero)" >&2; exit 1; }
 
 # --- the peers' environment -------------------------------------------------------------------
-if [[ ! -x "$venv/bin/python" ]]; then
-  echo "adam_vs_peers: creating $venv (torch + deepspeed from PyPI; several GB)" >&2
-  python3 -m venv "$venv"
-  if ! { "$venv/bin/pip" install -q torch numpy ninja &&
-         DS_BUILD_OPS=0 "$venv/bin/pip" install -q --no-build-isolation deepspeed; } \
-       > "$venv.install.log" 2>&1; then
-    echo "adam_vs_peers: installing the peers failed, see $venv.install.log:" >&2
-    tail -5 "$venv.install.log" >&2
-  fi
-fi
+# shellcheck source=bench/peers_venv.sh
+source "$here/peers_venv.sh"
+# A missing peer is reported by adam_peers.py's check below, not fatal: run with what installs.
+peers_venv_need "$venv" adam_vs_peers "torch, numpy" torch numpy ninja || true
+DS_BUILD_OPS=0 peers_venv_need "$venv" adam_vs_peers "deepspeed" --no-build-isolation deepspeed || true
 py="$venv/bin/python"
 export DS_BUILD_OPS=0            # DeepSpeed JIT-builds CPUAdam on first use
 export OMP_NUM_THREADS="$threads" MKL_NUM_THREADS="$threads"

@@ -40,14 +40,13 @@ tierzero="$build/src/cli/tierzero"
 [[ -x "$tierzero" ]] || { echo "model_vs_hf: $tierzero not built (ninja -C $build tierzero)" >&2; exit 1; }
 out="${out:-$build/model_vs_hf.$(date -u +%Y%m%dT%H%M%SZ).jsonl}"
 
-if [[ ! -x "$venv/bin/python" ]] || ! "$venv/bin/python" -c "import torch, transformers, safetensors" 2>/dev/null; then
-  echo "model_vs_hf: installing torch, transformers, safetensors into $venv (from PyPI; GBs)" >&2
-  python3 -m venv "$venv"
-  "$venv/bin/pip" install -q torch transformers safetensors numpy > "$venv.install.log" 2>&1 ||
-    { echo "model_vs_hf: install failed, see $venv.install.log" >&2; tail -5 "$venv.install.log" >&2; exit 1; }
-fi
+# shellcheck source=bench/peers_venv.sh
+source "$here/peers_venv.sh"
+peers_venv_need "$venv" model_vs_hf "torch, transformers, safetensors, numpy" \
+  torch transformers safetensors numpy || exit 1
 py="$venv/bin/python"
 export OMP_NUM_THREADS="$threads" MKL_NUM_THREADS="$threads"
+export HF_HUB_DISABLE_PROGRESS_BARS=1 TRANSFORMERS_VERBOSITY=error
 work="$(mktemp -d "$build/model_vs_hf.XXXXXX")"
 trap 'rm -rf "$work"' EXIT
 
@@ -138,7 +137,8 @@ for ((r = 0; r < rounds; ++r)); do
   echo "$hf" | tee -a "$out"
   hf_times+=("$(echo "$hf" | "$py" -c 'import json,sys; print(json.load(sys.stdin)["fwd_bwd_s_median"])')")
 done
-"$py" - "${tz_times[*]}" "${hf_times[*]}" "$threads" <<'PY' | tee -a "$out"
+# --rounds 0 checks the weights only: no timing summary.
+((rounds > 0)) && "$py" - "${tz_times[*]}" "${hf_times[*]}" "$threads" <<'PY' | tee -a "$out"
 import json, statistics, sys
 tz = [float(x) for x in sys.argv[1].split()]; hf = [float(x) for x in sys.argv[2].split()]
 t, h = statistics.median(tz), statistics.median(hf)

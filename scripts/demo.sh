@@ -47,8 +47,10 @@ step "The corpus as byte-level llm.c token files" \
 mkdir -p "$work/weights"
 model="gpt2:layers=8,heads=6,embd=384,vocab=256,seq=128"
 # 14.3M parameters: 230 MB of master weights, Adam states and parameters on NVMe, 57 MB of fp32
-# gradients in a 128 MiB host tier, an 80 MiB device budget (activation checkpointing on).
-step "Train a ${model#gpt2:} model, parameters and optimizer states on NVMe, 80 MiB device budget" \
+# gradients in a 128 MiB host tier (staging included), a 96 MiB device budget holding two
+# blocks' parameter shards (stage3_prefetch_bucket_size 2e6), three gathered and three gradient
+# buffers and the checkpointed activations.
+step "Train a ${model#gpt2:} model, parameters and optimizer states on NVMe, 96 MiB device budget" \
   "$tz" train --config configs/train/demo_nvme.json --model "$model" --nvme-path "$work" \
   --data "$work/kjv-train.bin" --val-data "$work/kjv-val.bin" --eval-every 16 --val-batches 8 \
   --checkpointing 1 --steps "${TZ_DEMO_STEPS:-48}" --shuffle --save-weights "$work/weights/model.safetensors" \

@@ -214,7 +214,7 @@ const std::vector<KeySpec>& schema() {
        "Bytes of device memory the engine may use; 0 = what the device has.",
        TZ_BIND(tierzero.device_budget)},
       {"tierzero.host_budget", Kind::kSize, 0, kU64, kNone, 0,
-       "Bytes of pinned host memory; 0 = 80% of physical memory.", TZ_BIND(tierzero.host_budget)},
+       "Bytes of pinned host memory in all (store cache and staging); 0 = what the run needs.", TZ_BIND(tierzero.host_budget)},
       {"tierzero.nvme_budget", Kind::kSize, 0, kU64, kNone, 0,
        "Bytes of NVMe swap space; 0 = free space on the swap paths.",
        TZ_BIND(tierzero.nvme_budget)},

@@ -118,7 +118,7 @@ struct SchedulerConfig {
 struct TierzeroConfig {
   std::string io_engine = "auto";  // auto | io_uring | libaio | psync
   std::uint64_t device_budget = 0;  // 0 = what the device has
-  std::uint64_t host_budget = 0;    // 0 = 80% of physical memory
+  std::uint64_t host_budget = 0;    // 0 = what the run needs
   std::uint64_t nvme_budget = 0;    // 0 = free space on the swap paths
   std::string overlap = "exact";    // exact | eager | delayed
   std::string trace_path;

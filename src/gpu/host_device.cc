@@ -3,6 +3,7 @@
 #include "gpu/host_device.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <system_error>
@@ -118,7 +119,11 @@ void HostStream::run() {
       Trace& trace = Trace::global();
       const bool traced = trace.enabled();
       const double start_us = traced ? trace.now_us() : 0;
+      const auto t0 = std::chrono::steady_clock::now();
       task.fn();
+      busy_ns_ += static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                                 std::chrono::steady_clock::now() - t0)
+                                                 .count());
       if (traced) trace.span(name_, task.op, start_us, trace.now_us());
     }
     task.fn = nullptr;  // destroy captured state outside the lock, before signalling completion

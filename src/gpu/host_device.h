@@ -5,6 +5,7 @@
 // work that writes them is known to be complete.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -37,6 +38,7 @@ class HostStream final : public Stream {
   Status synchronize() override;
   Status wait(const Event& event) override;
   void* native_handle() override { return nullptr; }
+  double busy_seconds() const override { return static_cast<double>(busy_ns_.load()) * 1e-9; }
 
   // Appends `task` (labelled `op` in the trace); it runs after every task enqueued before it.
   void enqueue(const char* op, std::function<void()> task);
@@ -59,6 +61,7 @@ class HostStream final : public Stream {
   std::uint64_t enqueued_ = 0;   // guarded by mu_
   std::uint64_t completed_ = 0;  // guarded by mu_
   bool stopping_ = false;        // guarded by mu_
+  std::atomic<std::uint64_t> busy_ns_{0};  // time spent in tasks, written by the worker
   std::thread worker_;
 };
 

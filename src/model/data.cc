@@ -241,14 +241,18 @@ void DataLoader::next(std::span<std::int32_t> tokens, std::span<std::int32_t> ta
 }
 
 nlohmann::ordered_json DataLoader::state() const {
+  // The position is kept as (epoch, sequences of that epoch's order consumed by all ranks), which
+  // does not depend on the rank count or micro-batch size, so a run can resume on other ranks.
+  const std::int64_t per_round = static_cast<std::int64_t>(opt_.world_size) * opt_.micro_batch;
   nlohmann::ordered_json s;
-  s["micro_batches"] = next_batch_;
-  s["micro_batch"] = opt_.micro_batch;
+  s["epoch"] = next_batch_ / rounds_;
+  s["sequences"] = next_batch_ % rounds_ * per_round;
   s["seq"] = opt_.seq;
-  s["world_size"] = opt_.world_size;
   s["shuffle"] = opt_.shuffle;
   s["seed"] = opt_.seed;
   s["tokens"] = data_->tokens.size();
+  s["micro_batch"] = opt_.micro_batch;  // informational: the saving run's sizes
+  s["world_size"] = opt_.world_size;
   return s;
 }
 
@@ -262,17 +266,31 @@ Status DataLoader::restore(const nlohmann::json& state) {
     }
     return Status::ok();
   };
-  TZ_RETURN_IF_ERROR(check("micro_batch", opt_.micro_batch));
   TZ_RETURN_IF_ERROR(check("seq", opt_.seq));
-  TZ_RETURN_IF_ERROR(check("world_size", opt_.world_size));
   TZ_RETURN_IF_ERROR(check("shuffle", opt_.shuffle));
   TZ_RETURN_IF_ERROR(check("seed", opt_.seed));
   TZ_RETURN_IF_ERROR(check("tokens", data_->tokens.size()));
-  if (!state.contains("micro_batches") || !state["micro_batches"].is_number_integer() ||
-      state["micro_batches"].get<std::int64_t>() < 0) {
-    return Status::invalid_argument("data loader state: micro_batches must be an integer >= 0");
+  auto count = [&](const char* key) -> Result<std::int64_t> {
+    if (!state.contains(key) || !state[key].is_number_integer() || state[key].get<std::int64_t>() < 0)
+      return Status::invalid_argument(std::string("data loader state: ") + key +
+                                      " must be an integer >= 0");
+    return state[key].get<std::int64_t>();
+  };
+  TZ_ASSIGN_OR_RETURN(const std::int64_t epoch, count("epoch"));
+  TZ_ASSIGN_OR_RETURN(const std::int64_t sequences, count("sequences"));
+  // This run takes N·B sequences of the epoch's order per round: the saved position must fall on
+  // a round boundary, or some sequences would be skipped or read twice.
+  const std::int64_t per_round = static_cast<std::int64_t>(opt_.world_size) * opt_.micro_batch;
+  if (sequences % per_round != 0) {
+    return Status::invalid_argument(
+        "data loader state: the checkpoint stopped after " + std::to_string(sequences) +
+        " sequences of epoch " + std::to_string(epoch) + ", not a multiple of this run's " +
+        std::to_string(opt_.world_size) + " ranks x micro batch " +
+        std::to_string(opt_.micro_batch) + "; choose ranks and micro batch whose product divides it");
   }
-  next_batch_ = state["micro_batches"].get<std::int64_t>();
+  const std::int64_t round = sequences / per_round;
+  // An epoch shorter in rounds for this run's sizes (its tail does not fill a round) is over.
+  next_batch_ = round < rounds_ ? epoch * rounds_ + round : (epoch + 1) * rounds_;
   return Status::ok();
 }
 

@@ -71,9 +71,11 @@ class DataLoader {
   const LoaderOptions& options() const { return opt_; }
   const TokenData& data() const { return *data_; }
 
-  // {"micro_batches": b, "micro_batch", "seq", "world_size", "shuffle", "seed", "tokens"}: enough
-  // to continue where a checkpoint left off. restore() refuses (kInvalidArgument naming the field)
-  // a state taken with other sizes, another seed or another corpus length.
+  // {"epoch", "sequences" (of that epoch's order, consumed by all ranks), "seq", "shuffle", "seed",
+  // "tokens", and the saving run's "micro_batch" and "world_size"}: enough to continue where a
+  // checkpoint left off, with any rank count and micro-batch size whose round (N·B sequences)
+  // divides the saved position. restore() refuses (kInvalidArgument naming the field) a state taken
+  // with another seq, seed, shuffle or corpus length, or one that falls inside this run's round.
   nlohmann::ordered_json state() const;
   Status restore(const nlohmann::json& state);
 

@@ -179,14 +179,20 @@ Result<std::string> save_checkpoint(Engine& engine, comm::Comm& comm, const std:
   TZ_RETURN_IF_ERROR(agree(engine, comm, prepared));
 
   // Every rank writes the part of each tensor in its own shard; every rank computes the
-  // checksums (they have the full value from get_tensor), rank 0 records them.
+  // checksums (they have the full value from get_tensor), rank 0 records them. get_tensor is a
+  // collective, so a rank whose file fails keeps taking part in it (writing nothing more) and the
+  // failure is reported after the loop, when every rank agrees on the outcome.
   nlohmann::ordered_json tensors = nlohmann::ordered_json::array();
   Status written = [&]() -> Status {
     std::vector<SafetensorsWriter> writers;
-    for (int s = 0; s < states; ++s) {
-      TZ_ASSIGN_OR_RETURN(SafetensorsWriter w,
-                          SafetensorsWriter::open_existing(tmp_dir + "/" + kStateFiles[s]));
-      writers.push_back(std::move(w));
+    Status file_error = Status::ok();
+    for (int s = 0; s < states && file_error.is_ok(); ++s) {
+      Result<SafetensorsWriter> w = SafetensorsWriter::open_existing(tmp_dir + "/" + kStateFiles[s]);
+      if (w.is_ok()) {
+        writers.push_back(std::move(*w));
+      } else {
+        file_error = w.status();
+      }
     }
     std::vector<float> values;
     for (UnitId u = 0; u < engine.unit_count(); ++u) {
@@ -210,10 +216,10 @@ Result<std::string> save_checkpoint(Engine& engine, comm::Comm& comm, const std:
         for (int s = 0; s < states; ++s) {
           TZ_RETURN_IF_ERROR(std::move(engine.get_tensor(u, t, values, kStates[s]))
                                  .with_context("checkpoint " + tensor_key(unit, spec)));
-          if (begin < end) {
-            TZ_RETURN_IF_ERROR(writers[static_cast<std::size_t>(s)].write_f32(
+          if (begin < end && file_error.is_ok()) {
+            file_error = writers[static_cast<std::size_t>(s)].write_f32(
                 tensor_key(unit, spec),
-                std::span<const float>(values).subspan(begin, end - begin), begin));
+                std::span<const float>(values).subspan(begin, end - begin), begin);
           }
           sums[kStateFiles[s]] = tensor_checksum(values);
         }
@@ -221,6 +227,7 @@ Result<std::string> save_checkpoint(Engine& engine, comm::Comm& comm, const std:
         tensors.push_back(std::move(entry));
       }
     }
+    TZ_RETURN_IF_ERROR(file_error);
     for (SafetensorsWriter& w : writers) TZ_RETURN_IF_ERROR(w.finish());
     return Status::ok();
   }();

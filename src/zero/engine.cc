@@ -493,12 +493,23 @@ class EngineImpl final : public Engine {
          options_.activation_bytes);
     const std::uint64_t device_plan = tier_plan(Tier::kDevice);
     if (device_plan > device_budget) {
+      std::vector<PlanTerm> terms = plan_;
+      std::sort(terms.begin(), terms.end(),
+                [](const PlanTerm& a, const PlanTerm& b) { return a.bytes > b.bytes; });
+      std::string largest;
+      for (const PlanTerm& t : terms) {
+        if (t.bytes == 0 || largest.size() > 200) continue;
+        largest += std::string(largest.empty() ? "" : ", ") + t.name + " " + std::to_string(t.bytes);
+      }
+      std::string advice = home_bytes[0] > 0
+          ? "offload the optimizer (zero_optimization.offload_optimizer.device cpu/nvme), raise "
+            "zero_optimization.stage or offload the parameters"
+          : "lower zero_optimization.stage3_prefetch_bucket_size (the device cache), the micro "
+            "batch or the sequence length (activations), or raise tierzero.device_budget";
       return Status::out_of_memory(
           "engine plan: the device tier needs " + std::to_string(device_plan) + " bytes (" +
-          std::to_string(home_bytes[0]) + " of parameter/optimizer/gradient state), over the "
-          "device budget of " + std::to_string(device_budget) +
-          " bytes; offload the optimizer (zero_optimization.offload_optimizer.device cpu/nvme), "
-          "raise zero_optimization.stage or offload the parameters");
+          largest + "), over the device budget of " + std::to_string(device_budget) +
+          " bytes; " + advice);
     }
     // NVMe-homed blocks are worked on in the host tier: the largest unit's NVMe-homed state,
     // times the units in flight at once (the one updated, the next one read ahead, the previous
@@ -510,20 +521,8 @@ class EngineImpl final : public Engine {
       if (param_tier == Tier::kNvme) b += u.layout.shard * es;
       max_unit_nvme = std::max(max_unit_nvme, round_up(b, 4096 * 4));
     }
-    std::uint64_t host_budget = options_.host_budget_bytes > 0 ? options_.host_budget_bytes
-                                                               : config_.tierzero.host_budget;
-    if (host_budget == 0) {
-      host_budget = round_up(home_bytes[1], 4096) + 4 * max_unit_nvme + (1u << 20);
-    }
-    if (home_bytes[1] > host_budget) {
-      return Status::out_of_memory("engine plan: the host tier needs " +
-                                   std::to_string(home_bytes[1]) + " bytes, over the host budget "
-                                   "of " + std::to_string(host_budget) +
-                                   " bytes (tierzero.host_budget)");
-    }
     store::StoreOptions so;
     so.device_budget_bytes = home_bytes[0] + device_cache;
-    so.host_budget_bytes = host_budget;
     so.chunk_bytes = std::clamp<std::uint64_t>(round_up(max_opt * 4, 4096), 64u << 10, 8u << 20);
     if (home_bytes[2] > 0) {
       so.chunk_bytes = std::min<std::uint64_t>(so.chunk_bytes,
@@ -535,15 +534,47 @@ class EngineImpl final : public Engine {
     // parameter copies going out) and an fp32 unit (stage 0's gathered gradient).
     const std::uint64_t stage16_bytes = round_up(max_padded * es, 4096);
     const std::uint64_t stage32_bytes = round_up(max_padded * 4, 4096);
+    const std::uint64_t staging_bytes =
+        so.staging_buffers * so.chunk_bytes + stage16_bytes + stage32_bytes;
+    // A configured host budget is the whole host tier: the store's blocks get what the staging
+    // buffers leave. Unset, the store gets the host-homed state and four units of NVMe-homed
+    // state in flight. NVMe-homed state needs room for at least two units at once (the one
+    // worked on and the next read ahead).
+    const std::uint64_t host_need =
+        round_up(home_bytes[1], 4096) + (home_bytes[2] > 0 ? 2 * max_unit_nvme : 0);
+    const std::uint64_t configured_host = options_.host_budget_bytes > 0
+                                              ? options_.host_budget_bytes
+                                              : config_.tierzero.host_budget;
+    std::uint64_t host_budget = round_up(home_bytes[1], 4096) + 4 * max_unit_nvme + (1u << 20);
+    if (configured_host > 0) {
+      if (configured_host < host_need + staging_bytes) {
+        return Status::out_of_memory(
+            "engine plan: the host tier needs at least " + std::to_string(host_need + staging_bytes) +
+            " bytes (" + std::to_string(home_bytes[1]) + " of host-homed state, " +
+            std::to_string(host_need - round_up(home_bytes[1], 4096)) +
+            " for two units of NVMe-homed state, " + std::to_string(staging_bytes) +
+            " of staging), over the host budget of " + std::to_string(configured_host) +
+            " bytes; raise tierzero.host_budget or offload the optimizer to NVMe");
+      }
+      host_budget = configured_host - staging_bytes;
+    }
+    so.host_budget_bytes = host_budget;
     term(Tier::kHost, "home blocks (host-homed state)", home_bytes[1]);
     term(Tier::kHost, "host cache of NVMe-homed blocks", host_budget - home_bytes[1]);
     term(Tier::kHost, "store staging buffers", so.staging_buffers * so.chunk_bytes);
     term(Tier::kHost, "engine staging (16-bit unit, fp32 unit)", stage16_bytes + stage32_bytes);
     term(Tier::kNvme, "home blocks (NVMe-homed state)", home_bytes[2]);
     PinnedPoolOptions po;
-    // The pool's slack covers its 4 KiB rounding and fragmentation; the plan's host term is what
-    // is handed out of it.
-    po.budget_bytes = tier_plan(Tier::kHost) + (2u << 20);
+    // The pool's slack covers its 4 KiB rounding and fragmentation: blocks of several sizes come
+    // and go in one slab, so the free bytes the store's budget leaves can be split into pieces
+    // smaller than the next block; one largest block more keeps a piece that fits. The plan's host
+    // term is what is handed out of it.
+    std::uint64_t max_block = 0;
+    for (const Unit& u : units_) {
+      max_block = std::max<std::uint64_t>({max_block, u.opt_elems * 4ull, u.layout.shard * 4ull,
+                                           (stage_ == 3 ? u.layout.shard : u.layout.padded) * es});
+    }
+    po.budget_bytes = tier_plan(Tier::kHost) + round_up(max_block, 4096) + (2u << 20);
     po.slab_bytes = std::min<std::uint64_t>(1ull << 30, round_up(po.budget_bytes, 2u << 20));
     po.prefault = false;
     TZ_ASSIGN_OR_RETURN(PinnedPool pool, PinnedPool::create(po));
@@ -1054,15 +1085,21 @@ class EngineImpl final : public Engine {
                       ss.link(store::Link::kDeviceToNvme).bytes;
     optimizer_s_ = 0;
     copy_bytes_ = 0;
+    compute_busy_base_ = device_.compute_stream().busy_seconds();
   }
 
   // The step's lower bound (DESIGN.md): max(compute, NVMe bytes / NVMe bandwidth, host<->device
   // bytes / copy bandwidth, CPU optimizer time). Compute is the step's time outside the engine's
-  // calls (the model's own work). On a host-accessible device (HostDevice) compute and the CPU
-  // optimizer run on the same cores, so those two add. A bandwidth of 0 (unknown) drops its term.
+  // calls (the model's own work), or the compute stream's busy time where the device can tell
+  // (HostDevice: the model's kernels run on the stream's thread while the engine waits in its
+  // calls, so the time outside them is only the enqueueing). On a host-accessible device compute
+  // and the CPU optimizer run on the same cores, so those two add. A bandwidth of 0 (unknown)
+  // drops its term.
   double step_bound(const StepReport& r, std::uint64_t copy_bytes) const {
     const double engine_s = r.stall_gather_s + r.stall_reduce_s + r.stall_optimizer_s;
-    const double compute_s = std::max(0.0, r.step_s - engine_s);
+    double compute_s = std::max(0.0, r.step_s - engine_s);
+    const double busy = device_.compute_stream().busy_seconds();
+    if (busy >= 0 && compute_busy_base_ >= 0) compute_s = std::max(compute_s, busy - compute_busy_base_);
     double bound = device_.host_accessible() ? compute_s + optimizer_s_ : std::max(compute_s, optimizer_s_);
     if (options_.nvme_read_bytes_per_s > 0 && options_.nvme_write_bytes_per_s > 0) {
       bound = std::max(bound, static_cast<double>(r.nvme_read_bytes) / options_.nvme_read_bytes_per_s +
@@ -1173,7 +1210,14 @@ class EngineImpl final : public Engine {
     }
   }
 
+  // The compute stream may run far behind the caller (HostDevice, a queued GPU), so buffers whose
+  // free waits for it can pile up: an allocation that would take the device past the plan (or that
+  // the device refuses) first waits for them, so the peak stays within the plan, not the budget.
   Result<gpu::DeviceBuffer> allocate_device(std::size_t bytes) {
+    if (!deferred_.empty() &&
+        device_.memory_stats().in_use_bytes + bytes > tier_plan(Tier::kDevice)) {
+      reap_deferred(true);
+    }
     auto b = device_.allocate(bytes);
     if (b.is_ok() || deferred_.empty()) return b;
     reap_deferred(true);
@@ -1877,6 +1921,7 @@ class EngineImpl final : public Engine {
 
   std::deque<Unit> units_;  // stable addresses: views point at the specs
   std::vector<PlanTerm> plan_;
+  double compute_busy_base_ = -1;  // the compute stream's busy_seconds() when the step opened
   bool finalized_ = false;
   std::uint64_t param_count_ = 0;
   std::unique_ptr<PinnedPool> pool_;

@@ -264,7 +264,8 @@ TEST_F(DataTest, StateRestoresThePosition) {
   std::vector<std::int32_t> tok(16), tgt(16), tok2(16), tgt2(16);
   for (int i = 0; i < 11; ++i) a->next(tok, tgt);
   const auto state = a->state();
-  EXPECT_EQ(state["micro_batches"], 11);
+  EXPECT_EQ(state["epoch"], 0);         // 62 sequences, 4 per round: 15 rounds per epoch
+  EXPECT_EQ(state["sequences"], 11 * 4);
   auto b = DataLoader::create(data, opt);
   ASSERT_TRUE(b.is_ok());
   ASSERT_TRUE(b->restore(state).is_ok());
@@ -281,6 +282,56 @@ TEST_F(DataTest, StateRestoresThePosition) {
   const Status st = c->restore(state);
   ASSERT_FALSE(st.is_ok());
   EXPECT_NE(st.message().find("seq"), std::string::npos) << st.message();
+}
+
+// A position saved by 2 ranks resumes on 1 rank (and back) as the same global sequence stream:
+// the 1-rank loader's micro-batches 2j and 2j+1 are the 2-rank round's rank 0 and rank 1.
+TEST_F(DataTest, StateResumesOnAnotherRankCount) {
+  auto data = sequential_data(500);  // T = 8: 62 sequences
+  for (const bool shuffle : {false, true}) {
+    SCOPED_TRACE(shuffle ? "shuffle" : "in order");
+    LoaderOptions two{.micro_batch = 2, .seq = 8, .rank = 0, .world_size = 2, .shuffle = shuffle};
+    LoaderOptions two1 = two;
+    two1.rank = 1;
+    auto r0 = DataLoader::create(data, two);
+    auto r1 = DataLoader::create(data, two1);
+    ASSERT_TRUE(r0.is_ok() && r1.is_ok());
+    std::vector<std::int32_t> tok(16), tgt(16), ref(16), reft(16);
+    for (int i = 0; i < 6; ++i) {
+      r0->next(tok, tgt);
+      r1->next(tok, tgt);
+    }
+    LoaderOptions one = two;
+    one.world_size = 1;
+    auto solo = DataLoader::create(data, one);
+    ASSERT_TRUE(solo.is_ok());
+    ASSERT_TRUE(solo->restore(r0->state()).is_ok());
+    for (int round = 6; round < 15; ++round) {  // to the end of the 2-rank epoch
+      for (auto* rank : {&*r0, &*r1}) {
+        rank->next(ref, reft);
+        solo->next(tok, tgt);
+        ASSERT_EQ(tok, ref) << "round " << round;
+        ASSERT_EQ(tgt, reft) << "round " << round;
+      }
+    }
+    // Back from 1 rank to 2: a position on a 2-rank round boundary resumes, one inside is refused.
+    auto again = DataLoader::create(data, two);
+    ASSERT_TRUE(again.is_ok());
+    auto at_round = DataLoader::create(data, one);
+    ASSERT_TRUE(at_round.is_ok());
+    for (int i = 0; i < 4; ++i) at_round->next(tok, tgt);
+    ASSERT_TRUE(again->restore(at_round->state()).is_ok());
+    r0 = DataLoader::create(data, two);
+    ASSERT_TRUE(r0.is_ok());
+    for (int i = 0; i < 2; ++i) r0->next(ref, reft);
+    r0->next(ref, reft);
+    again->next(tok, tgt);
+    EXPECT_EQ(tok, ref);
+    at_round->next(tok, tgt);  // 5 micro-batches of 2: inside a round of 4 sequences
+    const Status st = again->restore(at_round->state());
+    ASSERT_FALSE(st.is_ok());
+    EXPECT_NE(st.message().find("not a multiple"), std::string::npos) << st.message();
+  }
 }
 
 TEST_F(DataTest, ValidationSetSplitsRequestedBatchesOverRanks) {

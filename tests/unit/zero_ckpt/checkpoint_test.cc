@@ -2,24 +2,80 @@
 // bit-identical to the uninterrupted run (stages 1 and 3, every offload the engine has); a
 // checkpoint resharded to other rank counts and stages tracks the uninterrupted run; a corrupted
 // byte, a truncated file and a missing tensor are each reported by name; a save that runs out of
-// space leaves the previous checkpoint intact and loadable.
+// space, or whose write or fsync fails with EIO, leaves the previous checkpoint intact and loadable.
 #include "zero/checkpoint.h"
 
+#include <dlfcn.h>
 #include <gtest/gtest.h>
 #include <sys/mount.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <mutex>
 #include <string>
 #include <vector>
 
 #include "test_model.h"
 #include "zero/engine.h"
+
+// EIO injection: this program's own pwrite/write/fsync (they take precedence over libc's for every
+// call in the process) forward to the next definition, except that, when armed, the N-th call on
+// a file inside a `step-*.tmp` directory fails with EIO, as a failing disk would.
+namespace tz::zero::eio {
+std::atomic<long> fail_at{-1};  // -1: off
+std::atomic<long> calls{0};
+bool in_partial_checkpoint(int fd) {
+  char link[64], target[4096];
+  std::snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
+  const ssize_t n = ::readlink(link, target, sizeof target - 1);
+  if (n <= 0) return false;
+  target[n] = '\0';
+  return std::strstr(target, ".tmp/") != nullptr || std::strstr(target, ".tmp") == target + n - 4;
+}
+bool should_fail(int fd) {
+  if (fail_at.load() < 0 || !in_partial_checkpoint(fd)) return false;
+  return calls.fetch_add(1) + 1 == fail_at.load();
+}
+template <typename Fn>
+Fn next(const char* name) {
+  return reinterpret_cast<Fn>(::dlsym(RTLD_NEXT, name));
+}
+}  // namespace tz::zero::eio
+
+extern "C" {
+ssize_t pwrite(int fd, const void* buf, size_t n, off_t off) {
+  static const auto real = tz::zero::eio::next<ssize_t (*)(int, const void*, size_t, off_t)>("pwrite");
+  if (tz::zero::eio::should_fail(fd)) {
+    errno = EIO;
+    return -1;
+  }
+  return real(fd, buf, n, off);
+}
+ssize_t pwrite64(int fd, const void* buf, size_t n, off_t off) { return pwrite(fd, buf, n, off); }
+ssize_t write(int fd, const void* buf, size_t n) {
+  static const auto real = tz::zero::eio::next<ssize_t (*)(int, const void*, size_t)>("write");
+  if (fd > 2 && tz::zero::eio::should_fail(fd)) {
+    errno = EIO;
+    return -1;
+  }
+  return real(fd, buf, n);
+}
+int fsync(int fd) {
+  static const auto real = tz::zero::eio::next<int (*)(int)>("fsync");
+  if (tz::zero::eio::should_fail(fd)) {
+    errno = EIO;
+    return -1;
+  }
+  return real(fd);
+}
+}
 
 namespace tz::zero {
 namespace {
@@ -301,6 +357,56 @@ TEST_F(CheckpointTest, NoSpaceDuringSaveLeavesThePreviousCheckpointLoadable) {
   EXPECT_EQ(fs::path(*latest).filename(), "step-000001");
   EXPECT_TRUE(verify_checkpoint(*latest).is_ok());
   EXPECT_TRUE(run(s, 1, 2, mnt, "").status.is_ok());
+}
+
+// Every write and fsync of a save, failed in turn by a seeded choice of call numbers (the first,
+// the last and ones between): each failure is reported as an I/O error, the previous checkpoint
+// stays the latest, verifies and resumes, and the next save cleans the partial directory.
+TEST_F(CheckpointTest, EioDuringSaveLeavesThePreviousCheckpointLoadable) {
+  RunSetup s;
+  s.stage = 3;
+  s.offload_optimizer = "nvme";
+  const std::string ck = dir_ + "/eio";
+  ASSERT_TRUE(run(s, 0, 1, "", ck).status.is_ok());
+  // Count the calls one save makes into its partial directory.
+  eio::calls = 0;
+  eio::fail_at = std::numeric_limits<long>::max();
+  ASSERT_TRUE(run(s, 1, 2, ck, dir_ + "/count").status.is_ok());
+  const long total = eio::calls.load();
+  eio::fail_at = -1;
+  ASSERT_GT(total, 3);
+  std::vector<long> picks = {1, total};
+  std::uint64_t x = kSeed;
+  for (int i = 0; i < 4; ++i) {
+    x = x * 6364136223846793005ull + 1442695040888963407ull;
+    picks.push_back(1 + static_cast<long>((x >> 33) % static_cast<std::uint64_t>(total)));
+  }
+  std::printf("a save makes %ld write/fsync calls into its partial directory; failing calls", total);
+  for (long k : picks) std::printf(" %ld", k);
+  std::printf(" (seed %llu)\n", static_cast<unsigned long long>(kSeed));
+  for (long k : picks) {
+    SCOPED_TRACE("failing call " + std::to_string(k) + " of " + std::to_string(total) +
+                 " (seed " + std::to_string(kSeed) + ")");
+    eio::calls = 0;
+    eio::fail_at = k;
+    auto failed = run(s, 1, 2, ck, ck);
+    eio::fail_at = -1;
+    ASSERT_FALSE(failed.status.is_ok()) << "the injected EIO was not reported";
+    EXPECT_EQ(failed.status.code(), ErrorCode::kIoError) << failed.status.to_string();
+    auto latest = resolve_checkpoint(ck);
+    ASSERT_TRUE(latest.is_ok()) << latest.status().to_string();
+    EXPECT_EQ(fs::path(*latest).filename(), "step-000001");
+    EXPECT_TRUE(verify_checkpoint(*latest).is_ok());
+  }
+  // The previous checkpoint resumes; the next complete save replaces it and leaves no partials.
+  auto resumed = run(s, 1, 2, ck, ck);
+  ASSERT_TRUE(resumed.status.is_ok()) << resumed.status.to_string();
+  auto latest = resolve_checkpoint(ck);
+  ASSERT_TRUE(latest.is_ok());
+  EXPECT_EQ(fs::path(*latest).filename(), "step-000002");
+  for (const auto& e : fs::directory_iterator(ck)) {
+    EXPECT_EQ(e.path().extension(), "") << "partial left behind: " << e.path();
+  }
 }
 
 }  // namespace
