@@ -52,7 +52,7 @@ while [[ $# -gt 0 ]]; do
     --first) first="$2"; shift 2 ;;
     --keep-work) keep_work=1; shift ;;
     --out) out="$2"; shift 2 ;;
-    -h|--help) sed -n '2,28p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,26p' "$0"; exit 0 ;;
     *) echo "train_vs_pytorch: unknown argument $1" >&2; exit 2 ;;
   esac
 done

@@ -28,6 +28,7 @@
 
 #include "cli/bench_common.h"
 #include "cli/command.h"
+#include "cli/train_setup.h"
 #include "comm/launch_env.h"
 #include "comm/select.h"
 #include "core/config.h"
@@ -114,12 +115,6 @@ struct RunSummary {
 
 std::string fail_line(const std::string& what) { return "tierzero train: " + what; }
 
-DType compute_dtype_of(const Config& c) {
-  if (c.bf16) return DType::kBF16;
-  if (c.fp16.enabled) return DType::kF16;
-  return DType::kF32;
-}
-
 // Bytes the optimizer keeps per parameter besides the fp32 master (its state arrays).
 std::uint64_t optimizer_state_bytes_per_param(const Config& c) {
   const std::uint64_t state = c.tierzero.state_dtype == "bf16" ? 2 : 4;
@@ -152,34 +147,11 @@ Status check_nvme_path(const std::string& dir, std::uint64_t needed) {
   return Status::ok();
 }
 
-// The config file, with --nvme-path written into every offload section whose device is nvme
-// before validation (the schema requires a path there, and the flag is how one gives it).
-ConfigLoad load_config_with_flags(const TrainFlags& f) {
-  ConfigLoad plain = load_config_file(f.config_path);
-  if (f.nvme_path.empty()) return plain;
-  std::ifstream in(f.config_path, std::ios::binary);
-  std::stringstream text;
-  text << in.rdbuf();
-  nlohmann::json j = nlohmann::json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object()) return plain;  // its own errors say what is wrong
-  auto zero = j.find("zero_optimization");
-  if (zero == j.end() || !zero->is_object()) return plain;
-  for (const char* section : {"offload_param", "offload_optimizer"}) {
-    auto sec = zero->find(section);
-    if (sec == zero->end() || !sec->is_object()) continue;
-    auto device = sec->find("device");
-    if (device != sec->end() && device->is_string() && *device == "nvme") {
-      (*sec)["nvme_path"] = f.nvme_path;
-    }
-  }
-  return load_config_text(j.dump());
-}
-
 // The checks that need no rank: config, model, flags against the config, data, NVMe space.
 Result<RunSetup> prepare(const TrainFlags& f) {
   RunSetup s;
   s.flags = f;
-  const ConfigLoad load = load_config_with_flags(f);
+  const ConfigLoad load = load_config_with_nvme_path(f.config_path, f.nvme_path);
   if (!load.ok()) {
     for (const ConfigDiagnostic& d : load.diagnostics) {
       if (d.severity == ConfigDiagnostic::Severity::kError) {
@@ -231,14 +203,12 @@ Result<RunSetup> prepare(const TrainFlags& f) {
   }
   s.compute = compute_dtype_of(c);
   s.seed = f.seed.value_or(static_cast<std::uint64_t>(c.tierzero.seed));
-  s.model_options.micro_batch = static_cast<int>(b);
-  s.model_options.seq = seq;
-  s.model_options.checkpointing = f.checkpointing;
   // Rank threads share the cores: each gets its share unless --cpu-threads says otherwise (one
   // process per rank under a launcher takes every core it may run on).
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  s.model_options.cpu_threads =
-      f.cpu_threads > 0 ? f.cpu_threads : (s.launched ? 0 : std::max(1, cores / s.world));
+  s.model_options = model_options_for(
+      c, seq, f.checkpointing,
+      f.cpu_threads > 0 ? f.cpu_threads : (s.launched ? 0 : std::max(1, cores / s.world)));
 
   // NVMe: every path an offload names must take a file and hold its share of the state (the
   // engine reports the exact plan; this is the early, approximate check).
@@ -446,11 +416,8 @@ class Reporter {
 Status run_rank(const RunSetup& s, int rank, gpu::Device& device, comm::Comm& comm,
                 std::FILE* metrics, RunSummary* summary) {
   const TrainFlags& f = s.flags;
-  zero::EngineOptions eo;
-  eo.config = s.config;
-  eo.nvme_path = f.nvme_path;
-  eo.activation_bytes = model::Gpt2::activation_bytes(s.shape, s.model_options, s.compute);
-  eo.seed = s.seed;
+  const zero::EngineOptions eo =
+      engine_options_for(s.config, s.shape, s.model_options, f.nvme_path, s.seed);
   TZ_ASSIGN_OR_RETURN(std::unique_ptr<zero::Engine> engine, zero::Engine::create(eo, device, comm));
   TZ_ASSIGN_OR_RETURN(std::unique_ptr<model::Gpt2> gpt,
                       model::Gpt2::create(s.shape, s.model_options, *engine));

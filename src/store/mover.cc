@@ -119,6 +119,40 @@ Status Store::Impl::device_copy(void* dst, const void* src, std::uint64_t bytes,
   return device->copy_async(dst, src, static_cast<std::size_t>(bytes), kind, stream);
 }
 
+// Whether some free of a copy in `t` can run without an allocation in `t` that has not started
+// (the FIFO's head waits for the frees; a free queued behind an allocation, its own chain's or
+// one after the head in the FIFO, would never come).
+bool Store::Impl::free_can_complete(Tier t) const {
+  if (pending_frees[ti(t)] == 0) return false;
+  for (BlockId id : busy) {
+    const Block& b = blocks.at(id);
+    for (const Op& o : b.ops) {
+      if (o.kind == OpKind::kAlloc && o.dst == t && !o.started) break;
+      if (o.kind == OpKind::kFree && o.dst == t) return true;
+    }
+  }
+  return false;
+}
+
+// The host budget has room for `b` but no piece of the pinned pool fits it (blocks of several
+// sizes come and go in one slab), and no free is in flight to wait for: evict copies worth at
+// least b's bytes beyond what the budget needs, in the policy's order, so that their frees open
+// a piece. Only copies already allocated: the free of one still queued for its allocation behind
+// b in the FIFO would never come. Returns false when nothing can be evicted (b's load fails).
+bool Store::Impl::relieve_host_fragmentation(Block& b) {
+  const Tier t = Tier::kHost;
+  const std::uint64_t room =
+      budget[ti(t)] > logical_used[ti(t)] ? budget[ti(t)] - logical_used[ti(t)] : 0;
+  auto victims = choose_victims(t, room + b.bytes, b.id, std::nullopt, /*allocated_only=*/true);
+  if (!victims) victims = choose_victims(t, room + 1, b.id, std::nullopt, /*allocated_only=*/true);
+  if (!victims || victims->empty()) return false;
+  TZ_LOG_DEBUG("store: '%s' does not fit a free piece of the pinned pool: evicting %zu copies",
+               b.name.c_str(), victims->size());
+  for (BlockId v : *victims) evict(*find(v), t);
+  ++stats.tiers[ti(t)].fragmentation_evictions;
+  return true;
+}
+
 // Tries to start op (the head of b's chain). Returns true if it made progress.
 bool Store::Impl::start_op(Block& b, Op& op) {
   if (op.kind == OpKind::kAlloc) {
@@ -127,7 +161,17 @@ bool Store::Impl::start_op(Block& b, Op& op) {
     if (fifo.front() != std::make_pair(b.id, op.seq)) return false;
     const Tier t = op.dst;
     if (t != Tier::kDevice && phys_used[ti(t)] + b.bytes > budget[ti(t)]) {
-      return false;  // wait for frees
+      if (free_can_complete(t)) return false;  // wait for frees
+      // Every pending free waits behind an allocation queued after this one (or behind this
+      // one): waiting would never end. Make room by evicting more, or fail the load.
+      if (t == Tier::kHost && relieve_host_fragmentation(b)) return false;
+      fifo.pop_front();
+      op.started = true;
+      fail_op(b, op, Status::out_of_memory("store: allocating '" + b.name + "' in the " +
+                                           tier_name(t) + " tier: no room and nothing to evict"));
+      op.failed = false;
+      phys_used[ti(t)] += b.bytes;  // balanced by the free that follows (logically present)
+      return finish_op(b);
     }
     Status st;
     if (t == Tier::kDevice) {
@@ -160,7 +204,8 @@ bool Store::Impl::start_op(Block& b, Op& op) {
       if (buf) {
         b.host = std::move(buf).value();
       } else {
-        if (pending_frees[ti(t)] > 0) return false;  // fragmentation: wait for frees
+        if (free_can_complete(t)) return false;  // fragmentation: wait for frees
+        if (relieve_host_fragmentation(b)) return false;  // and retry after theirs
         st = std::move(buf).take_status().with_context("store: pinned pool");
       }
     } else {

@@ -37,10 +37,12 @@ std::uint64_t Store::Impl::next_use(const Block& b, Tier t) const {
 bool Store::Impl::belady() const { return options.policy == Policy::kTrace && following; }
 
 // Victims to free `need` bytes in `t` for `for_block`, without evicting pinned copies or home
-// copies; when `beyond` is set only copies whose next use is farther than it. Empty optional:
-// impossible.
+// copies; when `beyond` is set only copies whose next use is farther than it; `allocated_only`:
+// only host copies whose pinned buffer exists (not ones still queued for their allocation).
+// Empty optional: impossible.
 std::optional<std::vector<BlockId>> Store::Impl::choose_victims(
-    Tier t, std::uint64_t need, BlockId for_block, std::optional<std::uint64_t> beyond) {
+    Tier t, std::uint64_t need, BlockId for_block, std::optional<std::uint64_t> beyond,
+    bool allocated_only) {
   if (logical_used[ti(t)] + need <= budget[ti(t)]) return std::vector<BlockId>{};
   struct Cand {
     std::uint64_t key;  // larger: evict first
@@ -54,6 +56,7 @@ std::optional<std::vector<BlockId>> Store::Impl::choose_victims(
       continue;
     }
     if (!b.copies[ti(t)].present) continue;
+    if (allocated_only && !b.host.valid()) continue;
     std::uint64_t key;
     if (bel) {
       key = next_use(b, t);

@@ -50,7 +50,8 @@ std::string StoreStats::to_json() const {
         {"bytes_out", t.bytes_out},       {"hits", t.hits},
         {"misses", t.misses},             {"prefetch_hits", t.prefetch_hits},
         {"prefetches", t.prefetches},     {"evictions", t.evictions},
-        {"write_backs", t.write_backs},   {"stall_s", t.stall_s}};
+        {"write_backs", t.write_backs},   {"stall_s", t.stall_s},
+        {"fragmentation_evictions", t.fragmentation_evictions}};
   }
   for (std::size_t i = 0; i < kLinkCount; ++i) {
     const LinkStats& l = links[i];

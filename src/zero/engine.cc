@@ -37,6 +37,7 @@
 #include "zero/layout.h"
 #include "zero/loss_scaler.h"
 #include "zero/optimizer_args.h"
+#include "zero/plan.h"
 #include "zero/schedule.h"
 
 namespace tz::zero {
@@ -113,8 +114,6 @@ Result<Placement> parse_offload(const std::string& device, const char* key) {
                                   device + "'");
 }
 
-std::size_t round_up(std::size_t x, std::size_t m) { return (x + m - 1) / m * m; }
-
 // fp32 += a 16-bit or fp32 gradient on the host, the same IEEE sums as device_accumulate_coeffs.
 void host_accumulate(float* acc, const void* grad, DType dtype, std::size_t n) {
   switch (dtype) {
@@ -172,12 +171,6 @@ std::uint64_t decode_u64(const float* in) {
   }
   return x;
 }
-
-struct PlanTerm {
-  store::Tier tier;
-  const char* name;
-  std::uint64_t bytes;
-};
 
 struct DeferredFree {
   std::unique_ptr<gpu::Event> done;
@@ -420,163 +413,35 @@ class EngineImpl final : public Engine {
   Status finalize() override {
     if (finalized_) return Status::invalid_argument("finalize(): called twice");
     if (units_.empty()) return Status::invalid_argument("finalize(): no units registered");
-    const std::size_t es = dtype_size(compute_dtype_);
-    std::size_t max_padded = 0;
-    std::size_t max_opt = 0;
-    std::size_t max_shard = 0;
+    // The memory plan (zero/plan.h) is a pure function of the config, the layouts and the
+    // budgets, shared with `tierzero estimate`; it sizes everything allocated below.
+    std::vector<UnitLayout> layouts;
+    layouts.reserve(units_.size());
     for (const Unit& u : units_) {
-      max_padded = std::max(max_padded, u.layout.padded);
-      max_opt = std::max(max_opt, u.opt_elems);
-      max_shard = std::max(max_shard, u.layout.shard);
+      layouts.push_back(u.layout);
       param_count_ += u.layout.numel;
     }
-    // Bytes per tier of the blocks, by home.
-    std::uint64_t home_bytes[store::kTierCount] = {0, 0, 0};
+    PlanInputs in;
+    in.stage = stage_;
+    in.compute_dtype = compute_dtype_;
+    in.optimizer = opt_place_;
+    in.param = param_place_;
+    in.grad = grad_place_;
+    in.optimizer_states = states_;
+    in.world_size = world_;
+    in.activation_bytes = options_.activation_bytes;
+    in.host_budget_bytes = options_.host_budget_bytes;
+    in.device_budget_bytes = device_.memory_stats().budget_bytes;
+    in.nvme_paths = std::max<std::size_t>(1, nvme_paths_.size());
+    TZ_ASSIGN_OR_RETURN(MemoryPlan mp, plan_memory(in, config_, layouts));
+    for (std::size_t i = 0; i < units_.size(); ++i) units_[i].persistent = mp.persistent[i];
+    plan_ = mp.terms;
+    const std::size_t es = dtype_size(compute_dtype_);
     const Tier opt_tier = tier_of(opt_place_);
     const Tier grad_tier = tier_of(grad_place_);
     const Tier param_tier = tier_of(param_place_);
-    for (const Unit& u : units_) {
-      const std::uint64_t param_bytes = (stage_ == 3 ? u.layout.shard : u.layout.padded) * es;
-      home_bytes[static_cast<int>(param_tier)] += param_bytes;
-      home_bytes[static_cast<int>(opt_tier)] +=
-          static_cast<std::uint64_t>(u.opt_elems) * 4 * (1 + static_cast<std::uint64_t>(states_));
-      home_bytes[static_cast<int>(grad_tier)] += static_cast<std::uint64_t>(u.layout.shard) * 4;
-    }
-    // Stage 3: units below stage3_param_persistence_threshold elements stay gathered.
-    std::uint64_t persistent_bytes = 0;
-    std::size_t max_stream_padded = 0;  // largest unit gathered and released each use
-    std::size_t max_stream_shard = 0;
-    for (Unit& u : units_) {
-      u.persistent = stage_ == 3 && u.layout.numel < config_.zero.stage3_param_persistence_threshold;
-      if (u.persistent) {
-        persistent_bytes += u.layout.padded * es;
-      } else {
-        max_stream_padded = std::max(max_stream_padded, u.layout.padded);
-        max_stream_shard = std::max(max_stream_shard, u.layout.shard);
-      }
-    }
-    const std::uint64_t device_budget = config_.tierzero.device_budget > 0
-                                            ? config_.tierzero.device_budget
-                                            : device_.memory_stats().budget_bytes;
-    // The plan: every byte the engine will hold per tier, by term (plan_json lists them).
-    plan_.clear();
-    auto term = [this](Tier t, const char* name, std::uint64_t bytes) {
-      plan_.push_back(PlanTerm{t, name, bytes});
-    };
-    term(Tier::kDevice, "home blocks (parameters, optimizer state, gradient shards)", home_bytes[0]);
-    // Offloaded stage-3 shards are loaded into the device tier for gathering: the ones in use
-    // plus DeepSpeed's prefetch bucket (stage3_prefetch_bucket_size elements of the unit, this
-    // rank's 1/N of them), at most stage3_max_live_parameters, at least two shards.
-    std::uint64_t device_cache = 0;
-    if (stage_ == 3 && param_tier != Tier::kDevice) {
-      const std::uint64_t bucket =
-          std::min(config_.zero.stage3_prefetch_bucket_size, config_.zero.stage3_max_live_parameters) /
-          static_cast<std::uint64_t>(world_) * es;
-      std::uint64_t shard_bytes = 0;
-      for (const Unit& u : units_) shard_bytes = std::max<std::uint64_t>(shard_bytes, u.layout.shard * es);
-      device_cache = std::max<std::uint64_t>(2 * shard_bytes, round_up(bucket, shard_bytes));
-      std::uint64_t all = 0;
-      for (const Unit& u : units_) all += u.layout.shard * es;
-      device_cache = std::min(device_cache, all);
-    }
-    term(Tier::kDevice, "device cache of offloaded parameter shards", device_cache);
-    term(Tier::kDevice, "persistent gathered units (stage 3, below the threshold)", persistent_bytes);
-    // A model holds at most two gathered units (GPT-2's tied wte and the current block) and two
-    // gradient buffers at once; gathered buffers of one unit and the next overlap while the
-    // previous one's free waits for the compute stream.
-    term(Tier::kDevice, "gather buffers (3 units)", stage_ == 3 ? 3 * max_stream_padded * es : 0);
-    term(Tier::kDevice, "gradient buffers (3 units)", 3 * max_padded * es);
-    term(Tier::kDevice, "scratch (stage-0 gathered gradient, get_tensor)", max_padded * 4);
-    term(Tier::kDevice, "norm and scalar buffers",
-         sizeof(gpu::NormAccumulator) + static_cast<std::uint64_t>(world_) * 2 * kScalarPieces * 4);
-    term(Tier::kDevice, "model activations (EngineOptions::activation_bytes)",
-         options_.activation_bytes);
-    const std::uint64_t device_plan = tier_plan(Tier::kDevice);
-    if (device_plan > device_budget) {
-      std::vector<PlanTerm> terms = plan_;
-      std::sort(terms.begin(), terms.end(),
-                [](const PlanTerm& a, const PlanTerm& b) { return a.bytes > b.bytes; });
-      std::string largest;
-      for (const PlanTerm& t : terms) {
-        if (t.bytes == 0 || largest.size() > 200) continue;
-        largest += std::string(largest.empty() ? "" : ", ") + t.name + " " + std::to_string(t.bytes);
-      }
-      std::string advice = home_bytes[0] > 0
-          ? "offload the optimizer (zero_optimization.offload_optimizer.device cpu/nvme), raise "
-            "zero_optimization.stage or offload the parameters"
-          : "lower zero_optimization.stage3_prefetch_bucket_size (the device cache), the micro "
-            "batch or the sequence length (activations), or raise tierzero.device_budget";
-      return Status::out_of_memory(
-          "engine plan: the device tier needs " + std::to_string(device_plan) + " bytes (" +
-          largest + "), over the device budget of " + std::to_string(device_budget) +
-          " bytes; " + advice);
-    }
-    // NVMe-homed blocks are worked on in the host tier: the largest unit's NVMe-homed state,
-    // times the units in flight at once (the one updated, the next one read ahead, the previous
-    // one being written back, and one more for the forward's parameter loads).
-    std::uint64_t max_unit_nvme = 0;
-    for (const Unit& u : units_) {
-      std::uint64_t b = 0;
-      if (opt_tier == Tier::kNvme) b += u.opt_elems * 4ull * (1 + static_cast<std::uint64_t>(states_));
-      if (param_tier == Tier::kNvme) b += u.layout.shard * es;
-      max_unit_nvme = std::max(max_unit_nvme, round_up(b, 4096 * 4));
-    }
-    store::StoreOptions so;
-    so.device_budget_bytes = home_bytes[0] + device_cache;
-    so.chunk_bytes = std::clamp<std::uint64_t>(round_up(max_opt * 4, 4096), 64u << 10, 8u << 20);
-    if (home_bytes[2] > 0) {
-      so.chunk_bytes = std::min<std::uint64_t>(so.chunk_bytes,
-                                               nvme::nvme_settings(config_).queue_options.block_bytes);
-    }
-    so.staging_buffers = 4;
-    so.max_io_in_flight_bytes = std::max<std::uint64_t>(so.chunk_bytes * 4, 16u << 20);
-    // Engine host buffers next to the store's: a 16-bit unit (gradient shards coming home and
-    // parameter copies going out) and an fp32 unit (stage 0's gathered gradient).
-    const std::uint64_t stage16_bytes = round_up(max_padded * es, 4096);
-    const std::uint64_t stage32_bytes = round_up(max_padded * 4, 4096);
-    const std::uint64_t staging_bytes =
-        so.staging_buffers * so.chunk_bytes + stage16_bytes + stage32_bytes;
-    // A configured host budget is the whole host tier: the store's blocks get what the staging
-    // buffers leave. Unset, the store gets the host-homed state and four units of NVMe-homed
-    // state in flight. NVMe-homed state needs room for at least two units at once (the one
-    // worked on and the next read ahead).
-    const std::uint64_t host_need =
-        round_up(home_bytes[1], 4096) + (home_bytes[2] > 0 ? 2 * max_unit_nvme : 0);
-    const std::uint64_t configured_host = options_.host_budget_bytes > 0
-                                              ? options_.host_budget_bytes
-                                              : config_.tierzero.host_budget;
-    std::uint64_t host_budget = round_up(home_bytes[1], 4096) + 4 * max_unit_nvme + (1u << 20);
-    if (configured_host > 0) {
-      if (configured_host < host_need + staging_bytes) {
-        return Status::out_of_memory(
-            "engine plan: the host tier needs at least " + std::to_string(host_need + staging_bytes) +
-            " bytes (" + std::to_string(home_bytes[1]) + " of host-homed state, " +
-            std::to_string(host_need - round_up(home_bytes[1], 4096)) +
-            " for two units of NVMe-homed state, " + std::to_string(staging_bytes) +
-            " of staging), over the host budget of " + std::to_string(configured_host) +
-            " bytes; raise tierzero.host_budget or offload the optimizer to NVMe");
-      }
-      host_budget = configured_host - staging_bytes;
-    }
-    so.host_budget_bytes = host_budget;
-    term(Tier::kHost, "home blocks (host-homed state)", home_bytes[1]);
-    term(Tier::kHost, "host cache of NVMe-homed blocks", host_budget - home_bytes[1]);
-    term(Tier::kHost, "store staging buffers", so.staging_buffers * so.chunk_bytes);
-    term(Tier::kHost, "engine staging (16-bit unit, fp32 unit)", stage16_bytes + stage32_bytes);
-    term(Tier::kNvme, "home blocks (NVMe-homed state)", home_bytes[2]);
-    PinnedPoolOptions po;
-    // The pool's slack covers its 4 KiB rounding and fragmentation: blocks of several sizes come
-    // and go in one slab, so the free bytes the store's budget leaves can be split into pieces
-    // smaller than the next block; one largest block more keeps a piece that fits. The plan's host
-    // term is what is handed out of it.
-    std::uint64_t max_block = 0;
-    for (const Unit& u : units_) {
-      max_block = std::max<std::uint64_t>({max_block, u.opt_elems * 4ull, u.layout.shard * 4ull,
-                                           (stage_ == 3 ? u.layout.shard : u.layout.padded) * es});
-    }
-    po.budget_bytes = tier_plan(Tier::kHost) + round_up(max_block, 4096) + (2u << 20);
-    po.slab_bytes = std::min<std::uint64_t>(1ull << 30, round_up(po.budget_bytes, 2u << 20));
-    po.prefault = false;
+    const store::StoreOptions& so = mp.store;
+    const PinnedPoolOptions& po = mp.pool;
     TZ_ASSIGN_OR_RETURN(PinnedPool pool, PinnedPool::create(po));
     pool_ = std::make_unique<PinnedPool>(std::move(pool));
     gpu::Device* dev = &device_;
@@ -586,7 +451,7 @@ class EngineImpl final : public Engine {
     hook.on_remove = [dev](const PinnedSlab& s) { dev->unregister_host_memory(s.data).ignore(); };
     TZ_RETURN_IF_ERROR(pool_->add_slab_hook(hook));
     store::Store::SwapFactory make_swap;
-    if (home_bytes[2] > 0) {
+    if (mp.home.nvme > 0) {
       TZ_ASSIGN_OR_RETURN(nvme::EngineChoice choice,
                           nvme::choose_io_engine(config_.tierzero.io_engine, nvme_paths_));
       nvme::NvmeSettings ns = nvme::nvme_settings(config_, nvme_paths_.size());
@@ -594,10 +459,8 @@ class EngineImpl final : public Engine {
       sw.paths = nvme_paths_;
       sw.keep_files = ns.keep_swap_files;
       sw.direct = choice.direct ? nvme::DirectMode::kPrefer : nvme::DirectMode::kOff;
-      // Every block's extent is 4 KiB-rounded; stripes add at most one per path of slack each.
-      const std::uint64_t need = home_bytes[2] + units_.size() * (states_ + 3) * 4096ull;
-      sw.bytes_per_path = round_up(need / nvme_paths_.size() + sw.stripe_bytes, sw.stripe_bytes) +
-                          4 * sw.stripe_bytes;
+      sw.stripe_bytes = mp.swap_stripe_bytes;
+      sw.bytes_per_path = mp.swap_bytes_per_path;
       const nvme::IoEngineKind kind = choice.kind;
       const IoEngineWrapper wrap = options_.wrap_io_engine;
       make_swap = [sw, ns, kind, wrap]() -> Result<std::unique_ptr<nvme::SwapSpace>> {
@@ -610,8 +473,8 @@ class EngineImpl final : public Engine {
       };
     }
     TZ_ASSIGN_OR_RETURN(store_, store::Store::create(so, device_, *pool_, make_swap));
-    TZ_ASSIGN_OR_RETURN(stage16_, pool_->allocate(stage16_bytes));
-    TZ_ASSIGN_OR_RETURN(stage32_, pool_->allocate(stage32_bytes));
+    TZ_ASSIGN_OR_RETURN(stage16_, pool_->allocate(mp.stage16_bytes));
+    TZ_ASSIGN_OR_RETURN(stage32_, pool_->allocate(mp.stage32_bytes));
     TZ_ASSIGN_OR_RETURN(norm_acc_, device_.allocate(sizeof(gpu::NormAccumulator)));
     TZ_ASSIGN_OR_RETURN(scalars_, device_.allocate(static_cast<std::size_t>(world_) * 2 *
                                                     kScalarPieces * sizeof(float)));

@@ -296,6 +296,57 @@ TEST(StoreDefects, FailureOlderThanSixteenOthersIsStillReported) {
   h.finish();
 }
 
+// A pinned pool of one 2 MiB slab, no larger than the host budget and its staging: five 384 KiB
+// copies fill it; evicting the two used longest ago leaves two free pieces that do not touch,
+// each too small for a 768 KiB block. With no free left in flight the store evicts more copies
+// (in LRU order) until a piece fits, instead of failing the pin; every copy reloads intact.
+TEST(StoreDefects, FragmentedPinnedPoolEvictsUntilAPieceFits) {
+  constexpr std::uint64_t kSmall = 384 << 10;
+  Harness h;
+  HarnessOptions o;
+  o.store.device_budget_bytes = 1 << 20;
+  o.store.chunk_bytes = 64 << 10;
+  o.store.staging_buffers = 1;
+  o.pool_budget = 2 << 20;
+  o.store.host_budget_bytes = *o.pool_budget - o.store.chunk_bytes;
+  h.init(o);
+  ASSERT_FALSE(::testing::Test::HasFatalFailure());
+  std::vector<BlockId> small;
+  for (int i = 0; i < 5; ++i) {
+    auto id = h.store->create_block(kSmall, Tier::kNvme, "small" + std::to_string(i));
+    ASSERT_TRUE(id.is_ok()) << id.status().to_string();
+    small.push_back(*id);
+    auto w = h.store->pin(*id, Tier::kHost, Access::kWrite);
+    ASSERT_TRUE(w.is_ok()) << w.status().to_string();
+    ASSERT_TRUE(w->wait().is_ok());
+    std::memset(w->data(), 0x20 + i, kSmall);
+  }
+  ASSERT_TRUE(h.store->flush().is_ok());  // all clean: evictions need no write-back
+  for (int i : {1, 3}) {                  // used last: LRU evicts 0 and 2 first, then 4
+    auto r = h.store->pin(small[i], Tier::kHost, Access::kRead);
+    ASSERT_TRUE(r.is_ok());
+    ASSERT_TRUE(r->wait().is_ok());
+  }
+  auto big = h.store->create_block(2 * kSmall, Tier::kNvme, "big");
+  ASSERT_TRUE(big.is_ok());
+  {
+    auto w = h.store->pin(*big, Tier::kHost, Access::kWrite);
+    ASSERT_TRUE(w.is_ok()) << w.status().to_string();
+    const Status st = w->wait();
+    ASSERT_TRUE(st.is_ok()) << "the pin failed on a fragmented pool: " << st.to_string();
+    std::memset(w->data(), 0x7f, 2 * kSmall);
+  }
+  EXPECT_GE(h.store->stats().tiers[static_cast<int>(Tier::kHost)].fragmentation_evictions, 1u);
+  for (int i = 0; i < 5; ++i) {
+    auto r = h.store->pin(small[static_cast<std::size_t>(i)], Tier::kHost, Access::kRead);
+    ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+    ASSERT_TRUE(r->wait().is_ok());
+    const auto* p = static_cast<const unsigned char*>(r->data());
+    EXPECT_TRUE(p[0] == 0x20 + i && p[kSmall - 1] == 0x20 + i) << "block " << i;
+  }
+  h.finish();
+}
+
 // Defect 4: a pin that fails (no room) is neither a trace entry nor a hit or a miss.
 TEST(StoreDefects, FailedPinLeavesNoTraceAndNoStatistics) {
   Harness h;

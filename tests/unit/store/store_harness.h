@@ -52,6 +52,8 @@ struct HarnessOptions {
   nvme::IoEngineKind engine = nvme::IoEngineKind::kPsync;
   // Wraps the engine (after the FaultEngine, if any): a test's own fault injection.
   std::function<std::unique_ptr<nvme::IoEngine>(std::unique_ptr<nvme::IoEngine>)> wrap_engine;
+  // The pinned pool's size, in one slab; default: twice the host budget plus staging and 4 MiB.
+  std::optional<std::uint64_t> pool_budget;
 };
 
 struct Harness {
@@ -70,10 +72,13 @@ struct Harness {
     device = std::move(dev).value();
     PinnedPoolOptions po;
     // Host budget + staging + room for fragmentation (the store enforces the host budget).
-    pool_budget = o.store.host_budget_bytes * 2 + o.store.staging_buffers * o.store.chunk_bytes +
-                  (4ull << 20);
+    pool_budget = o.pool_budget.value_or(o.store.host_budget_bytes * 2 +
+                                         o.store.staging_buffers * o.store.chunk_bytes +
+                                         (4ull << 20));
     po.budget_bytes = pool_budget;
-    po.slab_bytes = 32ull << 20;
+    // A pool of a given size is one slab of that size, as the engine makes it (fragmentation
+    // then shows); the default is one roomy slab.
+    po.slab_bytes = o.pool_budget ? (pool_budget + 4095) / 4096 * 4096 : 32ull << 20;
     po.huge_pages = false;
     po.prefault = false;
     po.lock = MemlockPolicy::kOff;

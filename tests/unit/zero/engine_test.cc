@@ -76,10 +76,9 @@ TEST(ZeroEngine, NvmeStreamingUnderSmallHostTierIsBitIdentical) {
   RunSpec r = base;
   r.offload_optimizer = "nvme";
   r.offload_param = "nvme";
-  // The whole host tier: four units of NVMe-homed state and 64 KiB for the host-homed gradient
-  // shards in the store, plus the engine's staging at this shape (four 64 KiB store chunks, a
-  // 16-bit and an fp32 unit: 286,720 bytes; the plan's error names the figure if it changes).
-  r.host_budget = 4 * (3 * 2048 * 4 + 2048 * 2) + (64u << 10) + 286720;
+  // tierzero.host_budget is the whole host tier: the units' state plus the staging (four 64 KiB
+  // store chunks, a 16-bit and an fp32 engine buffer of the largest unit's 4096 elements).
+  r.host_budget = 4 * (3 * 2048 * 4 + 2048 * 2) + (64u << 10) + 4 * (64u << 10) + 4096 * (2 + 4);
   const RunResult want = run(base);
   const RunResult got = run(r);
   EXPECT_EQ(got.hash, want.hash);

@@ -1,0 +1,35 @@
+// How `tierzero train` turns a config file, a model shape and its flags into the model's and the
+// engine's options. `tierzero estimate` calls the same functions, so the plan it prints is the
+// plan the engine makes for the same run.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "core/config.h"
+#include "core/dtype.h"
+#include "model/gpt2.h"
+#include "zero/engine.h"
+
+namespace tz::cli {
+
+// The config file, with `nvme_path` (when non-empty) written into every offload section whose
+// device is nvme before validation (the schema requires a path there, and --nvme-path is how one
+// gives it). The loader's diagnostics as load_config_file reports them.
+ConfigLoad load_config_with_nvme_path(const std::string& config_path, const std::string& nvme_path);
+
+// bf16, fp16 or fp32, as the config's precision sections say.
+DType compute_dtype_of(const Config& config);
+
+// The model's options for a run: the config's micro-batch, `seq` tokens per sequence (0 = the
+// shape's positions), `checkpointing` (-1 = the model's default) and `cpu_threads` per rank.
+model::Gpt2Options model_options_for(const Config& config, int seq, int checkpointing,
+                                     int cpu_threads);
+
+// The engine's options for one rank of that run: the config, --nvme-path, the model's device
+// activations (Gpt2::activation_bytes, so the plan's device term counts them) and the seed.
+zero::EngineOptions engine_options_for(const Config& config, const model::Gpt2Shape& shape,
+                                       const model::Gpt2Options& model_options,
+                                       const std::string& nvme_path, std::uint64_t seed);
+
+}  // namespace tz::cli

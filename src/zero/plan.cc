@@ -1,0 +1,330 @@
+// The engine's memory plan (plan.h): the per-tier terms and the store, pool and swap options,
+// computed from the config and the units' layouts alone, so the engine's finalize() and
+// `tierzero estimate` agree byte for byte. docs/estimate.md lists the terms and why each is sized
+// as it is.
+#include "zero/plan.h"
+
+#include <algorithm>
+#include <functional>
+
+#include "core/assert.h"
+#include "cpu/optimizer.h"
+#include "gpu/device.h"
+#include "nvme/nvme_config.h"
+#include "nvme/swap_space.h"
+
+namespace tz::zero {
+namespace {
+
+using store::Tier;
+
+std::uint64_t round_up(std::uint64_t x, std::uint64_t m) { return (x + m - 1) / m * m; }
+
+Tier tier_of(Placement p) {
+  switch (p) {
+    case Placement::kDevice:
+      return Tier::kDevice;
+    case Placement::kHost:
+      return Tier::kHost;
+    case Placement::kNvme:
+      return Tier::kNvme;
+  }
+  return Tier::kHost;
+}
+
+int tier_index(Placement p) { return static_cast<int>(tier_of(p)); }
+
+Result<Placement> parse_offload(const std::string& device, const char* key) {
+  if (device == "none") return Placement::kDevice;
+  if (device == "cpu") return Placement::kHost;
+  if (device == "nvme") return Placement::kNvme;
+  return Status::invalid_argument(std::string(key) + ": expected none, cpu or nvme, got '" +
+                                  device + "'");
+}
+
+// The engine's scalar buffers: every rank's values as four 16-bit pieces of two scalars.
+constexpr std::uint64_t kScalarPieces = 4;
+
+// The sum of the `k` largest values (all of them when there are fewer).
+std::uint64_t largest_sum(std::vector<std::uint64_t> v, std::size_t k) {
+  const std::size_t n = std::min(k, v.size());
+  std::partial_sort(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(n), v.end(),
+                    std::greater<>());
+  std::uint64_t sum = 0;
+  for (std::size_t i = 0; i < n; ++i) sum += v[i];
+  return sum;
+}
+
+}  // namespace
+
+std::vector<std::string> swap_paths(const EngineOptions& options) {
+  std::vector<std::string> paths;
+  auto add = [&paths](const std::string& p) {
+    if (!p.empty() && std::find(paths.begin(), paths.end(), p) == paths.end()) paths.push_back(p);
+  };
+  const ZeroConfig& z = options.config.zero;
+  if (!options.nvme_path.empty()) {
+    add(options.nvme_path);
+  } else {
+    if (z.offload_optimizer.device == "nvme") add(z.offload_optimizer.nvme_path);
+    if (z.offload_param.device == "nvme") add(z.offload_param.nvme_path);
+  }
+  return paths;
+}
+
+Result<PlanInputs> plan_inputs(const EngineOptions& options, int world_size,
+                               std::uint64_t device_budget_bytes) {
+  const Config& c = options.config;
+  PlanInputs in;
+  in.stage = c.zero.stage;
+  if (in.stage < 0 || in.stage > 3) {
+    return Status::invalid_argument("zero_optimization.stage: expected 0..3, got " +
+                                    std::to_string(in.stage));
+  }
+  if (c.fp16.enabled && c.bf16) {
+    return Status::invalid_argument("fp16.enabled and bf16.enabled: choose one");
+  }
+  in.compute_dtype = c.fp16.enabled ? DType::kF16 : c.bf16 ? DType::kBF16 : DType::kF32;
+  TZ_ASSIGN_OR_RETURN(in.optimizer, parse_offload(c.zero.offload_optimizer.device,
+                                                  "zero_optimization.offload_optimizer.device"));
+  TZ_ASSIGN_OR_RETURN(in.param, parse_offload(c.zero.offload_param.device,
+                                              "zero_optimization.offload_param.device"));
+  if (in.param != Placement::kDevice && in.stage != 3) {
+    return Status::invalid_argument(
+        "zero_optimization.offload_param.device: parameter offload needs "
+        "zero_optimization.stage 3 (got stage " + std::to_string(in.stage) + ")");
+  }
+  in.grad = in.optimizer == Placement::kDevice ? Placement::kDevice : Placement::kHost;
+  TZ_ASSIGN_OR_RETURN(cpu::OptimizerSpec spec, cpu::spec_from_config(c));
+  in.optimizer_states = cpu::state_count(spec);
+  in.world_size = world_size;
+  in.activation_bytes = options.activation_bytes;
+  in.host_budget_bytes = options.host_budget_bytes;
+  in.device_budget_bytes = device_budget_bytes;
+  in.nvme_paths = std::max<std::size_t>(1, swap_paths(options).size());
+  return in;
+}
+
+std::uint64_t MemoryPlan::tier_bytes(store::Tier tier) const {
+  std::uint64_t sum = 0;
+  for (const PlanTerm& t : terms) {
+    if (t.tier == tier) sum += t.bytes;
+  }
+  return sum;
+}
+
+TierBytes MemoryPlan::bytes() const {
+  TierBytes b;
+  b.device = tier_bytes(Tier::kDevice);
+  b.host = tier_bytes(Tier::kHost);
+  b.nvme = tier_bytes(Tier::kNvme);
+  return b;
+}
+
+Result<MemoryPlan> plan_memory(const PlanInputs& in, const Config& config,
+                               std::span<const UnitLayout> units) {
+  if (units.empty()) return Status::invalid_argument("finalize(): no units registered");
+  TZ_ASSERT(in.world_size >= 1, "plan_memory: world_size must be >= 1");
+  MemoryPlan plan;
+  const std::uint64_t es = dtype_size(in.compute_dtype);
+  const std::uint64_t states = static_cast<std::uint64_t>(in.optimizer_states);
+  // Master and states cover the whole padded unit at stage 0, this rank's shard otherwise.
+  auto opt_elems = [&](const UnitLayout& u) -> std::uint64_t {
+    return in.stage == 0 ? u.padded : u.shard;
+  };
+  std::uint64_t max_padded = 0;
+  std::uint64_t max_opt = 0;
+  for (const UnitLayout& u : units) {
+    max_padded = std::max<std::uint64_t>(max_padded, u.padded);
+    max_opt = std::max(max_opt, opt_elems(u));
+  }
+  // Bytes per tier of the blocks, by home.
+  std::uint64_t home[store::kTierCount] = {0, 0, 0};
+  for (const UnitLayout& u : units) {
+    home[tier_index(in.param)] += (in.stage == 3 ? u.shard : u.padded) * es;
+    home[tier_index(in.optimizer)] += opt_elems(u) * 4 * (1 + states);
+    home[tier_index(in.grad)] += static_cast<std::uint64_t>(u.shard) * 4;
+  }
+  plan.home.device = home[0];
+  plan.home.host = home[1];
+  plan.home.nvme = home[2];
+  // Stage 3: units below stage3_param_persistence_threshold elements stay gathered.
+  std::uint64_t persistent_bytes = 0;
+  std::vector<std::uint64_t> streamed_padded;  // units gathered and released at each use
+  std::vector<std::uint64_t> all_padded;
+  for (const UnitLayout& u : units) {
+    const bool persistent =
+        in.stage == 3 && u.numel < config.zero.stage3_param_persistence_threshold;
+    plan.persistent.push_back(persistent);
+    all_padded.push_back(u.padded);
+    if (persistent) {
+      persistent_bytes += u.padded * es;
+    } else {
+      streamed_padded.push_back(u.padded);
+    }
+  }
+  plan.device_budget_bytes =
+      config.tierzero.device_budget > 0 ? config.tierzero.device_budget : in.device_budget_bytes;
+  auto term = [&plan](Tier t, const char* name, std::uint64_t bytes) {
+    plan.terms.push_back(PlanTerm{t, name, bytes});
+  };
+  term(Tier::kDevice, "home blocks (parameters, optimizer state, gradient shards)", home[0]);
+  // Offloaded stage-3 shards are loaded into the device tier for gathering: the ones in use
+  // plus DeepSpeed's prefetch bucket (stage3_prefetch_bucket_size elements of the unit, this
+  // rank's 1/N of them), at most stage3_max_live_parameters, at least two shards.
+  std::uint64_t device_cache = 0;
+  if (in.stage == 3 && in.param != Placement::kDevice) {
+    const std::uint64_t bucket = std::min(config.zero.stage3_prefetch_bucket_size,
+                                          config.zero.stage3_max_live_parameters) /
+                                 static_cast<std::uint64_t>(in.world_size) * es;
+    std::uint64_t shard_bytes = 0;
+    std::uint64_t all = 0;
+    for (const UnitLayout& u : units) {
+      shard_bytes = std::max<std::uint64_t>(shard_bytes, u.shard * es);
+      all += u.shard * es;
+    }
+    device_cache = std::max<std::uint64_t>(2 * shard_bytes, round_up(bucket, shard_bytes));
+    device_cache = std::min(device_cache, all);
+  }
+  term(Tier::kDevice, "device cache of offloaded parameter shards", device_cache);
+  term(Tier::kDevice, "persistent gathered units (stage 3, below the threshold)", persistent_bytes);
+  // A model holds at most two gathered units (GPT-2's tied wte and the current block) and two
+  // gradient buffers (wte's lives through the backward) at once. A buffer released while the
+  // compute stream still reads it is freed once the stream is past it; allocate_device() waits
+  // for those frees before the device would pass the plan, so the caller runs ahead of the
+  // stream only as far as the plan leaves room, and the plan holds the two largest of each.
+  const std::uint64_t gather = in.stage == 3 ? largest_sum(streamed_padded, 2) * es : 0;
+  const std::uint64_t grads = largest_sum(all_padded, 2) * es;
+  term(Tier::kDevice, "gather buffers (2 largest units)", gather);
+  term(Tier::kDevice, "gradient buffers (2 largest units)", grads);
+  // Stage 0's gathered gradient (in step(), after every gradient buffer went back) and
+  // get_tensor's fp32 unit (between steps) are never live with the micro-batch's buffers, so the
+  // device peak grows only by what they need beyond those.
+  const std::uint64_t scratch = max_padded * 4;
+  term(Tier::kDevice, "scratch beyond the micro-batch buffers (stage-0 gathered gradient, get_tensor)",
+       scratch > gather + grads ? scratch - gather - grads : 0);
+  term(Tier::kDevice, "norm and scalar buffers",
+       sizeof(gpu::NormAccumulator) +
+           static_cast<std::uint64_t>(in.world_size) * 2 * kScalarPieces * 4);
+  term(Tier::kDevice, "model activations (EngineOptions::activation_bytes)", in.activation_bytes);
+  const std::uint64_t device_plan = plan.tier_bytes(Tier::kDevice);
+  if (device_plan > plan.device_budget_bytes) {
+    std::vector<PlanTerm> terms = plan.terms;
+    std::sort(terms.begin(), terms.end(),
+              [](const PlanTerm& a, const PlanTerm& b) { return a.bytes > b.bytes; });
+    std::string largest;
+    for (const PlanTerm& t : terms) {
+      if (t.bytes == 0 || largest.size() > 200) continue;
+      largest += std::string(largest.empty() ? "" : ", ") + t.name + " " + std::to_string(t.bytes);
+    }
+    const std::string advice =
+        home[0] > 0
+            ? "offload the optimizer (zero_optimization.offload_optimizer.device cpu/nvme), raise "
+              "zero_optimization.stage or offload the parameters"
+            : "lower zero_optimization.stage3_prefetch_bucket_size (the device cache), the micro "
+              "batch or the sequence length (activations), or raise tierzero.device_budget";
+    return Status::out_of_memory("engine plan: the device tier needs " +
+                                 std::to_string(device_plan) + " bytes (" + largest +
+                                 "), over the device budget of " +
+                                 std::to_string(plan.device_budget_bytes) + " bytes; " + advice);
+  }
+  // NVMe-homed blocks are worked on in the host tier: the largest unit's NVMe-homed state,
+  // times the units in flight at once (the one updated, the next one read ahead, the previous
+  // one being written back, and one more for the forward's parameter loads).
+  std::uint64_t max_unit_nvme = 0;
+  for (const UnitLayout& u : units) {
+    std::uint64_t b = 0;
+    if (in.optimizer == Placement::kNvme) b += opt_elems(u) * 4 * (1 + states);
+    if (in.param == Placement::kNvme) b += u.shard * es;
+    max_unit_nvme = std::max(max_unit_nvme, round_up(b, 4096 * 4));
+  }
+  store::StoreOptions& so = plan.store;
+  so.device_budget_bytes = home[0] + device_cache;
+  so.chunk_bytes = std::clamp<std::uint64_t>(round_up(max_opt * 4, 4096), 64u << 10, 8u << 20);
+  if (home[2] > 0) {
+    so.chunk_bytes =
+        std::min<std::uint64_t>(so.chunk_bytes, nvme::nvme_settings(config).queue_options.block_bytes);
+  }
+  so.staging_buffers = 4;
+  so.max_io_in_flight_bytes = std::max<std::uint64_t>(so.chunk_bytes * 4, 16u << 20);
+  // Engine host buffers next to the store's: a 16-bit unit (gradient shards coming home and
+  // parameter copies going out) and an fp32 unit (stage 0's gathered gradient).
+  plan.stage16_bytes = round_up(max_padded * es, 4096);
+  plan.stage32_bytes = round_up(max_padded * 4, 4096);
+  const std::uint64_t staging_bytes =
+      so.staging_buffers * so.chunk_bytes + plan.stage16_bytes + plan.stage32_bytes;
+  // A configured host budget is the whole host tier: the store's blocks get what the staging
+  // buffers leave. Unset, the store gets the host-homed state and four units of NVMe-homed state
+  // in flight. NVMe-homed state needs room for at least two units at once (the one worked on and
+  // the next read ahead).
+  const std::uint64_t host_need =
+      round_up(home[1], 4096) + (home[2] > 0 ? 2 * max_unit_nvme : 0);
+  const std::uint64_t configured_host =
+      in.host_budget_bytes > 0 ? in.host_budget_bytes : config.tierzero.host_budget;
+  std::uint64_t host_budget = round_up(home[1], 4096) + 4 * max_unit_nvme + (1u << 20);
+  if (configured_host > 0) {
+    if (configured_host < host_need + staging_bytes) {
+      return Status::out_of_memory(
+          "engine plan: the host tier needs at least " + std::to_string(host_need + staging_bytes) +
+          " bytes (" + std::to_string(home[1]) + " of host-homed state, " +
+          std::to_string(host_need - round_up(home[1], 4096)) +
+          " for two units of NVMe-homed state, " + std::to_string(staging_bytes) +
+          " of staging), over the host budget of " + std::to_string(configured_host) +
+          " bytes; raise tierzero.host_budget or offload the optimizer to NVMe");
+    }
+    host_budget = configured_host - staging_bytes;
+  }
+  plan.host_budget_bytes = host_budget;
+  so.host_budget_bytes = host_budget;
+  term(Tier::kHost, "home blocks (host-homed state)", home[1]);
+  // The store caches only NVMe-homed blocks in the host tier, so it holds at most all of them,
+  // whatever room its budget leaves (a budget far above the NVMe state is not a fill).
+  term(Tier::kHost, "host cache of NVMe-homed blocks", std::min(host_budget - home[1], home[2]));
+  term(Tier::kHost, "store staging buffers", so.staging_buffers * so.chunk_bytes);
+  term(Tier::kHost, "engine staging (16-bit unit, fp32 unit)",
+       plan.stage16_bytes + plan.stage32_bytes);
+  term(Tier::kNvme, "home blocks (NVMe-homed state)", home[2]);
+  // The pool's slack covers its 4 KiB rounding and fragmentation: blocks of several sizes come
+  // and go in one slab, so the free bytes the store's budget leaves can be split into pieces
+  // smaller than the next block; one largest block more keeps a piece that fits. The plan's host
+  // term is what is handed out of it.
+  std::uint64_t max_block = 0;
+  for (const UnitLayout& u : units) {
+    max_block = std::max<std::uint64_t>(
+        {max_block, opt_elems(u) * 4, static_cast<std::uint64_t>(u.shard) * 4,
+         (in.stage == 3 ? u.shard : u.padded) * es});
+  }
+  plan.pool.budget_bytes = plan.tier_bytes(Tier::kHost) + round_up(max_block, 4096) + (2u << 20);
+  plan.pool.slab_bytes = std::min<std::uint64_t>(1ull << 30, round_up(plan.pool.budget_bytes, 2u << 20));
+  plan.pool.prefault = false;
+  if (home[2] > 0) {
+    // Every block's extent is 4 KiB-rounded; stripes add at most one per path of slack each.
+    const nvme::SwapOptions defaults;
+    plan.swap_stripe_bytes = defaults.stripe_bytes;
+    const std::uint64_t need = home[2] + units.size() * (states + 3) * 4096ull;
+    plan.swap_bytes_per_path =
+        round_up(need / in.nvme_paths + plan.swap_stripe_bytes, plan.swap_stripe_bytes) +
+        4 * plan.swap_stripe_bytes;
+  }
+  return plan;
+}
+
+TierBytes formula_bytes(const PlanInputs& in, std::uint64_t params) {
+  const double phi = static_cast<double>(params);
+  const double n = in.world_size;
+  const double es = static_cast<double>(dtype_size(in.compute_dtype));
+  const double p = in.stage == 3 ? es * phi / n : es * phi;
+  const double g = in.stage >= 2 ? es * phi / n : es * phi;
+  const double o = 4.0 * (1 + in.optimizer_states) * phi / (in.stage >= 1 ? n : 1.0);
+  double tiers[3] = {0, 0, 0};
+  tiers[tier_index(in.param)] += p;
+  tiers[tier_index(in.grad)] += g;
+  tiers[tier_index(in.optimizer)] += o;
+  TierBytes b;
+  b.device = static_cast<std::uint64_t>(tiers[0]);
+  b.host = static_cast<std::uint64_t>(tiers[1]);
+  b.nvme = static_cast<std::uint64_t>(tiers[2]);
+  return b;
+}
+
+}  // namespace tz::zero

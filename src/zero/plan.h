@@ -1,0 +1,93 @@
+// The engine's memory plan as a pure function: from the config, the units' flat layouts, the
+// world size and the budgets, every byte the engine will hold per tier, by term, and the options
+// of the store, the pinned pool and the swap space that finalize() creates from it. Engine and
+// `tierzero estimate` call the same function, so what estimate predicts is what the engine plans.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "core/config.h"
+#include "core/dtype.h"
+#include "core/status.h"
+#include "cpu/pinned_pool.h"
+#include "store/stats.h"
+#include "store/store.h"
+#include "zero/engine.h"
+#include "zero/layout.h"
+
+namespace tz::zero {
+
+// Everything the plan depends on besides the config's sizes (prefetch bucket, persistence
+// threshold, budgets, aio block size) and the units.
+struct PlanInputs {
+  int stage = 0;                            // 0..3
+  DType compute_dtype = DType::kBF16;       // the 16-bit (or fp32) parameters and gradients
+  Placement optimizer = Placement::kDevice;  // fp32 master and optimizer states
+  Placement param = Placement::kDevice;      // parameters (kHost/kNvme only at stage 3)
+  Placement grad = Placement::kDevice;       // the fp32 gradient shards: with the optimizer
+  int optimizer_states = 2;                 // state arrays beside the master (Adam 2, SGD 0-1)
+  int world_size = 1;
+  std::uint64_t activation_bytes = 0;       // EngineOptions::activation_bytes
+  std::uint64_t host_budget_bytes = 0;      // EngineOptions override; 0 = tierzero.host_budget
+  std::uint64_t device_budget_bytes = 0;    // the device's own budget (tierzero.device_budget
+                                            // wins when non-zero)
+  std::size_t nvme_paths = 1;               // swap files the NVMe-homed state is striped over
+};
+
+// What the engine's init() derives from the options: stage, precision, placements and the
+// optimizer's state count. The same kInvalidArgument errors as Engine::create for a bad stage,
+// offload device, parameter offload below stage 3, fp16 with bf16 or an unknown optimizer.
+// `world_size` >= 1; `device_budget_bytes` as in PlanInputs; nvme_paths from swap_paths().
+Result<PlanInputs> plan_inputs(const EngineOptions& options, int world_size,
+                               std::uint64_t device_budget_bytes);
+
+// The directories the swap files go to, as the engine picks them: EngineOptions::nvme_path when
+// set, else the nvme_path of each offload section whose device is nvme (each path once).
+std::vector<std::string> swap_paths(const EngineOptions& options);
+
+// One line of the plan: `bytes` held in `tier` for one purpose. Names are stable (plan_json keys,
+// `tierzero estimate` rows).
+struct PlanTerm {
+  store::Tier tier = store::Tier::kDevice;
+  std::string name;
+  std::uint64_t bytes = 0;
+};
+
+struct MemoryPlan {
+  std::vector<PlanTerm> terms;  // per tier, in the order plan_json lists them
+  TierBytes home;               // bytes of the units' blocks by home tier
+  // Per unit (same order as the layouts): stage 3, below stage3_param_persistence_threshold
+  // elements, so gathered once per step and kept.
+  std::vector<bool> persistent;
+  std::uint64_t device_budget_bytes = 0;  // resolved: tierzero.device_budget or the device's
+  std::uint64_t host_budget_bytes = 0;    // resolved: the override, tierzero.host_budget or the
+                                          // default (host-homed state + NVMe working set)
+  store::StoreOptions store;              // budgets, chunk and staging of the tiered store
+  PinnedPoolOptions pool;                 // the engine's pinned pool (budget = host plan + slack)
+  std::uint64_t stage16_bytes = 0;        // engine host staging: one 16-bit unit
+  std::uint64_t stage32_bytes = 0;        // and one fp32 unit
+  std::uint64_t swap_bytes_per_path = 0;  // 0 when nothing is homed on NVMe
+  std::uint64_t swap_stripe_bytes = 0;
+
+  std::uint64_t tier_bytes(store::Tier tier) const;  // sum of the tier's terms
+  TierBytes bytes() const;                           // every tier's sum
+};
+
+// The plan for `units` (the registered units' layouts, in registration order, for
+// `in.world_size` ranks). kOutOfMemory naming the tier, the bytes needed and the budget (and the
+// setting to change) when the device plan exceeds the device budget or the host-homed state the
+// host budget; kInvalidArgument for an empty unit list.
+Result<MemoryPlan> plan_memory(const PlanInputs& in, const Config& config,
+                               std::span<const UnitLayout> units);
+
+// DESIGN.md's memory table for the inputs: params es*Φ, grads es*Φ, optimizer 4*(1+states)*Φ;
+// stage 1 divides the optimizer by N, stage 2 also the gradients, stage 3 also the parameters;
+// each term counted in the tier its placement names. With bf16 and Adam: 4Φ+12Φ/N, 2Φ+14Φ/N,
+// 16Φ/N, and 16Φ at stage 0.
+TierBytes formula_bytes(const PlanInputs& in, std::uint64_t params);
+
+}  // namespace tz::zero

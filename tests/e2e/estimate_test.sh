@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# `tierzero estimate --measure --json` on a small shape, 2 rank threads, bf16, stages 1-3 with and
+# without offload (cpu, nvme): on every tier the measured peak of two training steps is within
+# 10% of the engine's plan (a tier planned at 0 bytes must measure 0). Correctness of the plan,
+# not timing. Also: --all prints one row per stage and offload choice, and bad input is one line.
+tz=$1
+. "$(dirname "$0")/common.sh"
+shape="gpt2:layers=2,heads=4,embd=128,vocab=1024,seq=64"
+for combo in "1 none none" "2 none none" "3 none none" "1 cpu none" "2 nvme none" "3 cpu cpu" \
+             "3 nvme nvme" "3 cpu nvme"; do
+  set -- $combo
+  name="stage$1-opt_$2-param_$3"
+  config "$work/$name.json" "$1" "$2" "$3" ', "bf16": {"enabled": true}'
+  nvme=()
+  if [ "$2" = nvme ] || [ "$3" = nvme ]; then nvme=(--nvme-path "$work"); fi
+  out=$("$tz" estimate --config "$work/$name.json" --model "$shape" --ranks 2 --seq 64 \
+        --measure --json "${nvme[@]}" 2>"$work/$name.err"); rc=$?
+  if [ "$rc" -ne 0 ]; then bad "$name: rc=$rc: $(tail -1 "$work/$name.err")"; continue; fi
+  verdict=$(printf '%s' "$out" | python3 -c '
+import json, sys
+j = json.load(sys.stdin)
+plan, peak = j["plan_bytes"], j["measured_peak_bytes"]
+bad = []
+for tier in ("device", "host", "nvme"):
+    p, m = plan[tier], peak[tier]
+    ok = (m == 0) if p == 0 else abs(m - p) <= 0.10 * p
+    if not ok:
+        bad.append("%s plan %d measured %d (%.3f)" % (tier, p, m, m / p if p else float("inf")))
+print("; ".join(bad) if bad else "ok " + " ".join(
+    "%s %.3f" % (t, peak[t] / plan[t]) for t in ("device", "host", "nvme") if plan[t]))
+')
+  case "$verdict" in
+    ok*) ok "$name: measured/plan ${verdict#ok }" ;;
+    *) bad "$name: $verdict" ;;
+  esac
+done
+config "$work/all.json" 3 none none ', "bf16": {"enabled": true}'
+rows=$("$tz" estimate --config "$work/all.json" --model "$shape" --ranks 2 --all --json |
+       python3 -c 'import json,sys; print(len(json.load(sys.stdin)["rows"]))')
+if [ "$rows" = 16 ]; then ok "--all: 16 rows"; else bad "--all: $rows rows, expected 16"; fi
+err=$("$tz" estimate --config "$work/all.json" --model "gpt2:layers=0" 2>&1 >/dev/null); rc=$?
+if [ "$rc" -eq 1 ] && [ "$(printf '%s\n' "$err" | wc -l)" -eq 1 ]; then
+  ok "bad model: one line, rc 1: $err"
+else
+  bad "bad model: rc=$rc: $err"
+fi
+exit $fail

@@ -1,0 +1,298 @@
+// The memory plan (zero/plan.h) on small unit lists against bytes computed by hand in the test
+// from the layout rules (tensors at 128-element offsets, shards of 2048-element multiples) and
+// the terms docs/estimate.md lists; the out-of-memory errors name the tier, the bytes and the
+// setting to change; DESIGN.md's formula for every stage.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "gpu/device.h"
+#include "zero/layout.h"
+#include "zero/plan.h"
+
+namespace tz::zero {
+namespace {
+
+using store::Tier;
+
+std::uint64_t term_of(const MemoryPlan& plan, Tier tier, const std::string& prefix) {
+  std::uint64_t sum = 0;
+  int found = 0;
+  for (const PlanTerm& t : plan.terms) {
+    if (t.tier == tier && t.name.rfind(prefix, 0) == 0) {
+      sum += t.bytes;
+      ++found;
+    }
+  }
+  EXPECT_EQ(found, 1) << "term '" << prefix << "' in tier " << store::tier_name(tier);
+  return sum;
+}
+
+UnitSpec unit(const std::string& name, std::vector<std::int64_t> numels) {
+  UnitSpec s;
+  s.name = name;
+  for (std::size_t i = 0; i < numels.size(); ++i) {
+    s.tensors.push_back(TensorSpec{"t" + std::to_string(i), {numels[i]}});
+  }
+  return s;
+}
+
+// Two units for two ranks: "a" (5000 + 300 elements: 5420 with alignment, padded to 8192, shards
+// of 4096) below the default persistence threshold of 100000, and "b" (200000 elements, padded
+// to 200704, shards of 100352) above it.
+std::vector<UnitLayout> two_units_two_ranks() {
+  std::vector<UnitLayout> v;
+  v.push_back(plan_unit_layout(unit("a", {5000, 300}), 2));
+  v.push_back(plan_unit_layout(unit("b", {200000}), 2));
+  return v;
+}
+
+TEST(ZeroPlan, LayoutsAreTheOnesTheTestAssumes) {
+  const auto u = two_units_two_ranks();
+  EXPECT_EQ(u[0].numel, 5300u);
+  EXPECT_EQ(u[0].padded, 8192u);
+  EXPECT_EQ(u[0].shard, 4096u);
+  EXPECT_EQ(u[1].padded, 200704u);
+  EXPECT_EQ(u[1].shard, 100352u);
+}
+
+// Stage 3, bf16, Adam, parameters on the host, optimizer on NVMe, 2 ranks, defaults elsewhere.
+TEST(ZeroPlan, Stage3ParamsCpuOptimizerNvmeByHand) {
+  PlanInputs in;
+  in.stage = 3;
+  in.compute_dtype = DType::kBF16;
+  in.optimizer = Placement::kNvme;
+  in.param = Placement::kHost;
+  in.grad = Placement::kHost;
+  in.optimizer_states = 2;
+  in.world_size = 2;
+  in.activation_bytes = 1000000;
+  in.device_budget_bytes = 1ull << 30;
+  Config config;
+  const auto units = two_units_two_ranks();
+  auto got = plan_memory(in, config, units);
+  ASSERT_TRUE(got.is_ok()) << got.status().to_string();
+  const MemoryPlan& p = *got;
+
+  // Homes: bf16 parameter shards (2 B) and fp32 gradient shards (4 B) on the host, fp32 master +
+  // m + v shards (12 B) on NVMe.
+  const std::uint64_t host_home = (4096 + 100352) * 2 + (4096 + 100352) * 4;
+  const std::uint64_t nvme_home = (4096 + 100352) * 12;
+  EXPECT_EQ(p.home.device, 0u);
+  EXPECT_EQ(p.home.host, host_home);
+  EXPECT_EQ(p.home.nvme, nvme_home);
+  EXPECT_EQ(p.persistent, (std::vector<bool>{true, false}));
+
+  // Device: the prefetch bucket (50M elements / 2 ranks, bf16) exceeds every shard together, so
+  // the device cache holds all of them.
+  EXPECT_EQ(term_of(p, Tier::kDevice, "home blocks"), 0u);
+  EXPECT_EQ(term_of(p, Tier::kDevice, "device cache"), (4096u + 100352u) * 2);
+  EXPECT_EQ(term_of(p, Tier::kDevice, "persistent gathered"), 8192u * 2);
+  // Gathers: only "b" streams; gradients: both units (the two largest).
+  EXPECT_EQ(term_of(p, Tier::kDevice, "gather buffers"), 200704u * 2);
+  EXPECT_EQ(term_of(p, Tier::kDevice, "gradient buffers"), (8192u + 200704u) * 2);
+  // get_tensor's fp32 unit (200704 * 4 = 802816) fits in the 819200 bytes of micro-batch buffers.
+  EXPECT_EQ(term_of(p, Tier::kDevice, "scratch beyond"), 0u);
+  EXPECT_EQ(term_of(p, Tier::kDevice, "norm and scalar"), sizeof(gpu::NormAccumulator) + 2 * 2 * 4 * 4);
+  EXPECT_EQ(term_of(p, Tier::kDevice, "model activations"), 1000000u);
+
+  // Host: the default budget is the host-homed state plus four of the largest unit's NVMe state
+  // (b: 100352 * 12 B, rounded to 16 KiB) plus 1 MiB; the cache could take the rest of it, but
+  // holds at most every NVMe-homed block (1253376 B < 4 * 1212416 + 1 MiB).
+  const std::uint64_t unit_nvme = (100352ull * 12 + 16383) / 16384 * 16384;
+  EXPECT_EQ(unit_nvme, 1212416u);
+  const std::uint64_t budget = host_home + 4 * unit_nvme + (1u << 20);
+  EXPECT_EQ(p.host_budget_bytes, budget);
+  EXPECT_EQ(term_of(p, Tier::kHost, "home blocks"), host_home);
+  EXPECT_EQ(term_of(p, Tier::kHost, "host cache"), nvme_home);
+  // Chunks: the largest fp32 shard (100352 * 4 = 401408 B) under aio's 1 MiB block; 4 of them.
+  EXPECT_EQ(p.store.chunk_bytes, 401408u);
+  EXPECT_EQ(term_of(p, Tier::kHost, "store staging"), 4u * 401408);
+  EXPECT_EQ(term_of(p, Tier::kHost, "engine staging"), 200704u * 2 + 200704u * 4);
+  EXPECT_EQ(term_of(p, Tier::kNvme, "home blocks"), nvme_home);
+
+  const TierBytes b = p.bytes();
+  EXPECT_EQ(b.host, host_home + nvme_home + 4 * 401408 + 200704 * 6);
+  EXPECT_EQ(b.nvme, nvme_home);
+  EXPECT_EQ(p.store.device_budget_bytes, (4096u + 100352u) * 2);
+  EXPECT_EQ(p.store.host_budget_bytes, budget);
+  // Pool slack: the largest block (b's fp32 shards, 401408 B) and 2 MiB.
+  EXPECT_EQ(p.pool.budget_bytes, b.host + 401408 + (2u << 20));
+  // Swap: NVMe state + one 4 KiB extent of slack per block (5 per unit), plus a stripe, rounded
+  // to 1 MiB stripes, plus four stripes.
+  const std::uint64_t need = nvme_home + 2 * 5 * 4096;
+  EXPECT_EQ(p.swap_bytes_per_path, (need + (1u << 20) + (1u << 20) - 1) / (1u << 20) * (1u << 20) +
+                                       4 * (1u << 20));
+}
+
+// Stage 1 on the device: everything in the device tier; no gather buffers below stage 3.
+TEST(ZeroPlan, Stage1OnDeviceByHand) {
+  PlanInputs in;
+  in.stage = 1;
+  in.compute_dtype = DType::kBF16;
+  in.world_size = 2;
+  in.device_budget_bytes = 1ull << 30;
+  Config config;
+  const auto units = two_units_two_ranks();
+  auto got = plan_memory(in, config, units);
+  ASSERT_TRUE(got.is_ok()) << got.status().to_string();
+  const MemoryPlan& p = *got;
+  // Full bf16 parameters (padded), fp32 gradient shards, 12 B master + states per shard element.
+  const std::uint64_t dev_home = (8192 + 200704) * 2 + (4096 + 100352) * 4 + (4096 + 100352) * 12;
+  EXPECT_EQ(p.home.device, dev_home);
+  EXPECT_EQ(p.home.host, 0u);
+  EXPECT_EQ(p.home.nvme, 0u);
+  EXPECT_EQ(term_of(p, Tier::kDevice, "gather buffers"), 0u);
+  EXPECT_EQ(term_of(p, Tier::kDevice, "gradient buffers"), (8192u + 200704u) * 2);
+  // get_tensor's fp32 "b" (802816 B) needs 385024 B beyond the gradient buffers.
+  EXPECT_EQ(term_of(p, Tier::kDevice, "scratch beyond"), 200704u * 4 - (8192u + 200704u) * 2);
+  EXPECT_EQ(term_of(p, Tier::kDevice, "device cache"), 0u);
+  EXPECT_EQ(term_of(p, Tier::kDevice, "persistent gathered"), 0u);
+  EXPECT_EQ(p.persistent, (std::vector<bool>{false, false}));
+  EXPECT_EQ(p.swap_bytes_per_path, 0u);
+  // Nothing homed on the host: a budget of 1 MiB (+ no NVMe working set), and nothing to cache.
+  EXPECT_EQ(p.host_budget_bytes, 1u << 20);
+  EXPECT_EQ(term_of(p, Tier::kHost, "host cache"), 0u);
+  EXPECT_EQ(p.store.chunk_bytes, 401408u);
+}
+
+// The buffers hold the two largest units, whatever their order: four units of 4096, 16384, 8192
+// and 32768 elements (padded as they are for one rank), stage 3, fp32 (4 B), nothing persistent.
+TEST(ZeroPlan, BuffersHoldTheTwoLargestUnits) {
+  PlanInputs in;
+  in.stage = 3;
+  in.compute_dtype = DType::kF32;
+  in.world_size = 1;
+  in.device_budget_bytes = 1ull << 30;
+  Config config;
+  config.zero.stage3_param_persistence_threshold = 0;
+  std::vector<UnitLayout> units;
+  for (std::int64_t n : {4096, 16384, 8192, 32768}) {
+    units.push_back(plan_unit_layout(unit("u" + std::to_string(n), {n}), 1));
+  }
+  auto got = plan_memory(in, config, units);
+  ASSERT_TRUE(got.is_ok()) << got.status().to_string();
+  EXPECT_EQ(term_of(*got, Tier::kDevice, "gather buffers"), (32768u + 16384u) * 4);
+  EXPECT_EQ(term_of(*got, Tier::kDevice, "gradient buffers"), (32768u + 16384u) * 4);
+  // get_tensor's fp32 copy of the largest unit fits in those buffers.
+  EXPECT_EQ(term_of(*got, Tier::kDevice, "scratch beyond"), 0u);
+}
+
+TEST(ZeroPlan, DeviceOverBudgetNamesBytesAndSetting) {
+  PlanInputs in;
+  in.stage = 1;
+  in.compute_dtype = DType::kBF16;
+  in.world_size = 2;
+  in.device_budget_bytes = 1u << 20;
+  Config config;
+  const auto units = two_units_two_ranks();
+  auto got = plan_memory(in, config, units);
+  ASSERT_FALSE(got.is_ok());
+  EXPECT_EQ(got.status().code(), ErrorCode::kOutOfMemory);
+  const std::string m = got.status().message();
+  EXPECT_NE(m.find("device tier needs"), std::string::npos) << m;
+  EXPECT_NE(m.find("device budget of 1048576 bytes"), std::string::npos) << m;
+  EXPECT_NE(m.find("zero_optimization.offload_optimizer.device"), std::string::npos) << m;
+  // tierzero.device_budget wins over the device's own budget.
+  config.tierzero.device_budget = 1ull << 30;
+  EXPECT_TRUE(plan_memory(in, config, units).is_ok());
+}
+
+TEST(ZeroPlan, HostOverBudgetNamesTheKey) {
+  PlanInputs in;
+  in.stage = 2;
+  in.compute_dtype = DType::kBF16;
+  in.optimizer = Placement::kHost;
+  in.grad = Placement::kHost;
+  in.world_size = 2;
+  in.device_budget_bytes = 1ull << 30;
+  in.host_budget_bytes = 4096;
+  Config config;
+  const auto units = two_units_two_ranks();
+  auto got = plan_memory(in, config, units);
+  ASSERT_FALSE(got.is_ok());
+  EXPECT_EQ(got.status().code(), ErrorCode::kOutOfMemory);
+  // Host-homed master + m + v + gradient shards (16 B per shard element) and the staging: four
+  // 401408 B chunks, a 16-bit and an fp32 unit of "b".
+  const std::uint64_t host_home = (4096 + 100352) * 16;
+  const std::uint64_t staging = 4 * 401408 + 200704 * 2 + 200704 * 4;
+  EXPECT_NE(got.status().message().find("host tier needs at least " +
+                                        std::to_string(host_home + staging) + " bytes"),
+            std::string::npos)
+      << got.status().message();
+  EXPECT_NE(got.status().message().find("raise tierzero.host_budget"), std::string::npos);
+  // Exactly enough: the whole host tier is the budget (store blocks get what staging leaves).
+  in.host_budget_bytes = host_home + staging;
+  auto fits = plan_memory(in, config, units);
+  ASSERT_TRUE(fits.is_ok()) << fits.status().to_string();
+  EXPECT_EQ(fits->store.host_budget_bytes, host_home);
+  EXPECT_EQ(fits->bytes().host, host_home + staging);
+}
+
+TEST(ZeroPlan, EmptyUnitListIsRefused) {
+  PlanInputs in;
+  Config config;
+  EXPECT_FALSE(plan_memory(in, config, {}).is_ok());
+}
+
+// DESIGN.md's table with bf16 and Adam: 16Φ, 4Φ+12Φ/N, 2Φ+14Φ/N, 16Φ/N; offload moves terms.
+TEST(ZeroPlan, FormulaPerStage) {
+  const std::uint64_t phi = 1000000;
+  PlanInputs in;
+  in.compute_dtype = DType::kBF16;
+  in.optimizer_states = 2;
+  in.world_size = 4;
+  const std::uint64_t want[4] = {16 * phi, 4 * phi + 12 * phi / 4, 2 * phi + 14 * phi / 4,
+                                 16 * phi / 4};
+  for (int stage = 0; stage <= 3; ++stage) {
+    in.stage = stage;
+    EXPECT_EQ(formula_bytes(in, phi).device, want[stage]) << "stage " << stage;
+  }
+  in.stage = 3;
+  in.optimizer = Placement::kNvme;
+  in.grad = Placement::kHost;
+  in.param = Placement::kHost;
+  const TierBytes b = formula_bytes(in, phi);
+  EXPECT_EQ(b.device, 0u);
+  EXPECT_EQ(b.host, 4 * phi / 4);
+  EXPECT_EQ(b.nvme, 12 * phi / 4);
+}
+
+TEST(ZeroPlan, InputsFromOptionsAsTheEngineReadsThem) {
+  EngineOptions o;
+  o.config.bf16 = true;
+  o.config.zero.stage = 3;
+  o.config.zero.offload_optimizer.device = "nvme";
+  o.config.zero.offload_param.device = "cpu";
+  o.config.optimizer.type = "SGD";
+  o.config.optimizer.momentum = 0.9;
+  o.config.zero.offload_optimizer.nvme_path = "/a";
+  o.config.zero.offload_param.nvme_path = "/b";  // not nvme: not a swap path
+  o.activation_bytes = 123;
+  EXPECT_EQ(swap_paths(o), (std::vector<std::string>{"/a"}));
+  o.config.zero.offload_param.device = "nvme";
+  EXPECT_EQ(swap_paths(o), (std::vector<std::string>{"/a", "/b"}));
+  auto in = plan_inputs(o, 4, 1u << 30);
+  ASSERT_TRUE(in.is_ok()) << in.status().to_string();
+  EXPECT_EQ(in->compute_dtype, DType::kBF16);
+  EXPECT_EQ(in->optimizer, Placement::kNvme);
+  EXPECT_EQ(in->param, Placement::kNvme);
+  EXPECT_EQ(in->grad, Placement::kHost);
+  EXPECT_EQ(in->optimizer_states, 1);
+  EXPECT_EQ(in->world_size, 4);
+  EXPECT_EQ(in->activation_bytes, 123u);
+  EXPECT_EQ(in->nvme_paths, 2u);
+  o.nvme_path = "/c";  // --nvme-path: both offloads' files go there
+  EXPECT_EQ(swap_paths(o), (std::vector<std::string>{"/c"}));
+  o.config.zero.stage = 2;
+  auto bad = plan_inputs(o, 4, 1u << 30);
+  ASSERT_FALSE(bad.is_ok());
+  EXPECT_NE(bad.status().message().find("zero_optimization.offload_param.device"),
+            std::string::npos);
+  o.config.zero.offload_param.device = "disk";
+  EXPECT_FALSE(plan_inputs(o, 4, 1u << 30).is_ok());
+}
+
+}  // namespace
+}  // namespace tz::zero
