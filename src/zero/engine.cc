@@ -436,6 +436,7 @@ class EngineImpl final : public Engine {
     TZ_ASSIGN_OR_RETURN(MemoryPlan mp, plan_memory(in, config_, layouts));
     for (std::size_t i = 0; i < units_.size(); ++i) units_[i].persistent = mp.persistent[i];
     plan_ = mp.terms;
+    overlap_bytes_ = mp.overlap_bytes;
     const std::size_t es = dtype_size(compute_dtype_);
     const Tier opt_tier = tier_of(opt_place_);
     const Tier grad_tier = tier_of(grad_place_);
@@ -1392,56 +1393,25 @@ class EngineImpl final : public Engine {
     return Status::ok();
   }
 
-  // The buffers of eager's rollback snapshot and of delayed's pending update, with their plan
-  // terms. They sit beside the store's tiers (their own pinned pool, device allocations), so
-  // finalize's plan of the store is unchanged and plan_bytes() adds these terms.
+  // The buffers of eager's rollback snapshot and of delayed's pending update (plan_memory counts
+  // them: overlap_bytes_). They sit beside the store's tiers (their own pinned pool, or device
+  // allocations for eager with the optimizer on the device).
   Status finalize_overlap() {
+    if (overlap_bytes_ == 0) return Status::ok();
     const bool delayed = overlap_ == Overlap::kDelayed;
-    if (!delayed && !(overlap_ == Overlap::kEager && eager_snapshot_)) return Status::ok();
     const std::size_t es = dtype_size(compute_dtype_);
-    const bool on_device = opt_place_ == Placement::kDevice;
     const std::uint64_t state_bytes_per_elem = 4ull * (1 + static_cast<std::uint64_t>(states_));
-    std::uint64_t host_bytes = 0;
-    std::uint64_t device_bytes = 0;
-    for (const Unit& u : units_) {
-      if (delayed) {
-        host_bytes += round_up(u.layout.shard * 4, 4096) + round_up(u.opt_elems * es, 4096);
-      } else if (on_device) {
-        device_bytes += u.opt_elems * state_bytes_per_elem;
-      } else {
-        host_bytes += round_up(u.opt_elems * state_bytes_per_elem, 4096);
-      }
-    }
-    if (delayed) {
-      plan_.push_back(PlanTerm{Tier::kHost,
-                               "delayed: pending update's fp32 gradient shards and 16-bit "
-                               "parameters",
-                               host_bytes});
-    } else {
-      plan_.push_back(PlanTerm{on_device ? Tier::kDevice : Tier::kHost,
-                               "eager: rollback snapshot (master and optimizer states)",
-                               on_device ? device_bytes : host_bytes});
-    }
-    const std::uint64_t device_budget = config_.tierzero.device_budget > 0
-                                            ? config_.tierzero.device_budget
-                                            : device_.memory_stats().budget_bytes;
-    if (tier_plan(Tier::kDevice) > device_budget) {
-      return Status::out_of_memory(
-          "engine plan: with tierzero.overlap \"eager\" the device tier needs " +
-          std::to_string(tier_plan(Tier::kDevice)) + " bytes (" + std::to_string(device_bytes) +
-          " of them the rollback snapshot), over the device budget of " +
-          std::to_string(device_budget) +
-          " bytes; offload the optimizer, raise zero_optimization.stage or use \"exact\"");
-    }
-    if (on_device && !delayed) {
+    if (!delayed && opt_place_ == Placement::kDevice) {
       for (Unit& u : units_) {
         TZ_ASSIGN_OR_RETURN(u.snapshot_device, allocate_device(u.opt_elems * state_bytes_per_elem));
       }
       return Status::ok();
     }
     PinnedPoolOptions po;
-    po.budget_bytes = host_bytes;
-    po.slab_bytes = std::min<std::uint64_t>(1ull << 30, round_up(host_bytes, 2u << 20));
+    po.budget_bytes = overlap_bytes_;
+    const std::uint64_t slab_unit = 2u << 20;
+    po.slab_bytes = std::min<std::uint64_t>(
+        1ull << 30, (overlap_bytes_ + slab_unit - 1) / slab_unit * slab_unit);
     po.prefault = false;
     TZ_ASSIGN_OR_RETURN(PinnedPool pool, PinnedPool::create(po));
     overlap_pool_ = std::make_unique<PinnedPool>(std::move(pool));
@@ -1813,6 +1783,7 @@ class EngineImpl final : public Engine {
   bool eager_snapshot_ = false;               // eager: keep master and states to roll back
   std::optional<cpu::StepArgs> eager_args_;   // eager: the step's speculative update arguments
   double early_update_s_ = 0;                 // eager: time in early updates this step
+  std::uint64_t overlap_bytes_ = 0;           // the plan's term for the two below
   std::unique_ptr<PinnedPool> overlap_pool_;  // host buffers of eager's snapshot / delayed
   std::unique_ptr<UpdateWorker> worker_;      // delayed: runs the previous step's update
   bool update_running_ = false;               // delayed: a job was submitted, not waited for
