@@ -219,7 +219,10 @@ const std::vector<KeySpec>& schema() {
        "Bytes of NVMe swap space; 0 = free space on the swap paths.",
        TZ_BIND(tierzero.nvme_budget)},
       {"tierzero.overlap", Kind::kEnum, 0, 0, {"exact", "eager", "delayed"}, "exact",
-       "How the offloaded optimizer overlaps the GPU (DESIGN.md, overlap modes).",
+       "When the optimizer runs (docs/zero.md, overlap modes): exact = after backward, equal "
+       "to a non-offloaded run; eager = each unit as its gradient is reduced, rolled back and "
+       "redone when clipping or an overflow undo it; delayed = step t's CPU update during step "
+       "t+1 (parameters one step stale; offload_optimizer cpu or nvme).",
        TZ_BIND(tierzero.overlap)},
       {"tierzero.trace_path", Kind::kString, 0, 0, kNone, "",
        "Write a Chrome trace (Perfetto) of the run to this file.", TZ_BIND(tierzero.trace_path)},

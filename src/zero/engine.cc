@@ -11,12 +11,15 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <cstring>
 #include <deque>
 #include <limits>
+#include <mutex>
 #include <optional>
 #include <thread>
 #include <unordered_map>
+#include <utility>
 
 #include <xxhash.h>
 
@@ -174,6 +177,72 @@ struct DeferredFree {
   gpu::DeviceBuffer buffer;
 };
 
+// tierzero.overlap (docs/zero.md, "Overlap modes").
+enum class Overlap : std::uint8_t { kExact, kEager, kDelayed };
+
+// delayed mode's background update: one job at a time on a thread the engine owns. The job only
+// pins store blocks and runs the CPU optimizer (the store and the optimizer are safe to call from
+// another thread); it never touches a stream or a collective, so the rank's calls still pair up
+// across ranks in the same order.
+class UpdateWorker {
+ public:
+  UpdateWorker() : thread_([this] { loop(); }) {}
+  ~UpdateWorker() {
+    {
+      std::lock_guard lock(mu_);
+      stop_ = true;
+    }
+    wake_.notify_all();
+    thread_.join();
+  }
+  UpdateWorker(const UpdateWorker&) = delete;
+  UpdateWorker& operator=(const UpdateWorker&) = delete;
+
+  // Starts `job`; the previous one must have been waited for.
+  void submit(std::function<Status()> job) {
+    {
+      std::lock_guard lock(mu_);
+      TZ_ASSERT(!busy_, "UpdateWorker::submit while a job is pending");
+      job_ = std::move(job);
+      busy_ = true;
+    }
+    wake_.notify_all();
+  }
+
+  // Blocks until the submitted job (if any) has finished; returns its status once.
+  Status wait() {
+    std::unique_lock lock(mu_);
+    done_.wait(lock, [this] { return !busy_; });
+    return std::exchange(result_, Status::ok());
+  }
+
+ private:
+  void loop() {
+    std::unique_lock lock(mu_);
+    for (;;) {
+      wake_.wait(lock, [this] { return stop_ || job_ != nullptr; });
+      if (job_ == nullptr) return;  // stop_ with nothing left to run
+      std::function<Status()> job = std::move(job_);
+      job_ = nullptr;
+      lock.unlock();
+      Status s = job();  // no lock held: the job waits on store moves
+      lock.lock();
+      result_ = std::move(s);
+      busy_ = false;
+      done_.notify_all();
+    }
+  }
+
+  std::mutex mu_;  // guards every member below; never held while a job runs
+  std::condition_variable wake_;
+  std::condition_variable done_;
+  std::function<Status()> job_;
+  bool busy_ = false;
+  bool stop_ = false;
+  Status result_ = Status::ok();
+  std::thread thread_;  // last: started after the members it reads
+};
+
 struct Unit {
   UnitSpec spec;
   UnitLayout layout;
@@ -194,6 +263,19 @@ struct Unit {
   gpu::DeviceBuffer grad_buffer;
   UnitViews grad_views;
   int reduces = 0;  // reduce() calls since the last step
+  // delayed: the step's reduced fp32 gradient shard the background update reads (the
+  // accumulator is zeroed for the next step meanwhile) and the 16-bit parameters it writes, which
+  // the next step() publishes.
+  PinnedBuffer delayed_grad;
+  PinnedBuffer delayed_params;
+  // eager: master and optimizer states as they were before the early update (host for the CPU
+  // optimizer, device for the device one), kept when clipping or loss scaling may undo it.
+  PinnedBuffer snapshot_host;
+  gpu::DeviceBuffer snapshot_device;
+  bool updated_early = false;
+  // Stages 0-2: all-gathers of the unit's updated parameters (stage 0: of its reduced gradient)
+  // this step, for comm_formula.
+  std::uint64_t update_gathers = 0;
 };
 
 class EngineImpl final : public Engine {
@@ -208,12 +290,19 @@ class EngineImpl final : public Engine {
         scaler_(options.config.fp16) {}
 
   ~EngineImpl() override {
-    // Work that still reads engine buffers must finish before they go.
+    // Work that still reads engine buffers must finish before they go: a pending delayed
+    // update (its status has nowhere to go) and the device's streams.
+    if (worker_) worker_->wait().ignore();
+    worker_.reset();
     device_.synchronize().ignore();
     for (Unit& u : units_) {
       u.param_lease.release();
       u.gathered.reset();
       u.grad_buffer.reset();
+      u.snapshot_device.reset();
+      u.snapshot_host.reset();  // the overlap pool must outlive its buffers
+      u.delayed_grad.reset();
+      u.delayed_params.reset();
     }
     deferred_.clear();
     store_.reset();
@@ -262,10 +351,7 @@ class EngineImpl final : public Engine {
           "zero_optimization.offload_param.nvme_path: needed with offload_param.device nvme (or "
           "pass --nvme-path)");
     }
-    if (config_.tierzero.overlap != "exact") {
-      return Status::unavailable("tierzero.overlap: \"" + config_.tierzero.overlap +
-                                 "\" is not implemented by this engine yet; use \"exact\"");
-    }
+    TZ_RETURN_IF_ERROR(init_overlap());
     grad_place_ = opt_place_ == Placement::kDevice ? Placement::kDevice : Placement::kHost;
     if (config_.gradient_accumulation_steps < 1) {
       return Status::invalid_argument("gradient_accumulation_steps: must be >= 1");
@@ -350,6 +436,7 @@ class EngineImpl final : public Engine {
     TZ_ASSIGN_OR_RETURN(MemoryPlan mp, plan_memory(in, config_, layouts));
     for (std::size_t i = 0; i < units_.size(); ++i) units_[i].persistent = mp.persistent[i];
     plan_ = mp.terms;
+    overlap_bytes_ = mp.overlap_bytes;
     const std::size_t es = dtype_size(compute_dtype_);
     const Tier opt_tier = tier_of(opt_place_);
     const Tier grad_tier = tier_of(grad_place_);
@@ -406,6 +493,7 @@ class EngineImpl final : public Engine {
                           store_->create_block(u.layout.shard * 4, grad_tier, base + ".grad"));
       // Blocks read as zeros until written, so parameters, states and gradients start at zero.
     }
+    TZ_RETURN_IF_ERROR(finalize_overlap());
     finalized_ = true;
     return Status::ok();
   }
@@ -414,6 +502,9 @@ class EngineImpl final : public Engine {
   Status set_tensor(UnitId id, std::size_t tensor, std::span<const float> values,
                     TensorState which) override {
     TZ_RETURN_IF_ERROR(check_tensor(id, tensor, values.size(), "set_tensor"));
+    // delayed: the pending update finishes and is published first, so the value set here is
+    // not overwritten by parameters computed before it.
+    TZ_RETURN_IF_ERROR(publish_pending_update());
     Unit& u = units_[id];
     TZ_ASSIGN_OR_RETURN(BlockId block, state_block(u, which));
     const std::size_t off = u.layout.offsets[tensor];
@@ -444,6 +535,9 @@ class EngineImpl final : public Engine {
   Status get_tensor(UnitId id, std::size_t tensor, std::span<float> out,
                     TensorState which) override {
     TZ_RETURN_IF_ERROR(check_tensor(id, tensor, out.size(), "get_tensor"));
+    // delayed: the state after the pending update (the masters and states a checkpoint saves);
+    // its parameters are still published only at the next step(), so the run is unchanged.
+    TZ_RETURN_IF_ERROR(wait_pending_update());
     Unit& u = units_[id];
     TZ_ASSIGN_OR_RETURN(BlockId block, state_block(u, which));
     const std::size_t off = u.layout.offsets[tensor];
@@ -599,6 +693,9 @@ class EngineImpl final : public Engine {
     u.grad_views = UnitViews{};
     ++u.reduces;
     stall_reduce_s_ += seconds_since(t0);
+    if (overlap_ == Overlap::kEager && u.reduces == gradient_accumulation_steps()) {
+      return update_early(u);
+    }
     return Status::ok();
   }
 
@@ -621,6 +718,9 @@ class EngineImpl final : public Engine {
     StepReport report;
     report.loss_scale = scaler_.scale();
     gpu::Stream& st = device_.compute_stream();
+    // delayed: the previous step's update ran during this step's forward and backward; its
+    // parameters become the ones the next forward sees.
+    TZ_RETURN_IF_ERROR(publish_pending_update());
 
     // Global norm and overflow flag from every rank's reduced shards, in unit order.
     TZ_ASSIGN_OR_RETURN(gpu::NormAccumulator local, local_norm());
@@ -634,26 +734,35 @@ class EngineImpl final : public Engine {
                              config_.scheduler.last_batch_iteration + updates_done_);
     report.skipped = overflow;
     scaler_.update(overflow);
-    if (!overflow) {
-      double multiplier = 1.0 / divisor;
+    double multiplier = 1.0 / divisor;
+    bool clipped = false;
+    if (!overflow && config_.gradient_clipping > 0) {
       // DeepSpeed's clipping: scale by max_norm / (norm + 1e-6) when that is below 1.
-      if (config_.gradient_clipping > 0) {
-        const double clip = (report.grad_norm + 1e-6) / config_.gradient_clipping;
-        if (clip > 1.0) multiplier /= clip;
+      const double clip = (report.grad_norm + 1e-6) / config_.gradient_clipping;
+      if (clip > 1.0) {
+        multiplier /= clip;
+        clipped = true;
       }
-      cpu::StepArgs args;
-      args.step = ++updates_done_;
-      args.grad_multiplier = static_cast<float>(multiplier);
-      args.grad_dtype = DType::kF32;
-      args.copy_dtype = compute_dtype_ == DType::kF32 ? DType::kBF16 : compute_dtype_;
-      args.lr_override = report.lr;
+    }
+    if (overlap_ == Overlap::kEager) {
+      // The early updates used 1 / divisor: right unless the step clips or overflows.
+      const bool undo = overflow || clipped;
+      report.rolled_back = undo;
+      if (undo) TZ_RETURN_IF_ERROR(roll_back_early_updates(overflow));
+      if (!overflow && !undo) ++updates_done_;  // the early updates were this step's
+    }
+    if (!overflow && (overlap_ == Overlap::kExact || report.rolled_back)) {
+      const cpu::StepArgs args = update_args(multiplier, ++updates_done_);
       for (std::size_t i = 0; i < units_.size(); ++i) {
         // NVMe-homed optimizer state: the next unit's reads start while this one updates (the
         // previous unit's write-back is already in flight from its unpin).
         if (opt_place_ == Placement::kNvme && i + 1 < units_.size()) prefetch_states(units_[i + 1]);
         TZ_RETURN_IF_ERROR(update_unit(units_[i], args));
       }
-    } else {
+    } else if (!overflow && overlap_ == Overlap::kDelayed) {
+      TZ_RETURN_IF_ERROR(start_delayed_update(update_args(multiplier, ++updates_done_)));
+    }
+    if (overflow) {
       TZ_LOG_WARN("step %lld: Inf/NaN in the gradient on some rank; update skipped (loss scale %g "
                   "-> %g)", static_cast<long long>(steps_done_ + 1), report.loss_scale,
                   scaler_.scale());
@@ -664,11 +773,16 @@ class EngineImpl final : public Engine {
     TZ_RETURN_IF_ERROR(zero_gradients());
     TZ_RETURN_IF_ERROR(sync(st, "step"));
     reap_deferred(true);
-    for (Unit& u : units_) u.reduces = 0;
+    for (Unit& u : units_) {
+      u.reduces = 0;
+      u.updated_early = false;
+    }
+    eager_args_.reset();
     store_->mark_step();
     ++steps_done_;
     report.step = steps_done_;
-    report.stall_optimizer_s = seconds_since(t_opt);
+    report.stall_optimizer_s = seconds_since(t_opt) + early_update_s_;
+    early_update_s_ = 0;
     report.stall_gather_s = stall_gather_s_;
     report.stall_reduce_s = stall_reduce_s_;
     report.stall_s = report.stall_gather_s + report.stall_reduce_s + report.stall_optimizer_s;
@@ -684,7 +798,8 @@ class EngineImpl final : public Engine {
       report.comm_bytes[std::string(comm::collective_op_name(o))] =
           now.ops[op].bytes_sent - comm_base_.ops[op].bytes_sent;
     }
-    report.comm_formula_bytes = comm_formula(report.skipped);
+    report.comm_formula_bytes = comm_formula();
+    for (Unit& u : units_) u.update_gathers = 0;
     const store::StoreStats ss = store_->stats();
     report.nvme_read_bytes = ss.nvme_read_bytes() - nvme_read_base_;
     report.nvme_write_bytes = ss.nvme_write_bytes() - nvme_write_base_;
@@ -783,6 +898,7 @@ class EngineImpl final : public Engine {
     TierBytes b;
     b.device = device_.memory_stats().peak_bytes;
     if (pool_) b.host = pool_->stats().peak_bytes;
+    if (overlap_pool_) b.host += overlap_pool_->stats().peak_bytes;
     if (store_) b.nvme = store_->stats().tier(Tier::kNvme).peak_bytes;
     return b;
   }
@@ -812,6 +928,7 @@ class EngineImpl final : public Engine {
     TierBytes b;
     b.device = device_.memory_stats().in_use_bytes;
     if (pool_) b.host = pool_->stats().in_use_bytes;
+    if (overlap_pool_) b.host += overlap_pool_->stats().in_use_bytes;
     if (store_) b.nvme = store_->used_bytes(Tier::kNvme);
     return b;
   }
@@ -1108,7 +1225,7 @@ class EngineImpl final : public Engine {
   // Stage 0: every rank's reduced shard gathered into the full fp32-exact gradient of the unit,
   // in 16-bit when the shard holds one micro-batch (its fp32 values are exact 16-bit values, so
   // the bits match stage 1's) and in fp32 otherwise. Returns the dtype; data in `dev_full`.
-  Result<DType> gather_full_gradient(const Unit& u, const Lease& acc, gpu::DeviceBuffer& dev_full) {
+  Result<DType> gather_full_gradient(Unit& u, const Lease& acc, gpu::DeviceBuffer& dev_full) {
     gpu::Stream& st = device_.compute_stream();
     const std::size_t s = u.layout.shard;
     const DType dt = gradient_accumulation_steps() == 1 ? compute_dtype_ : DType::kF32;
@@ -1130,6 +1247,7 @@ class EngineImpl final : public Engine {
     }
     TZ_RETURN_IF_ERROR(with_unit(u, "step: gradient all_gather",
                                  comm_.all_gather(mine, dev_full.data(), s, dt, st)));
+    ++u.update_gathers;
     return dt;
   }
 
@@ -1232,6 +1350,7 @@ class EngineImpl final : public Engine {
       TZ_RETURN_IF_ERROR(with_unit(
           u, "step: parameter all_gather",
           comm_.all_gather(param_dst, param.data(), s, compute_dtype_, st)));
+      ++u.update_gathers;
     }
     // The host staging buffers and the leases' bytes are reused by the next unit: finish here.
     TZ_RETURN_IF_ERROR(sync(st, "step '" + u.spec.name + "'"));
@@ -1242,12 +1361,333 @@ class EngineImpl final : public Engine {
     return Status::ok();
   }
 
+  // --- Overlap modes (docs/zero.md, "Overlap modes") ---------------------------------------------
+  Status init_overlap() {
+    const std::string& mode = config_.tierzero.overlap;
+    if (mode == "exact") {
+      overlap_ = Overlap::kExact;
+    } else if (mode == "eager") {
+      overlap_ = Overlap::kEager;
+      // Only clipping and loss scaling (with its overflow skips) can change a step's multiplier
+      // after the early updates; without them the speculation cannot be wrong but for a
+      // non-finite gradient the model itself produced (step() reports that as an error).
+      eager_snapshot_ = config_.gradient_clipping > 0 || config_.fp16.enabled;
+    } else if (mode == "delayed") {
+      if (opt_place_ == Placement::kDevice) {
+        return Status::invalid_argument(
+            "tierzero.overlap: \"delayed\" runs step t's update on the CPU during step t+1's "
+            "forward and backward, so it needs zero_optimization.offload_optimizer.device cpu "
+            "or nvme (here the optimizer is on the device: use \"exact\" or \"eager\")");
+      }
+      if (stage_ == 0) {
+        return Status::invalid_argument(
+            "tierzero.overlap: \"delayed\" needs zero_optimization.stage >= 1 (stage 0 "
+            "all-gathers the gradient for the update, a collective the background update "
+            "cannot issue)");
+      }
+      overlap_ = Overlap::kDelayed;
+    } else {
+      return Status::invalid_argument("tierzero.overlap: expected exact, eager or delayed, got '" +
+                                      mode + "'");
+    }
+    return Status::ok();
+  }
+
+  // The buffers of eager's rollback snapshot and of delayed's pending update (plan_memory counts
+  // them: overlap_bytes_). They sit beside the store's tiers (their own pinned pool, or device
+  // allocations for eager with the optimizer on the device).
+  Status finalize_overlap() {
+    if (overlap_bytes_ == 0) return Status::ok();
+    const bool delayed = overlap_ == Overlap::kDelayed;
+    const std::size_t es = dtype_size(compute_dtype_);
+    const std::uint64_t state_bytes_per_elem = 4ull * (1 + static_cast<std::uint64_t>(states_));
+    if (!delayed && opt_place_ == Placement::kDevice) {
+      for (Unit& u : units_) {
+        TZ_ASSIGN_OR_RETURN(u.snapshot_device, allocate_device(u.opt_elems * state_bytes_per_elem));
+      }
+      return Status::ok();
+    }
+    PinnedPoolOptions po;
+    po.budget_bytes = overlap_bytes_;
+    const std::uint64_t slab_unit = 2u << 20;
+    po.slab_bytes = std::min<std::uint64_t>(
+        1ull << 30, (overlap_bytes_ + slab_unit - 1) / slab_unit * slab_unit);
+    po.prefault = false;
+    TZ_ASSIGN_OR_RETURN(PinnedPool pool, PinnedPool::create(po));
+    overlap_pool_ = std::make_unique<PinnedPool>(std::move(pool));
+    gpu::Device* dev = &device_;
+    PinnedSlabHook hook;
+    hook.name = "device";
+    hook.on_add = [dev](const PinnedSlab& s) { return dev->register_host_memory(s.data, s.bytes); };
+    hook.on_remove = [dev](const PinnedSlab& s) { dev->unregister_host_memory(s.data).ignore(); };
+    TZ_RETURN_IF_ERROR(overlap_pool_->add_slab_hook(hook));
+    for (Unit& u : units_) {
+      if (delayed) {
+        TZ_ASSIGN_OR_RETURN(u.delayed_grad, overlap_pool_->allocate(u.layout.shard * 4));
+        TZ_ASSIGN_OR_RETURN(u.delayed_params, overlap_pool_->allocate(u.opt_elems * es));
+      } else {
+        TZ_ASSIGN_OR_RETURN(u.snapshot_host,
+                            overlap_pool_->allocate(u.opt_elems * state_bytes_per_elem));
+      }
+    }
+    if (delayed) worker_ = std::make_unique<UpdateWorker>();
+    return Status::ok();
+  }
+
+  // The optimizer's arguments for update number `step` (1-based, skipped steps excluded) with
+  // gradient multiplier `multiplier`; the schedule's learning rate for it (DeepSpeed advances
+  // the schedule after each applied update).
+  cpu::StepArgs update_args(double multiplier, std::int64_t step) const {
+    cpu::StepArgs args;
+    args.step = step;
+    args.grad_multiplier = static_cast<float>(multiplier);
+    args.grad_dtype = DType::kF32;
+    args.copy_dtype = compute_dtype_ == DType::kF32 ? DType::kBF16 : compute_dtype_;
+    args.lr_override =
+        scheduled_lr(config_.scheduler, spec_.lr, config_.scheduler.last_batch_iteration + step - 1);
+    return args;
+  }
+
+  // eager: the unit's update as soon as its last micro-batch's gradient is reduced, with the
+  // multiplier the step has when it neither clips nor overflows (1 / (scale N k)); step()
+  // checks that and rolls back otherwise. The snapshot is taken first when a rollback can come.
+  Status update_early(Unit& u) {
+    const auto t0 = Clock::now();
+    if (!eager_args_) {
+      const double divisor =
+          scaler_.scale() * static_cast<double>(world_) * gradient_accumulation_steps();
+      eager_args_ = update_args(1.0 / divisor, updates_done_ + 1);
+    }
+    if (eager_snapshot_) TZ_RETURN_IF_ERROR(copy_snapshot(u, /*to_snapshot=*/true));
+    TZ_RETURN_IF_ERROR(update_unit(u, *eager_args_));
+    u.updated_early = true;
+    early_update_s_ += seconds_since(t0);
+    return Status::ok();
+  }
+
+  // eager: the unit's master and optimizer states into its snapshot, or back from it.
+  Status copy_snapshot(Unit& u, bool to_snapshot) {
+    const bool on_device = opt_place_ == Placement::kDevice;
+    const Tier tier = on_device ? Tier::kDevice : Tier::kHost;
+    const std::size_t bytes = u.opt_elems * 4;
+    gpu::Stream& st = device_.compute_stream();
+    std::byte* snap = on_device ? u.snapshot_device.as<std::byte>() : u.snapshot_host.data();
+    const char* what = to_snapshot ? "eager: snapshot" : "eager: rollback";
+    for (int i = 0; i <= states_; ++i) {
+      const BlockId block = i == 0 ? u.master : u.state[i - 1];
+      TZ_ASSIGN_OR_RETURN(Lease l, pin_for(u, what, block, tier,
+                                           to_snapshot ? Access::kRead : Access::kWrite));
+      TZ_RETURN_IF_ERROR(with_unit(u, what, l.wait()));
+      std::byte* kept = snap + static_cast<std::size_t>(i) * bytes;
+      void* dst = to_snapshot ? static_cast<void*>(kept) : l.data();
+      const void* src = to_snapshot ? l.data() : static_cast<const void*>(kept);
+      if (on_device) {
+        TZ_RETURN_IF_ERROR(with_unit(
+            u, what, device_.copy_async(dst, src, bytes, gpu::CopyKind::kDeviceToDevice, st)));
+        l.release(&st);
+      } else {
+        std::memcpy(dst, src, bytes);
+        l.release();
+      }
+    }
+    return Status::ok();
+  }
+
+  // eager, when the step clips or overflows: every unit updated early gets its master and states
+  // back, then step() redoes the update exactly (clipping) or skips it (overflow: the parameters
+  // are re-derived from the restored master, the cast the optimizer's copy makes, so they get
+  // the bits they had before the early update).
+  Status roll_back_early_updates(bool overflow) {
+    if (!eager_snapshot_) {
+      return Status::corrupt(
+          "step " + std::to_string(steps_done_ + 1) + " on rank " + std::to_string(rank_) +
+          ": a non-finite gradient under tierzero.overlap \"eager\" without gradient_clipping or "
+          "fp16 loss scaling, so without a rollback snapshot: the units were updated as their "
+          "gradients arrived and their weights are no longer finite. Resume from a checkpoint, "
+          "with \"exact\" (which skips such steps) or with clipping or fp16 on (then eager keeps "
+          "a snapshot and rolls back)");
+    }
+    for (Unit& u : units_) {
+      if (!u.updated_early) continue;
+      TZ_RETURN_IF_ERROR(copy_snapshot(u, /*to_snapshot=*/false));
+      if (overflow) TZ_RETURN_IF_ERROR(write_params_from_master(u));
+    }
+    return sync(device_.compute_stream(), "eager rollback");
+  }
+
+  // The compute-dtype parameters of `u` written from its master (stages 1-2: this rank's slice,
+  // then all-gathered), as update_unit writes the optimizer's copy.
+  Status write_params_from_master(Unit& u) {
+    gpu::Stream& st = device_.compute_stream();
+    const std::size_t n = u.opt_elems;
+    const bool on_device = opt_place_ == Placement::kDevice;
+    const bool copy16 = compute_dtype_ != DType::kF32;
+    TZ_ASSIGN_OR_RETURN(Lease master, pin_for(u, "eager rollback: master", u.master,
+                                              on_device ? Tier::kDevice : Tier::kHost,
+                                              Access::kRead));
+    TZ_RETURN_IF_ERROR(with_unit(u, "eager rollback: master", master.wait()));
+    if (!on_device) {
+      const void* src = master.data();
+      if (copy16) {
+        host_cast_from_f32(static_cast<const float*>(master.data()), stage16_.data(),
+                           compute_dtype_, n);
+        src = stage16_.data();
+      }
+      Status s = write_params(u, src);
+      master.release();
+      return s;
+    }
+    const bool whole = stage_ == 0 || stage_ == 3;
+    TZ_ASSIGN_OR_RETURN(Lease param, pin_for(u, "eager rollback: parameters", u.param,
+                                             Tier::kDevice,
+                                             whole ? Access::kWrite : Access::kReadWrite));
+    TZ_RETURN_IF_ERROR(with_unit(u, "eager rollback: parameters", param.wait()));
+    const std::size_t es = dtype_size(compute_dtype_);
+    auto* dst = static_cast<std::byte*>(param.data()) +
+                (whole ? 0 : static_cast<std::size_t>(rank_) * u.layout.shard * es);
+    if (copy16) {
+      TZ_RETURN_IF_ERROR(with_unit(u, "eager rollback: cast",
+                                   device_.cast(master.data(), DType::kF32, dst, compute_dtype_,
+                                                n, st)));
+    } else {
+      TZ_RETURN_IF_ERROR(device_.copy_async(dst, master.data(), n * 4,
+                                            gpu::CopyKind::kDeviceToDevice, st));
+    }
+    if (stage_ == 1 || stage_ == 2) {
+      TZ_RETURN_IF_ERROR(with_unit(
+          u, "eager rollback: parameter all_gather",
+          comm_.all_gather(dst, param.data(), u.layout.shard, compute_dtype_, st)));
+      ++u.update_gathers;
+    }
+    TZ_RETURN_IF_ERROR(sync(st, "eager rollback '" + u.spec.name + "'"));
+    param.release();
+    master.release();
+    return Status::ok();
+  }
+
+  // This rank's compute-dtype parameters of `u` (opt_elems elements of host memory in
+  // `src`) into the parameter block where the next forward finds them: in place in the host
+  // tier for a host- or NVMe-homed stage-3 shard, else the device copy; stages 1-2 write their
+  // slice and all-gather the full unit.
+  Status write_params(Unit& u, const void* src) {
+    gpu::Stream& st = device_.compute_stream();
+    const std::size_t es = dtype_size(compute_dtype_);
+    const std::size_t n = u.opt_elems;
+    const bool whole = stage_ == 0 || stage_ == 3;
+    const Tier param_tier =
+        stage_ == 3 && param_place_ != Placement::kDevice ? Tier::kHost : Tier::kDevice;
+    TZ_ASSIGN_OR_RETURN(Lease param, pin_for(u, "parameters", u.param, param_tier,
+                                             whole ? Access::kWrite : Access::kReadWrite));
+    TZ_RETURN_IF_ERROR(with_unit(u, "parameters", param.wait()));
+    auto* dst = static_cast<std::byte*>(param.data()) +
+                (whole ? 0 : static_cast<std::size_t>(rank_) * u.layout.shard * es);
+    if (param_tier == Tier::kHost) {
+      std::memcpy(dst, src, n * es);
+    } else {
+      TZ_RETURN_IF_ERROR(with_unit(u, "parameters: copy to device",
+                                   device_.copy_async(dst, src, n * es,
+                                                      gpu::CopyKind::kHostToDevice, st)));
+      copy_bytes_ += n * es;
+    }
+    if (stage_ == 1 || stage_ == 2) {
+      TZ_RETURN_IF_ERROR(with_unit(
+          u, "parameter all_gather",
+          comm_.all_gather(dst, param.data(), u.layout.shard, compute_dtype_, st)));
+      ++u.update_gathers;
+    }
+    // `src` may be a staging buffer the caller reuses: finish here.
+    TZ_RETURN_IF_ERROR(sync(st, "parameters of '" + u.spec.name + "'"));
+    param.release();
+    return Status::ok();
+  }
+
+  // delayed: hands the step's update to the worker. The reduced gradient shards are copied out of
+  // the accumulators (zeroed for the next step right after); the worker updates master and
+  // states in place and writes the 16-bit parameters to Unit::delayed_params.
+  Status start_delayed_update(const cpu::StepArgs& args) {
+    TZ_ASSERT(!update_running_ && !update_unpublished_, "delayed update started twice");
+    for (Unit& u : units_) {
+      TZ_ASSIGN_OR_RETURN(Lease acc, pin_for(u, "delayed: gradient", u.grad_acc, Tier::kHost,
+                                             Access::kRead));
+      TZ_RETURN_IF_ERROR(with_unit(u, "delayed: gradient", acc.wait()));
+      std::memcpy(u.delayed_grad.data(), acc.data(), u.layout.shard * 4);
+      acc.release();
+    }
+    update_running_ = true;
+    worker_->submit([this, args] { return run_delayed_update(args); });
+    return Status::ok();
+  }
+
+  // The worker's job: every unit's update in registration order (NVMe state read ahead one unit,
+  // as in exact mode). Touches only the store (thread-safe), the CPU optimizer (the rank's
+  // thread does not call it while a job runs), the units' delayed buffers and
+  // worker_optimizer_s_ (read by the rank's thread after wait()).
+  Status run_delayed_update(const cpu::StepArgs& args) {
+    const bool copy16 = compute_dtype_ != DType::kF32;
+    for (std::size_t i = 0; i < units_.size(); ++i) {
+      if (opt_place_ == Placement::kNvme && i + 1 < units_.size()) prefetch_states(units_[i + 1]);
+      Unit& u = units_[i];
+      TZ_ASSIGN_OR_RETURN(Lease master, pin_for(u, "delayed update: master", u.master,
+                                                Tier::kHost, Access::kReadWrite));
+      Lease states[2];
+      for (int s = 0; s < states_; ++s) {
+        TZ_ASSIGN_OR_RETURN(states[s], pin_for(u, "delayed update: optimizer state", u.state[s],
+                                               Tier::kHost, Access::kReadWrite));
+      }
+      TZ_RETURN_IF_ERROR(with_unit(u, "delayed update: master", master.wait()));
+      for (int s = 0; s < states_; ++s) {
+        TZ_RETURN_IF_ERROR(with_unit(u, "delayed update: optimizer state", states[s].wait()));
+      }
+      cpu::Shard shard;
+      shard.param = static_cast<float*>(master.data());
+      shard.grad = u.delayed_grad.data();
+      for (int s = 0; s < states_; ++s) shard.state[s] = states[s].data();
+      shard.param_copy = copy16 ? u.delayed_params.data() : nullptr;
+      shard.n = u.opt_elems;
+      const auto t0 = Clock::now();
+      TZ_RETURN_IF_ERROR(with_unit(u, "delayed update: cpu optimizer",
+                                   cpu_opt_->step(std::span<const cpu::Shard>(&shard, 1), args)));
+      if (!copy16) std::memcpy(u.delayed_params.data(), master.data(), u.opt_elems * 4);
+      worker_optimizer_s_ += seconds_since(t0);
+      for (int s = 0; s < states_; ++s) states[s].release();
+      master.release();
+    }
+    return Status::ok();
+  }
+
+  // delayed: waits for the update in flight (the rank's thread stalls on the optimizer); its
+  // error, if any, comes back here.
+  Status wait_pending_update() {
+    if (!update_running_) return Status::ok();
+    Status s = worker_->wait();
+    update_running_ = false;
+    update_unpublished_ = s.is_ok();
+    optimizer_s_ += worker_optimizer_s_;
+    worker_optimizer_s_ = 0;
+    return s;
+  }
+
+  // delayed: waits for the pending update and publishes its parameters (the next forward sees
+  // them; persistent stage-3 units are gathered again).
+  Status publish_pending_update() {
+    TZ_RETURN_IF_ERROR(wait_pending_update());
+    if (!update_unpublished_) return Status::ok();
+    update_unpublished_ = false;
+    for (Unit& u : units_) {
+      TZ_RETURN_IF_ERROR(write_params(u, u.delayed_params.data()));
+      u.persistent_valid = false;
+    }
+    return Status::ok();
+  }
+
   // DESIGN.md's communication per rank per step for this config and model, in the ring's byte
   // counts (comm::ring_bytes): every micro-batch reduce-scatters each unit (the 16-bit gradient);
   // stage 3 all-gathers each unit in forward and again in backward (a persistent unit once per
   // step); stages 1-2 all-gather the updated 16-bit parameters, stage 0 the reduced gradient
-  // (fp32 when k > 1); a skipped step gathers nothing after it. all_reduce: the norm's scalars.
-  nlohmann::ordered_json comm_formula(bool skipped) const {
+  // (fp32 when k > 1), once per pass of updates over the unit (Unit::update_gathers: exact one,
+  // none when the step is skipped; eager one more after a rollback; delayed one when the
+  // previous step's update is published). all_reduce: the norm's scalars.
+  nlohmann::ordered_json comm_formula() const {
     const auto k = static_cast<std::uint64_t>(gradient_accumulation_steps());
     const std::size_t es = dtype_size(compute_dtype_);
     std::uint64_t ag = 0, rs = 0;
@@ -1259,9 +1699,9 @@ class EngineImpl final : public Engine {
       rs += k * ring(comm::CollectiveOp::kReduceScatter, sh, es);
       if (stage_ == 3) {
         ag += (u.persistent ? 1 : 2 * k) * ring(comm::CollectiveOp::kAllGather, sh, es);
-      } else if (!skipped) {
+      } else {
         const std::size_t e = stage_ == 0 && k > 1 ? 4 : es;
-        ag += ring(comm::CollectiveOp::kAllGather, sh, e);
+        ag += u.update_gathers * ring(comm::CollectiveOp::kAllGather, sh, e);
       }
     }
     nlohmann::ordered_json j;
@@ -1337,6 +1777,18 @@ class EngineImpl final : public Engine {
   std::uint64_t copy_bytes_ = 0;  // the engine's own host<->device copies this step
   double optimizer_s_ = 0;        // CPU optimizer and host gradient accumulation this step
   std::uint64_t nvme_write_base_ = 0;
+
+  // Overlap modes (docs/zero.md).
+  Overlap overlap_ = Overlap::kExact;
+  bool eager_snapshot_ = false;               // eager: keep master and states to roll back
+  std::optional<cpu::StepArgs> eager_args_;   // eager: the step's speculative update arguments
+  double early_update_s_ = 0;                 // eager: time in early updates this step
+  std::uint64_t overlap_bytes_ = 0;           // the plan's term for the two below
+  std::unique_ptr<PinnedPool> overlap_pool_;  // host buffers of eager's snapshot / delayed
+  std::unique_ptr<UpdateWorker> worker_;      // delayed: runs the previous step's update
+  bool update_running_ = false;               // delayed: a job was submitted, not waited for
+  bool update_unpublished_ = false;           // delayed: finished, parameters not yet published
+  double worker_optimizer_s_ = 0;             // delayed: the worker's CPU optimizer time
 };
 
 }  // namespace

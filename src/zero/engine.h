@@ -126,6 +126,9 @@ struct TierBytes {
 struct StepReport {
   std::int64_t step = 0;          // 1-based count of optimizer steps taken (skipped ones too)
   bool skipped = false;           // an Inf/NaN gradient: no update on any rank, scale lowered
+  // tierzero.overlap "eager": the early updates were undone (the step clipped or overflowed) and
+  // the step was redone exactly or skipped.
+  bool rolled_back = false;
   double grad_norm = 0;           // global L2 norm of the unscaled gradient (before clipping)
   double lr = 0;                  // learning rate the update used (after the schedule)
   double loss_scale = 1;          // scale the step's backward used (1 without fp16)

@@ -317,6 +317,39 @@ Result<MemoryPlan> plan_memory(const PlanInputs& in, const Config& config,
         round_up(need / in.nvme_paths + plan.swap_stripe_bytes, plan.swap_stripe_bytes) +
         4 * plan.swap_stripe_bytes;
   }
+  // tierzero.overlap (docs/zero.md, "Overlap modes"): eager keeps a rollback snapshot of master
+  // and states when clipping or fp16 loss scaling can undo its early updates (device memory with
+  // the optimizer there, else pinned host memory); delayed keeps the pending update's fp32
+  // gradient shards and compute-dtype parameters in pinned host memory. Both come from their own
+  // pool beside the store's tiers, so nothing above depends on them.
+  const std::string& overlap = config.tierzero.overlap;
+  const bool delayed = overlap == "delayed";
+  const bool snapshot =
+      overlap == "eager" && (config.gradient_clipping > 0 || config.fp16.enabled);
+  if (delayed || snapshot) {
+    const bool on_device = snapshot && in.optimizer == Placement::kDevice;
+    for (const UnitLayout& u : units) {
+      if (delayed) {
+        plan.overlap_bytes += round_up(u.shard * 4, 4096) + round_up(opt_elems(u) * es, 4096);
+      } else {
+        const std::uint64_t b = opt_elems(u) * 4 * (1 + states);
+        plan.overlap_bytes += on_device ? b : round_up(b, 4096);
+      }
+    }
+    term(on_device ? Tier::kDevice : Tier::kHost,
+         delayed ? "delayed: pending update's fp32 gradient shards and 16-bit parameters"
+                 : "eager: rollback snapshot (master and optimizer states)",
+         plan.overlap_bytes);
+    if (on_device && plan.tier_bytes(Tier::kDevice) > plan.device_budget_bytes) {
+      return Status::out_of_memory(
+          "engine plan: with tierzero.overlap \"eager\" the device tier needs " +
+          std::to_string(plan.tier_bytes(Tier::kDevice)) + " bytes (" +
+          std::to_string(plan.overlap_bytes) + " of them the rollback snapshot), over the device "
+          "budget of " + std::to_string(plan.device_budget_bytes) +
+          " bytes; offload the optimizer, raise zero_optimization.stage, turn gradient_clipping "
+          "off or use \"exact\"");
+    }
+  }
   return plan;
 }
 

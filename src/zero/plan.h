@@ -72,6 +72,9 @@ struct MemoryPlan {
   std::uint64_t stage32_bytes = 0;        // and one fp32 unit
   std::uint64_t swap_bytes_per_path = 0;  // 0 when nothing is homed on NVMe
   std::uint64_t swap_stripe_bytes = 0;
+  // tierzero.overlap's buffers (eager's rollback snapshot, delayed's pending update), also a
+  // term; 0 in exact mode or for eager without clipping and fp16.
+  std::uint64_t overlap_bytes = 0;
 
   std::uint64_t tier_bytes(store::Tier tier) const;  // sum of the tier's terms
   TierBytes bytes() const;                           // every tier's sum

@@ -6,238 +6,62 @@
 
 #include <cmath>
 #include <cstdio>
-#include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
-#include "test_model.h"
+#include "engine_bodies.h"
 #include "zero/engine.h"
 
 namespace tz::zero {
 namespace {
 
-using testing::EngineModel;
-using testing::make_config;
-using testing::ModelShape;
-using testing::ReferenceModel;
+using testing::describe;
+using testing::kSeed;
+using testing::launch_local;
+using testing::RunHooks;
+using testing::RunResult;
+using testing::RunSpec;
 
-constexpr std::uint64_t kSeed = 20261201;
-
-struct RunSpec {
-  int ranks = 2;
-  int stage = 0;
-  std::string offload_optimizer = "none";
-  std::string offload_param = "none";
-  std::string dtype = "fp32";  // fp32 | bf16 | fp16
-  int accumulation = 1;
-  double clip = 0.5;
-  int batch = 4;
-  int steps = 5;
-  ModelShape shape;
-  std::string extra;  // more top-level JSON members, each followed by a comma
-  std::uint64_t host_budget = 0;  // EngineOptions::host_budget_bytes (0 = the engine's default)
-  // zero_optimization.stage3_param_persistence_threshold; -1 = the default (100000: every unit
-  // of the test model stays gathered), 0 = every unit gathered and released at each use.
-  long persistence = -1;
-};
-
-std::string config_json(const RunSpec& r) {
-  std::string j = "{";
-  j += r.extra;
-  j += "\"train_micro_batch_size_per_gpu\": " + std::to_string(r.batch) + ",";
-  j += "\"gradient_accumulation_steps\": " + std::to_string(r.accumulation) + ",";
-  j += "\"gradient_clipping\": " + std::to_string(r.clip) + ",";
-  j += "\"bf16\": {\"enabled\": " + std::string(r.dtype == "bf16" ? "true" : "false") + "},";
-  if (r.dtype == "fp16") {
-    j += "\"fp16\": {\"enabled\": true, \"initial_scale_power\": 12, \"hysteresis\": 1},";
-  }
-  j += "\"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 0.01, \"weight_decay\": 0.01}},";
-  const std::string path = ::testing::TempDir();
-  j += "\"zero_optimization\": {\"stage\": " + std::to_string(r.stage) +
-       ", \"offload_optimizer\": {\"device\": \"" + r.offload_optimizer +
-       "\", \"nvme_path\": \"" + path + "\"}, \"offload_param\": {\"device\": \"" +
-       r.offload_param + "\", \"nvme_path\": \"" + path + "\"}" +
-       (r.persistence >= 0
-            ? ", \"stage3_param_persistence_threshold\": " + std::to_string(r.persistence)
-            : std::string()) +
-       "}";
-  j += "}";
-  return j;
-}
-
-struct RunResult {
-  std::uint64_t hash = 0;
-  std::vector<std::vector<float>> weights;  // rank 0's view (identical on every rank)
-  std::vector<StepReport> reports;          // rank 0's
-  std::vector<std::vector<StepReport>> reports_by_rank;
-  std::vector<TierBytes> plan_by_rank;
-};
-
-// Runs `r` and checks that every rank ends with the same weights.
 RunResult run(const RunSpec& r, std::vector<int> poison_steps = {}) {
-  RunResult result;
-  std::mutex mu;
-  std::vector<std::uint64_t> hashes(static_cast<std::size_t>(r.ranks));
-  EngineOptions opts;
-  opts.config = make_config(config_json(r));
-  opts.host_budget_bytes = r.host_budget;
-  Status s = run_local_ranks(r.ranks, 256u << 20, [&](int rank, gpu::Device& dev, comm::Comm& comm) {
-    TZ_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::create(opts, dev, comm));
-    EngineModel model(*engine, r.shape);
-    TZ_RETURN_IF_ERROR(model.build());
-    TZ_RETURN_IF_ERROR(model.init(kSeed));
-    std::vector<StepReport> reports;
-    for (int step = 0; step < r.steps; ++step) {
-      bool poison = false;
-      for (int p : poison_steps) poison = poison || (p == step && rank == 0);
-      TZ_ASSIGN_OR_RETURN(StepReport rep, model.train_step(step, r.batch, kSeed, poison));
-      reports.push_back(rep);
-    }
-    TZ_ASSIGN_OR_RETURN(std::uint64_t h, engine->params_xxh3());
-    TZ_ASSIGN_OR_RETURN(auto w, model.weights());
-    std::lock_guard lock(mu);
-    hashes[static_cast<std::size_t>(rank)] = h;
-    result.reports_by_rank.resize(static_cast<std::size_t>(r.ranks));
-    result.reports_by_rank[static_cast<std::size_t>(rank)] = reports;
-    result.plan_by_rank.resize(static_cast<std::size_t>(r.ranks));
-    result.plan_by_rank[static_cast<std::size_t>(rank)] = engine->plan_bytes();
-    if (rank == 0) {
-      result.weights = std::move(w);
-      result.reports = std::move(reports);
-    }
-    return Status::ok();
-  });
-  EXPECT_TRUE(s.is_ok()) << s.to_string() << " for " << config_json(r);
-  for (std::uint64_t h : hashes) EXPECT_EQ(h, hashes[0]) << "ranks disagree";
-  result.hash = hashes[0];
-  return result;
+  RunHooks hooks;
+  hooks.poison_steps = std::move(poison_steps);
+  return testing::run(launch_local, r, hooks);
 }
 
-std::string describe(const RunSpec& r) {
-  return "ranks=" + std::to_string(r.ranks) + " stage=" + std::to_string(r.stage) +
-         " opt=" + r.offload_optimizer + " param=" + r.offload_param + " dtype=" + r.dtype +
-         " k=" + std::to_string(r.accumulation);
+// The multi-rank bodies (engine_bodies.h; engine_mpi_test.cc runs them under mpirun too).
+TEST(ZeroEngine, StagesAndPlacementsBitIdenticalFp32TwoRanks) {
+  testing::expect_bit_identical(launch_local, 2, "fp32", 1);
 }
-
-// Every stage and every placement the build supports: the same fp32 masters after 5 steps.
-void expect_bit_identical(int ranks, const std::string& dtype, int accumulation) {
-  std::printf("seed %llu\n", static_cast<unsigned long long>(kSeed));
-  RunSpec base;
-  base.ranks = ranks;
-  base.dtype = dtype;
-  base.accumulation = accumulation;
-  const RunResult ref = run(base);
-  ASSERT_NE(ref.hash, 0u);
-  for (int stage = 0; stage <= 3; ++stage) {
-    for (const std::string opt : {"none", "cpu", "nvme"}) {
-      if (stage == 0 && opt != "none") continue;  // DeepSpeed's rule: offload needs stage >= 1
-      std::vector<std::string> params = {"none"};
-      if (stage == 3) params = {"none", "cpu", "nvme"};
-      for (const std::string& param : params) {
-        for (long persistence : {-1L, 0L}) {
-          if (stage != 3 && persistence == 0) continue;
-          RunSpec r = base;
-          r.stage = stage;
-          r.offload_optimizer = opt;
-          r.offload_param = param;
-          r.persistence = persistence;
-          const RunResult got = run(r);
-          EXPECT_EQ(got.hash, ref.hash) << describe(r) << " persistence " << persistence
-                                        << " differs from " << describe(base);
-        }
-      }
-    }
-  }
+TEST(ZeroEngine, StagesAndPlacementsBitIdenticalBf16FourRanks) {
+  testing::expect_bit_identical(launch_local, 4, "bf16", 1);
 }
-
-TEST(ZeroEngine, StagesAndPlacementsBitIdenticalFp32TwoRanks) { expect_bit_identical(2, "fp32", 1); }
-TEST(ZeroEngine, StagesAndPlacementsBitIdenticalBf16FourRanks) { expect_bit_identical(4, "bf16", 1); }
 TEST(ZeroEngine, StagesAndPlacementsBitIdenticalBf16Accumulation) {
-  expect_bit_identical(2, "bf16", 3);
+  testing::expect_bit_identical(launch_local, 2, "bf16", 3);
 }
-TEST(ZeroEngine, StagesAndPlacementsBitIdenticalFp16) { expect_bit_identical(2, "fp16", 1); }
-
-// The masters after 20 steps against the float64 reference of the same model and data.
-// Tolerance: |engine - ref| <= 2e-4 + 2e-3 |ref| (fp32 forward/backward and update against
-// float64; Adam's normalized steps keep the error near fp32 rounding times the step count).
-void expect_tracks_reference(int ranks, int stage, const std::string& opt) {
-  std::printf("seed %llu\n", static_cast<unsigned long long>(kSeed));
-  RunSpec r;
-  r.ranks = ranks;
-  r.stage = stage;
-  r.offload_optimizer = opt;
-  r.steps = 20;
-  r.clip = 0.5;
-  const RunResult got = run(r);
-  ReferenceModel::Hyper h;
-  h.clip = r.clip;
-  ReferenceModel ref(r.shape, h, kSeed);
-  const int global = r.ranks * r.batch * r.accumulation;
-  for (int step = 0; step < r.steps; ++step) {
-    ref.adamw_step(ref.gradient(static_cast<std::int64_t>(step) * global, global, kSeed));
-  }
-  ASSERT_EQ(got.weights.size(), ref.params().size());
-  double worst = 0;
-  for (std::size_t i = 0; i < got.weights.size(); ++i) {
-    for (std::size_t j = 0; j < got.weights[i].size(); ++j) {
-      const double want = ref.params()[i][j];
-      const double err = std::abs(got.weights[i][j] - want);
-      worst = std::max(worst, err);
-      ASSERT_LE(err, 2e-4 + 2e-3 * std::abs(want)) << "tensor " << i << " element " << j;
-    }
-  }
-  std::printf("worst |engine - float64| = %.3g\n", worst);
+TEST(ZeroEngine, StagesAndPlacementsBitIdenticalFp16) {
+  testing::expect_bit_identical(launch_local, 2, "fp16", 1);
 }
 
-TEST(ZeroEngine, TracksFloat64ReferenceOneRank) { expect_tracks_reference(1, 0, "none"); }
-TEST(ZeroEngine, TracksFloat64ReferenceTwoRanksStage2Cpu) { expect_tracks_reference(2, 2, "cpu"); }
-TEST(ZeroEngine, TracksFloat64ReferenceFourRanksStage3) { expect_tracks_reference(4, 3, "none"); }
+TEST(ZeroEngine, TracksFloat64ReferenceOneRank) {
+  testing::expect_tracks_reference(launch_local, 1, 0, "none");
+}
+TEST(ZeroEngine, TracksFloat64ReferenceTwoRanksStage2Cpu) {
+  testing::expect_tracks_reference(launch_local, 2, 2, "cpu");
+}
+TEST(ZeroEngine, TracksFloat64ReferenceFourRanksStage3) {
+  testing::expect_tracks_reference(launch_local, 4, 3, "none");
+}
 
-// k micro-batches of B samples equal one micro-batch of k*B samples (the same samples).
 TEST(ZeroEngine, AccumulationEqualsLargerBatch) {
-  std::printf("seed %llu\n", static_cast<unsigned long long>(kSeed));
-  RunSpec acc;
-  acc.ranks = 1;
-  acc.stage = 2;
-  acc.accumulation = 4;
-  acc.batch = 3;
-  acc.steps = 6;
-  RunSpec big = acc;
-  big.accumulation = 1;
-  big.batch = 12;
-  const RunResult a = run(acc);
-  const RunResult b = run(big);
-  ASSERT_EQ(a.weights.size(), b.weights.size());
-  for (std::size_t i = 0; i < a.weights.size(); ++i) {
-    for (std::size_t j = 0; j < a.weights[i].size(); ++j) {
-      ASSERT_NEAR(a.weights[i][j], b.weights[i][j], 1e-5 + 1e-4 * std::abs(b.weights[i][j]))
-          << "tensor " << i << " element " << j;
-    }
-  }
+  testing::expect_accumulation_equals_larger_batch(launch_local, 1);
+}
+TEST(ZeroEngine, AccumulationEqualsLargerBatchTwoRanks) {
+  testing::expect_accumulation_equals_larger_batch(launch_local, 2);
 }
 
-// An Inf on rank 0's gradient at step 2 (0-based): every rank reports the step skipped, the scale
-// halves (hysteresis 1), the step count still advances, and the ranks keep identical weights.
 TEST(ZeroEngine, Fp16OverflowSkipsEveryRankAndHalvesScale) {
-  std::printf("seed %llu\n", static_cast<unsigned long long>(kSeed));
-  RunSpec r;
-  r.ranks = 2;
-  r.stage = 3;
-  r.dtype = "fp16";
-  r.steps = 4;
-  const RunResult got = run(r, {2});
-  ASSERT_EQ(got.reports.size(), 4u);
-  EXPECT_FALSE(got.reports[1].skipped);
-  EXPECT_TRUE(got.reports[2].skipped);
-  EXPECT_FALSE(got.reports[3].skipped);
-  EXPECT_EQ(got.reports[2].loss_scale, 4096.0);
-  EXPECT_EQ(got.reports[3].loss_scale, 2048.0);
-  EXPECT_EQ(got.reports[3].step, 4);
-  for (const auto& reps : got.reports_by_rank) {
-    ASSERT_EQ(reps.size(), 4u);
-    EXPECT_TRUE(reps[2].skipped);
-    EXPECT_FALSE(reps[1].skipped || reps[3].skipped);
-  }
+  testing::expect_overflow_skips_every_rank(launch_local, 2);
 }
 
 // Both offloads on NVMe with a host tier of four units' state for eight units: every step

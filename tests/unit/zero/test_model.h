@@ -77,6 +77,22 @@ inline void store(const TensorView& v, std::size_t i, float x) {
   }
 }
 
+// x rounded to `dtype` (round to nearest even, as the engine's casts), back in fp32.
+inline float round_to(DType dtype, float x) {
+  switch (dtype) {
+    case DType::kF32:
+      return x;
+    case DType::kBF16:
+      return bf16_to_f32(f32_to_bf16(x));
+    case DType::kF16:
+      return fp16_to_f32(f32_to_fp16(x));
+  }
+  return x;
+}
+
+// The model's weights as weights() returns them: per unit, the weight then the bias.
+using Weights = std::vector<std::vector<float>>;
+
 // The model on the engine. Samples of (step, micro-batch, rank) are global indices
 // ((step * k + b) * N + r) * B + s, so that the reference sees the same global batch.
 class EngineModel {
@@ -107,11 +123,20 @@ class EngineModel {
   }
 
   // One micro-batch of `batch` samples starting at global sample `first`. `poison`: write an Inf
-  // into the first gradient element of the last unit (an overflow).
-  Result<double> micro_batch(std::int64_t first, int batch, std::uint64_t seed, bool poison = false) {
+  // into the first gradient element of the last unit (an overflow). `forward_weights`: compute
+  // forward and backward with these values (already rounded to the compute dtype) instead of the
+  // gathered parameters, which are still gathered and released as the protocol asks (the
+  // reference of a run whose parameters are stale).
+  Result<double> micro_batch(std::int64_t first, int batch, std::uint64_t seed, bool poison = false,
+                             const Weights* forward_weights = nullptr) {
     const int w = shape_.width;
     const int L = shape_.layers;
     const auto W = static_cast<std::size_t>(w);
+    auto param = [forward_weights](const UnitViews& v, int layer, std::size_t t, std::size_t i) {
+      return forward_weights != nullptr
+                 ? (*forward_weights)[static_cast<std::size_t>(2 * layer) + t][i]
+                 : load(v[t], i);
+    };
     // acts[l] = input of layer l (acts[L] = output), per sample.
     std::vector<std::vector<float>> acts(static_cast<std::size_t>(L + 1),
                                          std::vector<float>(static_cast<std::size_t>(batch) * W));
@@ -127,9 +152,9 @@ class EngineModel {
       TZ_RETURN_IF_ERROR(e_.compute_stream().synchronize());
       for (int s = 0; s < batch; ++s) {
         for (std::size_t o = 0; o < W; ++o) {
-          float z = load(v[1], o);
+          float z = param(v, l, 1, o);
           for (std::size_t j = 0; j < W; ++j) {
-            z += load(v[0], o * W + j) * acts[static_cast<std::size_t>(l)][s * W + j];
+            z += param(v, l, 0, o * W + j) * acts[static_cast<std::size_t>(l)][s * W + j];
           }
           acts[static_cast<std::size_t>(l + 1)][s * W + o] = l + 1 < L ? std::tanh(z) : z;
         }
@@ -163,7 +188,7 @@ class EngineModel {
           db[o] += d;
           for (std::size_t j = 0; j < W; ++j) {
             dw[o * W + j] += d * in[s * W + j];
-            din[s * W + j] += load(v[0], o * W + j) * d;
+            din[s * W + j] += param(v, l, 0, o * W + j) * d;
           }
         }
       }
@@ -179,12 +204,13 @@ class EngineModel {
 
   // One optimizer step of k micro-batches of `batch` samples per rank.
   Result<StepReport> train_step(std::int64_t step, int batch, std::uint64_t seed,
-                                bool poison = false) {
+                                bool poison = false, const Weights* forward_weights = nullptr) {
     const int k = e_.gradient_accumulation_steps();
     const int n = e_.world_size();
     for (int b = 0; b < k; ++b) {
       const std::int64_t first = ((step * k + b) * n + e_.rank()) * batch;
-      TZ_ASSIGN_OR_RETURN(double loss, micro_batch(first, batch, seed, poison && b == 0));
+      TZ_ASSIGN_OR_RETURN(double loss,
+                          micro_batch(first, batch, seed, poison && b == 0, forward_weights));
       static_cast<void>(loss);
     }
     return e_.step();

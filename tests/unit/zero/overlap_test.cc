@@ -1,0 +1,225 @@
+// The optimizer overlap modes on HostDevice ranks (LocalComm threads): "delayed" equals an
+// exact-mode run whose updates are applied one step late, bit for bit, over stages 1-3 and the
+// CPU and NVMe optimizer placements; "eager" equals "exact" bit for bit without clipping or loss
+// scaling, and after forced rollbacks (a clip threshold that triggers, an injected Inf under
+// fp16); configurations a mode cannot run are refused by name.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "engine_bodies.h"
+#include "zero/engine.h"
+
+namespace tz::zero {
+namespace {
+
+using testing::launch_local;
+using testing::RunSpec;
+
+TEST(ZeroOverlap, DelayedEqualsOneStepLateReferenceBf16) {
+  for (int stage = 1; stage <= 3; ++stage) {
+    for (const std::string opt : {"cpu", "nvme"}) {
+      SCOPED_TRACE("stage " + std::to_string(stage) + " optimizer " + opt);
+      testing::expect_delayed_equals_stale_reference(launch_local, 2, "bf16", stage, opt);
+    }
+  }
+}
+
+TEST(ZeroOverlap, DelayedEqualsOneStepLateReferenceStage3ParamOffload) {
+  for (const std::string param : {"cpu", "nvme"}) {
+    SCOPED_TRACE("parameters " + param);
+    testing::expect_delayed_equals_stale_reference(launch_local, 2, "bf16", 3, "nvme", param);
+  }
+}
+
+TEST(ZeroOverlap, DelayedEqualsOneStepLateReferenceFp32FourRanks) {
+  testing::expect_delayed_equals_stale_reference(launch_local, 4, "fp32", 2, "cpu");
+}
+
+// fp16 with an Inf at step 2: the reference skips the same step (the decision is step 2's own
+// gradient), and the pending update of step 1 is still published.
+TEST(ZeroOverlap, DelayedWithOverflowEqualsOneStepLateReference) {
+  testing::expect_delayed_equals_stale_reference(launch_local, 2, "fp16", 3, "cpu", "none", {2});
+  testing::expect_overflow_skips_every_rank(launch_local, 2, "delayed", "cpu");
+}
+
+TEST(ZeroOverlap, DelayedRefusesTheOptimizerOnTheDevice) {
+  EngineOptions opts;
+  opts.config = testing::make_config(R"({"zero_optimization": {"stage": 2},
+                                         "tierzero": {"overlap": "delayed"}})");
+  Status s = run_local_ranks(1, 64u << 20, [&](int, gpu::Device& dev, comm::Comm& comm) {
+    return Engine::create(opts, dev, comm).status();
+  });
+  ASSERT_FALSE(s.is_ok());
+  EXPECT_NE(s.message().find("tierzero.overlap"), std::string::npos) << s.to_string();
+  EXPECT_NE(s.message().find("offload_optimizer.device"), std::string::npos) << s.to_string();
+}
+
+// set_tensor while an update is pending waits for it and publishes it first: the value set is
+// what get_tensor returns (the background update does not overwrite it), and the other tensors
+// keep the pending update (they equal a run without the set_tensor).
+TEST(ZeroOverlap, DelayedSetTensorWaitsForThePendingUpdate) {
+  RunSpec r;
+  r.ranks = 2;
+  r.stage = 2;
+  r.offload_optimizer = "cpu";
+  r.dtype = "bf16";
+  r.overlap = "delayed";
+  EngineOptions opts;
+  opts.config = testing::make_config(testing::config_json(r));
+  const auto n = static_cast<std::size_t>(r.shape.width) * static_cast<std::size_t>(r.shape.width);
+  std::vector<float> value(n);
+  for (std::size_t i = 0; i < n; ++i) value[i] = 0.25f - static_cast<float>(i % 7) / 16.0f;
+  std::vector<testing::Weights> after(2);
+  for (int with_set = 0; with_set < 2; ++with_set) {
+    Status s = run_local_ranks(r.ranks, 64u << 20, [&](int rank, gpu::Device& dev, comm::Comm& comm) {
+      TZ_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::create(opts, dev, comm));
+      testing::EngineModel model(*engine, r.shape);
+      TZ_RETURN_IF_ERROR(model.build());
+      TZ_RETURN_IF_ERROR(model.init(testing::kSeed));
+      for (int step = 0; step < 2; ++step) {
+        TZ_RETURN_IF_ERROR(model.train_step(step, r.batch, testing::kSeed).status());
+      }
+      if (with_set == 1) TZ_RETURN_IF_ERROR(engine->set_tensor(0, 0, value));
+      TZ_ASSIGN_OR_RETURN(testing::Weights w, model.weights());
+      if (rank == 0) after[static_cast<std::size_t>(with_set)] = std::move(w);
+      return Status::ok();
+    });
+    ASSERT_TRUE(s.is_ok()) << s.to_string();
+  }
+  ASSERT_EQ(after[1].size(), after[0].size());
+  EXPECT_EQ(after[1][0], value);
+  for (std::size_t t = 1; t < after[0].size(); ++t) EXPECT_EQ(after[1][t], after[0][t]) << t;
+  EXPECT_NE(after[0][0], value);
+}
+
+// No clipping, no loss scaling: the early updates are the step's updates (no snapshot kept).
+TEST(ZeroOverlap, EagerEqualsExactWithoutClippingOrScaling) {
+  for (int stage = 0; stage <= 3; ++stage) {
+    for (const std::string opt : {"none", "cpu", "nvme"}) {
+      if (stage == 0 && opt != "none") continue;
+      for (const std::string dtype : {"fp32", "bf16"}) {
+        RunSpec r;
+        r.ranks = 2;
+        r.stage = stage;
+        r.offload_optimizer = opt;
+        r.dtype = dtype;
+        r.clip = 0;
+        r.persistence = stage == 3 ? 0 : -1;
+        testing::expect_eager_equals_exact(launch_local, r, /*expect_rollbacks=*/false);
+      }
+    }
+  }
+}
+
+// Clipping configured but never triggered (threshold far above the norm): snapshot kept, no
+// rollback, same bits; with accumulation too.
+TEST(ZeroOverlap, EagerEqualsExactWhenClippingDoesNotTrigger) {
+  RunSpec r;
+  r.ranks = 2;
+  r.stage = 2;
+  r.offload_optimizer = "cpu";
+  r.dtype = "bf16";
+  r.clip = 1e6;
+  r.accumulation = 2;
+  testing::expect_eager_equals_exact(launch_local, r, /*expect_rollbacks=*/false);
+}
+
+// A clip threshold below every step's norm: every step rolls back and is redone exactly.
+TEST(ZeroOverlap, EagerRollsBackWhenClippingTriggers) {
+  for (int stage = 0; stage <= 3; ++stage) {
+    for (const std::string opt : {"none", "cpu", "nvme"}) {
+      if (stage == 0 && opt != "none") continue;
+      RunSpec r;
+      r.ranks = 2;
+      r.stage = stage;
+      r.offload_optimizer = opt;
+      r.dtype = "bf16";
+      r.clip = 1e-3;
+      r.persistence = stage == 3 ? 0 : -1;
+      testing::expect_eager_equals_exact(launch_local, r, /*expect_rollbacks=*/true);
+    }
+  }
+}
+
+// fp16 dynamic loss scaling with an Inf on rank 0 at step 2: that step rolls back and is skipped
+// on every rank, its parameters restored; the others need no rollback (the clip never triggers).
+TEST(ZeroOverlap, EagerRollsBackAnInjectedInfUnderFp16) {
+  for (int stage = 1; stage <= 3; ++stage) {
+    for (const std::string opt : {"none", "cpu"}) {
+      RunSpec r;
+      r.ranks = 2;
+      r.stage = stage;
+      r.offload_optimizer = opt;
+      r.dtype = "fp16";
+      r.clip = 1e6;
+      r.persistence = stage == 3 ? 0 : -1;
+      testing::expect_eager_equals_exact(launch_local, r, /*expect_rollbacks=*/false, {2});
+    }
+  }
+  testing::expect_overflow_skips_every_rank(launch_local, 2, "eager", "cpu");
+}
+
+// Without a snapshot (no clipping, bf16) a non-finite gradient cannot be undone: step() says so.
+TEST(ZeroOverlap, EagerWithoutSnapshotReportsANonFiniteGradient) {
+  RunSpec r;
+  r.ranks = 1;
+  r.stage = 1;
+  r.dtype = "bf16";
+  r.clip = 0;
+  r.overlap = "eager";
+  EngineOptions opts;
+  opts.config = testing::make_config(testing::config_json(r));
+  Status s = run_local_ranks(1, 64u << 20, [&](int, gpu::Device& dev, comm::Comm& comm) {
+    TZ_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::create(opts, dev, comm));
+    testing::EngineModel model(*engine, r.shape);
+    TZ_RETURN_IF_ERROR(model.build());
+    TZ_RETURN_IF_ERROR(model.init(testing::kSeed));
+    return model.train_step(0, r.batch, testing::kSeed, /*poison=*/true).status();
+  });
+  ASSERT_FALSE(s.is_ok());
+  EXPECT_NE(s.message().find("tierzero.overlap \"eager\""), std::string::npos) << s.to_string();
+}
+
+// The plan counts eager's snapshot and delayed's buffers, and the measured peaks stay within it.
+TEST(ZeroOverlap, PlanCountsOverlapBuffersAndPeaksStayWithin) {
+  for (const std::string overlap : {"eager", "delayed"}) {
+    for (const std::string opt : {"none", "cpu", "nvme"}) {
+      if (overlap == "delayed" && opt == "none") continue;
+      RunSpec r;
+      r.ranks = 2;
+      r.stage = 3;
+      r.dtype = "bf16";
+      r.offload_optimizer = opt;
+      r.overlap = overlap;
+      r.clip = 1e-3;  // eager: a snapshot, and rollbacks every step
+      r.persistence = 0;
+      r.steps = 3;
+      RunSpec exact = r;
+      exact.overlap = "exact";
+      const testing::RunResult base = testing::run(launch_local, exact);
+      const testing::RunResult got = testing::run(launch_local, r);
+      for (std::size_t rank = 0; rank < got.reports_by_rank.size(); ++rank) {
+        SCOPED_TRACE(testing::describe(r) + " rank " + std::to_string(rank));
+        const TierBytes plan = got.plan_by_rank[rank];
+        const TierBytes peak = got.reports_by_rank[rank].back().peak_bytes;
+        EXPECT_LE(peak.device, plan.device);
+        EXPECT_LE(peak.host, plan.host);
+        EXPECT_LE(peak.nvme, plan.nvme);
+        // 3 units of 2048-element shards: Adam keeps master, m, v (12 B) per element; delayed
+        // keeps an fp32 gradient (4 B) and a bf16 parameter (2 B) per element.
+        const std::uint64_t extra = overlap == "eager" ? 3 * 2048 * 12 : 3 * 2048 * 6;
+        const TierBytes b = base.plan_by_rank[rank];
+        if (overlap == "eager" && opt == "none") {
+          EXPECT_EQ(plan.device, b.device + extra);
+        } else {
+          EXPECT_EQ(plan.host, b.host + extra);
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace tz::zero
