@@ -198,12 +198,11 @@ Result<MemoryPlan> plan_memory(const PlanInputs& in, const Config& config,
   const std::uint64_t grads = largest_sum(all_padded, 3) * es;
   term(Tier::kDevice, "gather buffers (3 largest units)", gather);
   term(Tier::kDevice, "gradient buffers (3 largest units)", grads);
-  // Stage 0's gathered gradient (in step(), after every gradient buffer went back) and
-  // get_tensor's fp32 unit (between steps) are never live with the micro-batch's buffers, so the
-  // device peak grows only by what they need beyond those.
-  const std::uint64_t scratch = max_padded * 4;
-  term(Tier::kDevice, "scratch beyond the micro-batch buffers (stage-0 gathered gradient, get_tensor)",
-       scratch > gather + grads ? scratch - gather - grads : 0);
+  // Stage 0's gathered gradient (in step()) and get_tensor's fp32 unit (between steps), counted
+  // in full: counting only what they need beyond the micro-batch buffers let a stage-3 run with
+  // offloaded parameters pass the plan by one unit (e2e.train.peaks; which allocation overlaps
+  // is not pinned down yet).
+  term(Tier::kDevice, "scratch (stage-0 gathered gradient, get_tensor)", max_padded * 4);
   term(Tier::kDevice, "norm and scalar buffers",
        sizeof(gpu::NormAccumulator) +
            static_cast<std::uint64_t>(in.world_size) * 2 * kScalarPieces * 4);

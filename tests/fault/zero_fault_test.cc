@@ -45,7 +45,9 @@ Outcome run(std::uint64_t fail_request) {
   std::atomic<nvme::FaultEngine*> faults{nullptr};
   EngineOptions opts;
   opts.config = fault_config();
-  opts.host_budget_bytes = 4 * 3 * 2048 * 4 + (64u << 10);  // four units' state of eight
+  // The whole host tier: four units' state of eight and the gradient shards in the store, plus
+  // the engine's staging at this shape (278,528 bytes; the plan's error names it if it changes).
+  opts.host_budget_bytes = 4 * 3 * 2048 * 4 + (64u << 10) + 278528;
   opts.wrap_io_engine = [&](std::unique_ptr<nvme::IoEngine> inner) {
     nvme::FaultOptions fo;
     fo.seed = kSeed;
