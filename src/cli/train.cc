@@ -151,15 +151,7 @@ Status check_nvme_path(const std::string& dir, std::uint64_t needed) {
 Result<RunSetup> prepare(const TrainFlags& f) {
   RunSetup s;
   s.flags = f;
-  const ConfigLoad load = load_config_with_nvme_path(f.config_path, f.nvme_path);
-  if (!load.ok()) {
-    for (const ConfigDiagnostic& d : load.diagnostics) {
-      if (d.severity == ConfigDiagnostic::Severity::kError) {
-        return Status::invalid_argument(f.config_path + ": " + d.message);
-      }
-    }
-  }
-  s.config = load.config;
+  TZ_ASSIGN_OR_RETURN(s.config, load_run_config(f.config_path, f.nvme_path));
   TZ_ASSIGN_OR_RETURN(s.shape, model::parse_model(f.model));
   const int seq = f.seq > 0 ? f.seq : s.shape.seq;
   if (f.seq < 0) return Status::invalid_argument("--seq must be positive");

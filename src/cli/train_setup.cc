@@ -29,6 +29,18 @@ ConfigLoad load_config_with_nvme_path(const std::string& config_path, const std:
   return load_config_text(j.dump());
 }
 
+Result<Config> load_run_config(const std::string& config_path, const std::string& nvme_path) {
+  const ConfigLoad load = load_config_with_nvme_path(config_path, nvme_path);
+  if (!load.ok()) {
+    for (const ConfigDiagnostic& d : load.diagnostics) {
+      if (d.severity == ConfigDiagnostic::Severity::kError) {
+        return Status::invalid_argument(config_path + ": " + d.message);
+      }
+    }
+  }
+  return load.config;
+}
+
 DType compute_dtype_of(const Config& config) {
   if (config.bf16) return DType::kBF16;
   if (config.fp16.enabled) return DType::kF16;

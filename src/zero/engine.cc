@@ -94,18 +94,6 @@ double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-Tier tier_of(Placement p) {
-  switch (p) {
-    case Placement::kDevice:
-      return Tier::kDevice;
-    case Placement::kHost:
-      return Tier::kHost;
-    case Placement::kNvme:
-      return Tier::kNvme;
-  }
-  return Tier::kHost;
-}
-
 Result<Placement> parse_offload(const std::string& device, const char* key) {
   if (device == "none") return Placement::kDevice;
   if (device == "cpu") return Placement::kHost;

@@ -20,18 +20,6 @@ using store::Tier;
 
 std::uint64_t round_up(std::uint64_t x, std::uint64_t m) { return (x + m - 1) / m * m; }
 
-Tier tier_of(Placement p) {
-  switch (p) {
-    case Placement::kDevice:
-      return Tier::kDevice;
-    case Placement::kHost:
-      return Tier::kHost;
-    case Placement::kNvme:
-      return Tier::kNvme;
-  }
-  return Tier::kHost;
-}
-
 int tier_index(Placement p) { return static_cast<int>(tier_of(p)); }
 
 Result<Placement> parse_offload(const std::string& device, const char* key) {
@@ -56,6 +44,18 @@ std::uint64_t largest_sum(std::vector<std::uint64_t> v, std::size_t k) {
 }
 
 }  // namespace
+
+Tier tier_of(Placement p) {
+  switch (p) {
+    case Placement::kDevice:
+      return Tier::kDevice;
+    case Placement::kHost:
+      return Tier::kHost;
+    case Placement::kNvme:
+      return Tier::kNvme;
+  }
+  return Tier::kHost;
+}
 
 std::vector<std::string> swap_paths(const EngineOptions& options) {
   std::vector<std::string> paths;

@@ -87,6 +87,9 @@ struct MemoryPlan {
 Result<MemoryPlan> plan_memory(const PlanInputs& in, const Config& config,
                                std::span<const UnitLayout> units);
 
+// The store tier a placement names.
+store::Tier tier_of(Placement p);
+
 // DESIGN.md's memory table for the inputs: params es*Φ, grads es*Φ, optimizer 4*(1+states)*Φ;
 // stage 1 divides the optimizer by N, stage 2 also the gradients, stage 3 also the parameters;
 // each term counted in the tier its placement names. With bf16 and Adam: 4Φ+12Φ/N, 2Φ+14Φ/N,
