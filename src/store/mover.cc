@@ -134,19 +134,20 @@ bool Store::Impl::free_can_complete(Tier t) const {
   return false;
 }
 
-// The host budget has room for `b` but no piece of the pinned pool fits it (blocks of several
-// sizes come and go in one slab), and no free is in flight to wait for: evict copies worth at
-// least b's bytes beyond what the budget needs, in the policy's order, so that their frees open
-// a piece. Only copies already allocated: the free of one still queued for its allocation behind
-// b in the FIFO would never come. Returns false when nothing can be evicted (b's load fails).
-bool Store::Impl::relieve_host_fragmentation(Block& b) {
+// `b`, at the head of the host FIFO, cannot be allocated and no free that could run is pending:
+// the tier is physically full of copies whose frees wait behind later allocations, or no piece of
+// the pinned pool fits (blocks of several sizes come and go in one slab). Evict copies worth at
+// least b's bytes beyond what the budget needs, in the policy's order, so that their frees make
+// room. Only copies already allocated: the free of one still queued for its allocation behind b
+// in the FIFO would never come. Returns false when nothing can be evicted (b's load fails).
+bool Store::Impl::make_host_room(Block& b) {
   const Tier t = Tier::kHost;
   const std::uint64_t room =
       budget[ti(t)] > logical_used[ti(t)] ? budget[ti(t)] - logical_used[ti(t)] : 0;
   auto victims = choose_victims(t, room + b.bytes, b.id, std::nullopt, /*allocated_only=*/true);
   if (!victims) victims = choose_victims(t, room + 1, b.id, std::nullopt, /*allocated_only=*/true);
   if (!victims || victims->empty()) return false;
-  TZ_LOG_DEBUG("store: '%s' does not fit a free piece of the pinned pool: evicting %zu copies",
+  TZ_LOG_DEBUG("store: no room for '%s' in the host tier's pinned pool: evicting %zu copies",
                b.name.c_str(), victims->size());
   for (BlockId v : *victims) evict(*find(v), t);
   ++stats.tiers[ti(t)].fragmentation_evictions;
@@ -160,19 +161,6 @@ bool Store::Impl::start_op(Block& b, Op& op) {
     TZ_ASSERT(!fifo.empty());
     if (fifo.front() != std::make_pair(b.id, op.seq)) return false;
     const Tier t = op.dst;
-    if (t != Tier::kDevice && phys_used[ti(t)] + b.bytes > budget[ti(t)]) {
-      if (free_can_complete(t)) return false;  // wait for frees
-      // Every pending free waits behind an allocation queued after this one (or behind this
-      // one): waiting would never end. Make room by evicting more, or fail the load.
-      if (t == Tier::kHost && relieve_host_fragmentation(b)) return false;
-      fifo.pop_front();
-      op.started = true;
-      fail_op(b, op, Status::out_of_memory("store: allocating '" + b.name + "' in the " +
-                                           tier_name(t) + " tier: no room and nothing to evict"));
-      op.failed = false;
-      phys_used[ti(t)] += b.bytes;  // balanced by the free that follows (logically present)
-      return finish_op(b);
-    }
     Status st;
     if (t == Tier::kDevice) {
       auto hit = dev_cache.find(b.bytes);
@@ -200,14 +188,17 @@ bool Store::Impl::start_op(Block& b, Op& op) {
         st = std::move(buf).take_status();
       }
     } else if (t == Tier::kHost) {
-      auto buf = pool->allocate(b.bytes);
-      if (buf) {
+      if (phys_used[ti(t)] + b.bytes > budget[ti(t)]) {
+        st = Status::out_of_memory("store: the host tier's budget is used by copies not yet "
+                                   "freed and nothing more can be evicted");
+      } else if (auto buf = pool->allocate(b.bytes)) {
         b.host = std::move(buf).value();
       } else {
-        if (free_can_complete(t)) return false;  // fragmentation: wait for frees
-        if (relieve_host_fragmentation(b)) return false;  // and retry after theirs
         st = std::move(buf).take_status().with_context("store: pinned pool");
       }
+      // No room (copies evicted, frees pending) or no piece of the pool fits: wait for a free
+      // that can run, else evict more and retry after those frees, else fail the load.
+      if (!st.is_ok() && (free_can_complete(t) || make_host_room(b))) return false;
     } else {
       TZ_ASSERT(false, "NVMe extents are allocated at create");
     }

@@ -43,7 +43,9 @@ struct TierStats {
   std::uint64_t prefetches = 0;       // loads started by prefetch
   std::uint64_t evictions = 0;
   std::uint64_t write_backs = 0;      // evictions that had to copy dirty bytes down
-  std::uint64_t fragmentation_evictions = 0;  // host: rounds of evictions a fragmented pool forced
+  std::uint64_t fragmentation_evictions = 0;  // host: rounds of extra evictions an allocation
+                                              // forced (a fragmented pool, or frees stuck behind
+                                              // later allocations)
   double stall_s = 0;                 // time pins of this tier waited
 };
 

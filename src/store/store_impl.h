@@ -147,7 +147,7 @@ struct Store::Impl {
   std::optional<std::vector<BlockId>> choose_victims(Tier t, std::uint64_t need, BlockId for_block,
                                                      std::optional<std::uint64_t> beyond,
                                                      bool allocated_only = false);
-  bool relieve_host_fragmentation(Block& b);
+  bool make_host_room(Block& b);
   bool free_can_complete(Tier t) const;
   void prefetch_ahead();
   void note_pin(const TraceEntry& e);

@@ -94,14 +94,6 @@ double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-Result<Placement> parse_offload(const std::string& device, const char* key) {
-  if (device == "none") return Placement::kDevice;
-  if (device == "cpu") return Placement::kHost;
-  if (device == "nvme") return Placement::kNvme;
-  return Status::invalid_argument(std::string(key) + ": expected none, cpu or nvme, got '" +
-                                  device + "'");
-}
-
 // fp32 += a 16-bit or fp32 gradient on the host, the same IEEE sums as device_accumulate_coeffs.
 void host_accumulate(float* acc, const void* grad, DType dtype, std::size_t n) {
   switch (dtype) {

@@ -22,14 +22,6 @@ std::uint64_t round_up(std::uint64_t x, std::uint64_t m) { return (x + m - 1) / 
 
 int tier_index(Placement p) { return static_cast<int>(tier_of(p)); }
 
-Result<Placement> parse_offload(const std::string& device, const char* key) {
-  if (device == "none") return Placement::kDevice;
-  if (device == "cpu") return Placement::kHost;
-  if (device == "nvme") return Placement::kNvme;
-  return Status::invalid_argument(std::string(key) + ": expected none, cpu or nvme, got '" +
-                                  device + "'");
-}
-
 // The engine's scalar buffers: every rank's values as four 16-bit pieces of two scalars.
 constexpr std::uint64_t kScalarPieces = 4;
 
@@ -44,6 +36,14 @@ std::uint64_t largest_sum(std::vector<std::uint64_t> v, std::size_t k) {
 }
 
 }  // namespace
+
+Result<Placement> parse_offload(const std::string& device, const char* key) {
+  if (device == "none") return Placement::kDevice;
+  if (device == "cpu") return Placement::kHost;
+  if (device == "nvme") return Placement::kNvme;
+  return Status::invalid_argument(std::string(key) + ": expected none, cpu or nvme, got '" +
+                                  device + "'");
+}
 
 Tier tier_of(Placement p) {
   switch (p) {

@@ -89,6 +89,9 @@ Result<MemoryPlan> plan_memory(const PlanInputs& in, const Config& config,
 
 // The store tier a placement names.
 store::Tier tier_of(Placement p);
+// An offload section's device ("none", "cpu", "nvme") as a placement; kInvalidArgument naming
+// `key` otherwise.
+Result<Placement> parse_offload(const std::string& device, const char* key);
 
 // DESIGN.md's memory table for the inputs: params es*Φ, grads es*Φ, optimizer 4*(1+states)*Φ;
 // stage 1 divides the optimizer by N, stage 2 also the gradients, stage 3 also the parameters;
