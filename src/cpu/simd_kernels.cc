@@ -111,16 +111,20 @@ HWY_INLINE void store_bits16(VU bits, std::uint16_t* p) {
 
 HWY_INLINE void store(D /*d*/, V v, float* p) { hn::StoreU(v, D(), p); }
 
-HWY_INLINE VU to_bf16_bits(V v) {
+// The bf16 value of v (round to nearest even, NaNs quieted) in the upper 16 bits of each 32-bit
+// lane; the lower 16 bits are left over from the rounding. No lane overflows: the largest
+// non-NaN input, -Inf, is 0xff800000.
+HWY_INLINE VU to_bf16_upper(V v) {
   const DU du;
   const VU u = hn::BitCast(du, v);
-  const VU hi = hn::ShiftRight<16>(u);
-  const VU rounded =
-      hn::ShiftRight<16>(hn::Add(u, hn::Add(hn::Set(du, 0x7fffu), hn::And(hi, hn::Set(du, 1u)))));
-  const VU quiet_nan = hn::Or(hi, hn::Set(du, 0x0040u));
+  const VU lsb = hn::And(hn::ShiftRight<16>(u), hn::Set(du, 1u));
+  const VU rounded = hn::Add(u, hn::Add(hn::Set(du, 0x7fffu), lsb));
+  const VU quiet_nan = hn::Or(u, hn::Set(du, 0x00400000u));
   // IsNaN (one unordered compare) is exactly |bits| > 0x7f800000, a mask and a compare less.
   return hn::IfThenElse(hn::RebindMask(du, hn::IsNaN(v)), quiet_nan, rounded);
 }
+
+HWY_INLINE VU to_bf16_bits(V v) { return hn::ShiftRight<16>(to_bf16_upper(v)); }
 
 HWY_INLINE void store(D /*d*/, V v, bf16* p) {
   store_bits16(to_bf16_bits(v), reinterpret_cast<std::uint16_t*>(p));
@@ -170,6 +174,29 @@ HWY_INLINE void store(D /*d*/, V v, fp16* p) {
 }
 
 HWY_INLINE void store(D /*d*/, V /*v*/, NoCopy* /*p*/) {}
+
+// Stores two vectors of the same dtype (Adam's m and v). On AVX2 two bf16 vectors share one
+// pack and one lane permutation: an arithmetic shift leaves each lane's bf16 bits as an int16
+// value, which the signed-saturating pack keeps as they are.
+HWY_INLINE void store_pair(D d, V a, V b, float* pa, float* pb) {
+  hn::StoreU(a, d, pa);
+  hn::StoreU(b, d, pb);
+}
+
+HWY_INLINE void store_pair(D d, V a, V b, bf16* pa, bf16* pb) {
+#if HWY_TARGET == HWY_AVX2
+  const DI di;
+  const __m256i ai = hn::ShiftRight<16>(hn::BitCast(di, to_bf16_upper(a))).raw;
+  const __m256i bi = hn::ShiftRight<16>(hn::BitCast(di, to_bf16_upper(b))).raw;
+  // packs: [a0-3 b0-3 | a4-7 b4-7]; the permutation puts a in the low half and b in the high.
+  const __m256i ab = _mm256_permute4x64_epi64(_mm256_packs_epi32(ai, bi), 0xd8);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(pa), _mm256_castsi256_si128(ab));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(pb), _mm256_extracti128_si256(ab, 1));
+#else
+  store(d, a, pa);
+  store(d, b, pb);
+#endif
+}
 
 // The 16-bit parameter copy is written and not read again by the CPU: where the target's 16-bit
 // vector is a full register (AVX2, AVX3) and the address is aligned to it, a non-temporal store
@@ -240,7 +267,9 @@ HWY_INLINE void for_each_vector(const Tile& t, const Body& body) {
 
 // ---- the optimizers (operation order as in optimizer_math.h) ----
 
-template <class G, class S, class C>
+// kL2 and kScale (Adam's L2 decay, AdamW's parameter scale) are template arguments so that the
+// vector loop carries neither test nor their constants (16 vector registers on AVX2).
+template <class G, class S, class C, bool kL2, bool kScale>
 HWY_NOINLINE void adam_tile(const optim::AdamCoeffs& k, const Tile* tiles, std::size_t count) {
   const D d;
   const V scale = hn::Set(d, k.grad_scale);
@@ -249,27 +278,37 @@ HWY_NOINLINE void adam_tile(const optim::AdamCoeffs& k, const Tile* tiles, std::
   const V eps = hn::Set(d, k.eps), step = hn::Set(d, k.step_size);
   const V sbc2 = hn::Set(d, k.sqrt_bias_correction2);
   const V l2 = hn::Set(d, k.l2_decay), pscale = hn::Set(d, k.param_scale);
-  const bool has_l2 = k.l2_decay != 0.0f;
-  const bool has_scale = k.param_scale != 1.0f;
   for (std::size_t ti = 0; ti < count; ++ti) {
     const Tile& t = tiles[ti];
     for_each_vector<G, S, C>(t, [&](std::size_t i, float* P, const G* Gr, S* M, S* Vs, C* Cp)
                                      TZ_TILE_BODY {
       V g = hn::Mul(load(d, Gr + i), scale);
       V p = hn::LoadU(d, P + i);
-      if (has_l2) g = hn::Add(g, hn::Mul(l2, p));
+      if constexpr (kL2) g = hn::Add(g, hn::Mul(l2, p));
       V m = load(d, M + i);
       V v = load(d, Vs + i);
       m = hn::Add(hn::Mul(b1, m), hn::Mul(omb1, g));
       v = hn::Add(hn::Mul(b2, v), hn::Mul(omb2, hn::Mul(g, g)));
       const V denom = hn::Add(hn::Div(hn::Sqrt(v), sbc2), eps);
-      if (has_scale) p = hn::Mul(p, pscale);
+      if constexpr (kScale) p = hn::Mul(p, pscale);
       p = hn::Sub(p, hn::Mul(step, hn::Div(m, denom)));
       hn::StoreU(p, d, P + i);
-      store(d, m, M + i);
-      store(d, v, Vs + i);
+      store_pair(d, m, v, M + i, Vs + i);
       if constexpr (!std::is_same_v<C, NoCopy>) store_copy(d, p, Cp + i);
     });
+  }
+}
+
+template <class G, class S, class C>
+HWY_INLINE void adam_run(const optim::AdamCoeffs& k, const Tile* tiles, std::size_t count) {
+  const bool l2 = k.l2_decay != 0.0f;
+  const bool scale = k.param_scale != 1.0f;
+  if (l2) {
+    scale ? adam_tile<G, S, C, true, true>(k, tiles, count)
+          : adam_tile<G, S, C, true, false>(k, tiles, count);
+  } else {
+    scale ? adam_tile<G, S, C, false, true>(k, tiles, count)
+          : adam_tile<G, S, C, false, false>(k, tiles, count);
   }
 }
 
@@ -374,9 +413,9 @@ void update(const StepKernel& k, const Tile* tiles, std::size_t count) {
         switch (k.kind) {
           case optim::OptimizerKind::kAdam:
             if (k.state_dtype == DType::kBF16) {
-              adam_tile<G, bf16, C>(k.adam, run, n);
+              adam_run<G, bf16, C>(k.adam, run, n);
             } else {
-              adam_tile<G, float, C>(k.adam, run, n);
+              adam_run<G, float, C>(k.adam, run, n);
             }
             return;
           case optim::OptimizerKind::kSgd: sgd_tile<G, C>(k.sgd, run, n); return;
