@@ -106,10 +106,24 @@ void Store::Impl::prefetch_ahead() {
       ++host_sourced;
     }
   }
+  // Bytes that write-only pins met so far in the window will allocate (blocks not present in
+  // their tier): a prefetch past such a pin leaves that much of its tier free, or the pin's
+  // demand eviction would take the farthest copy, which is that prefetch (read for nothing).
+  std::array<std::uint64_t, kTierCount> reserved{};
+  std::vector<BlockId> reserved_for;
   for (std::size_t d = 0; d < len && !(dev_stop && host_stop); ++d) {
     const TraceEntry& e = trace[(trace_pos + d) % len];
     Block* b = find(e.block);
-    if (b == nullptr || e.access == Access::kWrite || !b->error.is_ok()) continue;
+    if (b == nullptr) continue;
+    if (e.access == Access::kWrite) {
+      if (b->home != e.tier && !b->copies[ti(e.tier)].present &&
+          std::find(reserved_for.begin(), reserved_for.end(), b->id) == reserved_for.end()) {
+        reserved[ti(e.tier)] += b->bytes;
+        reserved_for.push_back(b->id);
+      }
+      continue;
+    }
+    if (!b->error.is_ok()) continue;
     // Loading bytes that a write-only pin replaces before this use would be wasted.
     if (next_in(overwrites, b->id, trace_pos, len) < d) continue;
     if (b->total_leases > 0 && b->copies[ti(e.tier)].valid) continue;
@@ -128,9 +142,9 @@ void Store::Impl::prefetch_ahead() {
         skipped_far = true;
         continue;
       }
-      if (!try_prefetch(*b, Tier::kDevice, d)) dev_stop = true;
+      if (!try_prefetch(*b, Tier::kDevice, d, reserved[ti(Tier::kDevice)])) dev_stop = true;
     } else if (e.tier == Tier::kHost && !host_stop && b->home == Tier::kNvme) {
-      if (!try_prefetch(*b, Tier::kHost, d)) host_stop = true;
+      if (!try_prefetch(*b, Tier::kHost, d, reserved[ti(Tier::kHost)])) host_stop = true;
     }
   }
   if (!dev_stop && !host_stop && !skipped_far && epoch == walk_epoch) walk_idle_at = epoch;

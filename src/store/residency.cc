@@ -252,7 +252,8 @@ Status Store::Impl::make_resident(Block& b, Tier t) {
 
 // Starts loading b into t ahead of its use `distance` pins from now; false when the budget
 // does not allow it without evicting something needed sooner.
-bool Store::Impl::try_prefetch(Block& b, Tier t, std::optional<std::uint64_t> distance) {
+bool Store::Impl::try_prefetch(Block& b, Tier t, std::optional<std::uint64_t> distance,
+                               std::uint64_t headroom) {
   if (b.copies[ti(t)].valid) return true;
   if (!b.error.is_ok()) return true;  // nothing to gain; pins report the error
   if (b.copies[ti(t)].present) {
@@ -260,8 +261,8 @@ bool Store::Impl::try_prefetch(Block& b, Tier t, std::optional<std::uint64_t> di
   } else {
     std::optional<std::vector<BlockId>> victims;
     if (distance) {
-      victims = choose_victims(t, b.bytes, b.id, distance);
-    } else if (logical_used[ti(t)] + b.bytes <= budget[ti(t)]) {
+      victims = choose_victims(t, b.bytes + headroom, b.id, distance);
+    } else if (logical_used[ti(t)] + b.bytes + headroom <= budget[ti(t)]) {
       victims = std::vector<BlockId>{};
     }
     if (!victims) return false;

@@ -134,7 +134,9 @@ struct Store::Impl {
   std::optional<Tier> load_source(const Block& b, Tier t) const;
   std::string pinned_summary(Tier t) const;
   Status make_resident(Block& b, Tier t);
-  bool try_prefetch(Block& b, Tier t, std::optional<std::uint64_t> distance);
+  // headroom: bytes of `t` to keep free besides b's (see prefetch_ahead).
+  bool try_prefetch(Block& b, Tier t, std::optional<std::uint64_t> distance,
+                    std::uint64_t headroom = 0);
   void drop_stale_copies(Block& b, Tier written);
   static Status lease_failure(const Block& b, Access access, std::uint64_t first_seq,
                               std::uint64_t ready_seq);
