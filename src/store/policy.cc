@@ -111,7 +111,12 @@ void Store::Impl::prefetch_ahead() {
   // demand eviction would take the farthest copy, which is that prefetch (read for nothing).
   std::array<std::uint64_t, kTierCount> reserved{};
   std::vector<BlockId> reserved_for;
-  for (std::size_t d = 0; d < len && !(dev_stop && host_stop); ++d) {
+  // Nothing more for the device: past the host-sourced depth on a trace without NVMe-homed
+  // blocks (every further load would be a host-sourced one left for later). With no host-tier
+  // loads in the trace either, the walk ends there instead of visiting the whole trace per pin.
+  bool dev_rest = false;
+  const bool host_none = !trace_has_host_loads;
+  for (std::size_t d = 0; d < len && !((dev_stop || dev_rest) && (host_stop || host_none)); ++d) {
     const TraceEntry& e = trace[(trace_pos + d) % len];
     Block* b = find(e.block);
     if (b == nullptr) continue;
@@ -131,12 +136,17 @@ void Store::Impl::prefetch_ahead() {
     for (std::size_t i = 0; i < kTierCount; ++i) has_writer |= b->write_leases[i] > 0;
     if (has_writer) continue;
     if (e.tier == Tier::kDevice) {
-      if (dev_stop || b->home == Tier::kDevice) continue;
+      if (dev_stop || dev_rest || b->home == Tier::kDevice) continue;
       const Copy& dev = b->copies[ti(Tier::kDevice)];
       const bool from_host =
           dev.valid ? dev.loaded_from == Tier::kHost : b->copies[ti(Tier::kHost)].valid;
       const bool far = host_sourced >= options.host_prefetch_depth;
       if (from_host) ++host_sourced;
+      if (far && !trace_has_nvme_blocks) {
+        dev_rest = true;
+        skipped_far = true;  // the loads past here are for later walks
+        continue;
+      }
       if (dev.valid) continue;
       if (far && from_host) {
         skipped_far = true;
@@ -181,6 +191,14 @@ void Store::Impl::build_index() {
     if (e.tier == Tier::kDevice) dev_uses[e.block].push_back(pos);
     if (e.tier == Tier::kHost) host_uses[e.block].push_back(pos);
     any_uses[e.block].push_back(pos);
+  }
+  trace_has_nvme_blocks = false;
+  trace_has_host_loads = false;
+  for (const TraceEntry& e : trace) {
+    const Block* b = find(e.block);
+    if (b == nullptr || b->home != Tier::kNvme) continue;
+    trace_has_nvme_blocks = true;
+    if (e.tier == Tier::kHost && e.access != Access::kWrite) trace_has_host_loads = true;
   }
 }
 

@@ -100,6 +100,10 @@ struct Store::Impl {
   std::vector<TraceEntry> record;
   std::size_t trace_pos = 0;
   bool following = false;
+  // Set by build_index: whether the trace pins any NVMe-homed block, and whether it has host-tier
+  // reads of one (without them, the prefetch walk ends where nothing more could be started).
+  bool trace_has_nvme_blocks = false;
+  bool trace_has_host_loads = false;
   std::unordered_map<BlockId, std::vector<std::uint32_t>> dev_uses;
   std::unordered_map<BlockId, std::vector<std::uint32_t>> host_uses;
   std::unordered_map<BlockId, std::vector<std::uint32_t>> any_uses;
