@@ -36,47 +36,64 @@ std::uint64_t Store::Impl::next_use(const Block& b, Tier t) const {
 
 bool Store::Impl::belady() const { return options.policy == Policy::kTrace && following; }
 
+// The eviction key of b's copy in `t` (larger: evict first). Following the trace, the trace
+// position of its next use (Belady's farthest first); it is trace_pos plus next_use, which stays
+// the same while the trace moves on, because the position can only pass a block's next use by
+// pinning that block, and a pinned block is no candidate (its key is taken again at release).
+// Otherwise LRU: least recently used first.
+std::uint64_t Store::Impl::candidate_key(const Block& b, Tier t) const {
+  if (belady()) {
+    const std::uint64_t nu = next_use(b, t);
+    return nu == kNever ? kNever : trace_pos + nu;
+  }
+  return kNever - b.copies[ti(t)].lru_tick;
+}
+
+void Store::Impl::refresh_candidate(Block& b) {
+  for (std::size_t i = 0; i < kTierCount; ++i) {
+    const Tier t = static_cast<Tier>(i);
+    if (b.candidate[i]) candidates[i].erase({b.candidate_key[i], ~std::uint64_t{b.id}});
+    b.candidate[i] = !b.destroyed && b.home != t && b.copies[i].present && b.total_leases == 0;
+    if (!b.candidate[i]) continue;
+    b.candidate_key[i] = candidate_key(b, t);
+    candidates[i].insert({b.candidate_key[i], ~std::uint64_t{b.id}});
+  }
+}
+
+void Store::Impl::rebuild_candidates() {
+  for (auto& c : candidates) c.clear();
+  for (auto& [id, b] : blocks) {
+    b.candidate = {};
+    refresh_candidate(b);
+  }
+}
+
 // Victims to free `need` bytes in `t` for `for_block`, without evicting pinned copies or home
 // copies; when `beyond` is set only copies whose next use is farther than it; `allocated_only`:
 // only host copies whose pinned buffer exists (not ones still queued for their allocation).
-// Empty optional: impossible.
+// Empty optional: impossible. Reads the tier's candidates from the evict-first end, so a pin
+// that needs one victim touches O(log n) entries, not every block.
 std::optional<std::vector<BlockId>> Store::Impl::choose_victims(
     Tier t, std::uint64_t need, BlockId for_block, std::optional<std::uint64_t> beyond,
     bool allocated_only) {
   if (logical_used[ti(t)] + need <= budget[ti(t)]) return std::vector<BlockId>{};
-  struct Cand {
-    std::uint64_t key;  // larger: evict first
-    BlockId id;
-    std::uint64_t bytes;
-  };
-  std::vector<Cand> cands;
   const bool bel = belady();
-  for (auto& [id, b] : blocks) {
-    if (b.destroyed || id == for_block || id == protect || b.home == t || b.total_leases > 0) {
-      continue;
-    }
-    if (!b.copies[ti(t)].present) continue;
-    if (allocated_only && !b.host.valid()) continue;
-    std::uint64_t key;
-    if (bel) {
-      key = next_use(b, t);
-      if (beyond && key <= *beyond) continue;
-    } else {
-      if (beyond) continue;  // without a trace nothing is known to be farther
-      key = kNever - b.copies[ti(t)].lru_tick;
-    }
-    cands.push_back({key, id, b.bytes});
-  }
-  std::sort(cands.begin(), cands.end(), [](const Cand& a, const Cand& c) {
-    return a.key != c.key ? a.key > c.key : a.id < c.id;
-  });
+  if (beyond && !bel) return std::nullopt;  // without a trace nothing is known to be farther
+  // Under Belady a key is an absolute trace position: "farther than beyond" is a key past this.
+  const std::uint64_t floor =
+      beyond ? (*beyond >= kNever - trace_pos ? kNever : trace_pos + *beyond) : 0;
   std::vector<BlockId> out;
   std::uint64_t freed = 0;
   const std::uint64_t over = logical_used[ti(t)] + need - budget[ti(t)];
-  for (const Cand& c : cands) {
-    if (freed >= over) break;
-    out.push_back(c.id);
-    freed += c.bytes;
+  const auto& c = candidates[ti(t)];
+  for (auto it = c.rbegin(); it != c.rend() && freed < over; ++it) {
+    if (beyond && it->first <= floor) break;
+    const BlockId id = static_cast<BlockId>(~it->second);
+    if (id == for_block || id == protect) continue;
+    const Block& b = blocks.at(id);
+    if (allocated_only && !b.host.valid()) continue;
+    out.push_back(id);
+    freed += b.bytes;
   }
   if (freed < over) return std::nullopt;
   return out;
@@ -168,6 +185,7 @@ void Store::Impl::note_pin(const TraceEntry& e) {
     return;
   }
   following = false;
+  rebuild_candidates();  // the keys turn from next uses into recency
   ++stats.trace_deviations;
   TZ_LOG_DEBUG(
       "store: access order left the recorded trace at pin %zu; LRU until the next "
