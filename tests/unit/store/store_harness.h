@@ -1,17 +1,22 @@
 // A store over HostDevice, a small pinned pool and a swap file in a temporary directory (optionally
-// behind the seeded fault-injecting engine), shared by the store's unit, policy and fault tests.
+// behind the seeded fault-injecting engine), shared by the store's unit, policy and fault tests,
+// and a deadline for scenarios that could hang.
 #pragma once
 
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
+#include <chrono>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <functional>
+#include <future>
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 
 #include "cpu/pinned_pool.h"
 #include "gpu/host_device.h"
@@ -21,6 +26,21 @@
 #include "store/store.h"
 
 namespace tz::store::testing {
+
+// Runs `body` on a thread; if it has not finished after `seconds`, the scenario hangs: report it
+// and end the process (a hung thread cannot be joined), so ctest never blocks.
+inline void within_deadline(const char* what, int seconds, std::function<void()> body) {
+  std::packaged_task<void()> task(std::move(body));
+  std::future<void> done = task.get_future();
+  std::thread runner(std::move(task));
+  if (done.wait_for(std::chrono::seconds(seconds)) != std::future_status::ready) {
+    std::fprintf(stderr, "FAILED: %s did not finish within %d s (hang)\n", what, seconds);
+    std::fflush(stderr);
+    std::_Exit(1);
+  }
+  runner.join();
+  done.get();
+}
 
 class ScratchDir {
  public:
