@@ -17,6 +17,8 @@ namespace {
 
 constexpr std::size_t kAlignment = 256;
 constexpr int kPoisonByte = 0xa5;
+// The most freed-buffer bytes a HostDevice keeps for reuse (besides its budget, at most the budget).
+constexpr std::uint64_t kCacheMax = 1ull << 30;
 
 // What a HostEvent shares with the tasks that complete and wait on it, so that the event may be
 // destroyed while they are still queued.
@@ -162,6 +164,9 @@ Status HostStream::wait(const Event& event) {
 
 Result<std::unique_ptr<HostDevice>> HostDevice::create(std::uint64_t budget_bytes) {
   std::unique_ptr<HostDevice> device(new HostDevice(budget_bytes));
+#if !defined(__SANITIZE_ADDRESS__)  // under ASan every free is a real one, so it sees reuse
+  device->cache_limit_ = static_cast<std::size_t>(std::min<std::uint64_t>(budget_bytes, kCacheMax));
+#endif
 #if !defined(NDEBUG)
   device->poison_ = true;
 #endif
@@ -179,13 +184,27 @@ HostDevice::~HostDevice() {
   release_default_streams();  // joins their threads while this object is still whole
   const MemoryStats stats = memory_stats();
   TZ_ASSERT(stats.live_allocations == 0, "HostDevice destroyed while buffers are alive");
+  release_cache();
   std::lock_guard lock(mu_);
   TZ_ASSERT(streams_.empty(), "HostDevice destroyed while streams created on it are alive");
 }
 
 Result<void*> HostDevice::allocate_raw(std::size_t bytes) {
   const std::size_t rounded = (bytes + kAlignment - 1) / kAlignment * kAlignment;
-  void* ptr = std::aligned_alloc(kAlignment, rounded);
+  void* ptr = nullptr;
+  {
+    std::lock_guard lock(cache_mu_);
+    if (auto it = cache_.find(rounded); it != cache_.end()) {
+      ptr = it->second;
+      cache_.erase(it);
+      cache_bytes_ -= rounded;
+    }
+  }
+  if (ptr == nullptr) ptr = std::aligned_alloc(kAlignment, rounded);
+  if (ptr == nullptr) {
+    release_cache();  // buffers of other sizes, held for nothing now
+    ptr = std::aligned_alloc(kAlignment, rounded);
+  }
   if (ptr == nullptr) {
     return Status::out_of_memory("HostDevice: aligned_alloc of " + std::to_string(rounded) +
                                  " B failed (host memory exhausted)");
@@ -195,8 +214,24 @@ Result<void*> HostDevice::allocate_raw(std::size_t bytes) {
 }
 
 void HostDevice::free_raw(void* ptr, std::size_t bytes) {
-  if (poison_) std::memset(ptr, kPoisonByte, bytes);
+  const std::size_t rounded = (bytes + kAlignment - 1) / kAlignment * kAlignment;
+  if (poison_) std::memset(ptr, kPoisonByte, rounded);
+  {
+    std::lock_guard lock(cache_mu_);
+    if (cache_bytes_ + rounded <= cache_limit_) {
+      cache_.emplace(rounded, ptr);
+      cache_bytes_ += rounded;
+      return;
+    }
+  }
   std::free(ptr);
+}
+
+void HostDevice::release_cache() {
+  std::lock_guard lock(cache_mu_);
+  for (const auto& [size, ptr] : cache_) std::free(ptr);
+  cache_.clear();
+  cache_bytes_ = 0;
 }
 
 void HostDevice::add_stream(HostStream* stream) {

@@ -36,47 +36,64 @@ std::uint64_t Store::Impl::next_use(const Block& b, Tier t) const {
 
 bool Store::Impl::belady() const { return options.policy == Policy::kTrace && following; }
 
+// The eviction key of b's copy in `t` (larger: evict first). Following the trace, the trace
+// position of its next use (Belady's farthest first); it is trace_pos plus next_use, which stays
+// the same while the trace moves on, because the position can only pass a block's next use by
+// pinning that block, and a pinned block is no candidate (its key is taken again at release).
+// Otherwise LRU: least recently used first.
+std::uint64_t Store::Impl::candidate_key(const Block& b, Tier t) const {
+  if (belady()) {
+    const std::uint64_t nu = next_use(b, t);
+    return nu == kNever ? kNever : trace_pos + nu;
+  }
+  return kNever - b.copies[ti(t)].lru_tick;
+}
+
+void Store::Impl::refresh_candidate(Block& b) {
+  for (std::size_t i = 0; i < kTierCount; ++i) {
+    const Tier t = static_cast<Tier>(i);
+    if (b.candidate[i]) candidates[i].erase({b.candidate_key[i], ~std::uint64_t{b.id}});
+    b.candidate[i] = !b.destroyed && b.home != t && b.copies[i].present && b.total_leases == 0;
+    if (!b.candidate[i]) continue;
+    b.candidate_key[i] = candidate_key(b, t);
+    candidates[i].insert({b.candidate_key[i], ~std::uint64_t{b.id}});
+  }
+}
+
+void Store::Impl::rebuild_candidates() {
+  for (auto& c : candidates) c.clear();
+  for (auto& [id, b] : blocks) {
+    b.candidate = {};
+    refresh_candidate(b);
+  }
+}
+
 // Victims to free `need` bytes in `t` for `for_block`, without evicting pinned copies or home
 // copies; when `beyond` is set only copies whose next use is farther than it; `allocated_only`:
 // only host copies whose pinned buffer exists (not ones still queued for their allocation).
-// Empty optional: impossible.
+// Empty optional: impossible. Reads the tier's candidates from the evict-first end, so a pin
+// that needs one victim touches O(log n) entries, not every block.
 std::optional<std::vector<BlockId>> Store::Impl::choose_victims(
     Tier t, std::uint64_t need, BlockId for_block, std::optional<std::uint64_t> beyond,
     bool allocated_only) {
   if (logical_used[ti(t)] + need <= budget[ti(t)]) return std::vector<BlockId>{};
-  struct Cand {
-    std::uint64_t key;  // larger: evict first
-    BlockId id;
-    std::uint64_t bytes;
-  };
-  std::vector<Cand> cands;
   const bool bel = belady();
-  for (auto& [id, b] : blocks) {
-    if (b.destroyed || id == for_block || id == protect || b.home == t || b.total_leases > 0) {
-      continue;
-    }
-    if (!b.copies[ti(t)].present) continue;
-    if (allocated_only && !b.host.valid()) continue;
-    std::uint64_t key;
-    if (bel) {
-      key = next_use(b, t);
-      if (beyond && key <= *beyond) continue;
-    } else {
-      if (beyond) continue;  // without a trace nothing is known to be farther
-      key = kNever - b.copies[ti(t)].lru_tick;
-    }
-    cands.push_back({key, id, b.bytes});
-  }
-  std::sort(cands.begin(), cands.end(), [](const Cand& a, const Cand& c) {
-    return a.key != c.key ? a.key > c.key : a.id < c.id;
-  });
+  if (beyond && !bel) return std::nullopt;  // without a trace nothing is known to be farther
+  // Under Belady a key is an absolute trace position: "farther than beyond" is a key past this.
+  const std::uint64_t floor =
+      beyond ? (*beyond >= kNever - trace_pos ? kNever : trace_pos + *beyond) : 0;
   std::vector<BlockId> out;
   std::uint64_t freed = 0;
   const std::uint64_t over = logical_used[ti(t)] + need - budget[ti(t)];
-  for (const Cand& c : cands) {
-    if (freed >= over) break;
-    out.push_back(c.id);
-    freed += c.bytes;
+  const auto& c = candidates[ti(t)];
+  for (auto it = c.rbegin(); it != c.rend() && freed < over; ++it) {
+    if (beyond && it->first <= floor) break;
+    const BlockId id = static_cast<BlockId>(~it->second);
+    if (id == for_block || id == protect) continue;
+    const Block& b = blocks.at(id);
+    if (allocated_only && !b.host.valid()) continue;
+    out.push_back(id);
+    freed += b.bytes;
   }
   if (freed < over) return std::nullopt;
   return out;
@@ -106,10 +123,29 @@ void Store::Impl::prefetch_ahead() {
       ++host_sourced;
     }
   }
-  for (std::size_t d = 0; d < len && !(dev_stop && host_stop); ++d) {
+  // Bytes that write-only pins met so far in the window will allocate (blocks not present in
+  // their tier): a prefetch past such a pin leaves that much of its tier free, or the pin's
+  // demand eviction would take the farthest copy, which is that prefetch (read for nothing).
+  std::array<std::uint64_t, kTierCount> reserved{};
+  std::vector<BlockId> reserved_for;
+  // Nothing more for the device: past the host-sourced depth on a trace without NVMe-homed
+  // blocks (every further load would be a host-sourced one left for later). With no host-tier
+  // loads in the trace either, the walk ends there instead of visiting the whole trace per pin.
+  bool dev_rest = false;
+  const bool host_none = !trace_has_host_loads;
+  for (std::size_t d = 0; d < len && !((dev_stop || dev_rest) && (host_stop || host_none)); ++d) {
     const TraceEntry& e = trace[(trace_pos + d) % len];
     Block* b = find(e.block);
-    if (b == nullptr || e.access == Access::kWrite || !b->error.is_ok()) continue;
+    if (b == nullptr) continue;
+    if (e.access == Access::kWrite) {
+      if (b->home != e.tier && !b->copies[ti(e.tier)].present &&
+          std::find(reserved_for.begin(), reserved_for.end(), b->id) == reserved_for.end()) {
+        reserved[ti(e.tier)] += b->bytes;
+        reserved_for.push_back(b->id);
+      }
+      continue;
+    }
+    if (!b->error.is_ok()) continue;
     // Loading bytes that a write-only pin replaces before this use would be wasted.
     if (next_in(overwrites, b->id, trace_pos, len) < d) continue;
     if (b->total_leases > 0 && b->copies[ti(e.tier)].valid) continue;
@@ -117,20 +153,25 @@ void Store::Impl::prefetch_ahead() {
     for (std::size_t i = 0; i < kTierCount; ++i) has_writer |= b->write_leases[i] > 0;
     if (has_writer) continue;
     if (e.tier == Tier::kDevice) {
-      if (dev_stop || b->home == Tier::kDevice) continue;
+      if (dev_stop || dev_rest || b->home == Tier::kDevice) continue;
       const Copy& dev = b->copies[ti(Tier::kDevice)];
       const bool from_host =
           dev.valid ? dev.loaded_from == Tier::kHost : b->copies[ti(Tier::kHost)].valid;
       const bool far = host_sourced >= options.host_prefetch_depth;
       if (from_host) ++host_sourced;
+      if (far && !trace_has_nvme_blocks) {
+        dev_rest = true;
+        skipped_far = true;  // the loads past here are for later walks
+        continue;
+      }
       if (dev.valid) continue;
       if (far && from_host) {
         skipped_far = true;
         continue;
       }
-      if (!try_prefetch(*b, Tier::kDevice, d)) dev_stop = true;
+      if (!try_prefetch(*b, Tier::kDevice, d, reserved[ti(Tier::kDevice)])) dev_stop = true;
     } else if (e.tier == Tier::kHost && !host_stop && b->home == Tier::kNvme) {
-      if (!try_prefetch(*b, Tier::kHost, d)) host_stop = true;
+      if (!try_prefetch(*b, Tier::kHost, d, reserved[ti(Tier::kHost)])) host_stop = true;
     }
   }
   if (!dev_stop && !host_stop && !skipped_far && epoch == walk_epoch) walk_idle_at = epoch;
@@ -144,6 +185,7 @@ void Store::Impl::note_pin(const TraceEntry& e) {
     return;
   }
   following = false;
+  rebuild_candidates();  // the keys turn from next uses into recency
   ++stats.trace_deviations;
   TZ_LOG_DEBUG(
       "store: access order left the recorded trace at pin %zu; LRU until the next "
@@ -167,6 +209,14 @@ void Store::Impl::build_index() {
     if (e.tier == Tier::kDevice) dev_uses[e.block].push_back(pos);
     if (e.tier == Tier::kHost) host_uses[e.block].push_back(pos);
     any_uses[e.block].push_back(pos);
+  }
+  trace_has_nvme_blocks = false;
+  trace_has_host_loads = false;
+  for (const TraceEntry& e : trace) {
+    const Block* b = find(e.block);
+    if (b == nullptr || b->home != Tier::kNvme) continue;
+    trace_has_nvme_blocks = true;
+    if (e.tier == Tier::kHost && e.access != Access::kWrite) trace_has_host_loads = true;
   }
 }
 

@@ -106,6 +106,7 @@ bool Store::Impl::admit_to_host(Block& b) {
   b.copies[ti(Tier::kHost)].present = true;
   b.copies[ti(Tier::kHost)].lru_tick = ++tick;
   logical_used[ti(Tier::kHost)] += b.bytes;
+  refresh_candidate(b);
   return true;
 }
 
@@ -198,6 +199,7 @@ void Store::Impl::evict(Block& b, Tier t) {
     if (belady()) spill_record.insert(b.dirtied_at);
     b.dirtied_at = kNoPos;
   }
+  refresh_candidate(b);
 }
 
 // The tier a load into `t` reads from: the valid copy closest to `t`.
@@ -247,12 +249,14 @@ Status Store::Impl::make_resident(Block& b, Tier t) {
   push_alloc(b, t);
   b.copies[ti(t)].present = true;
   logical_used[ti(t)] += b.bytes;
+  refresh_candidate(b);
   return Status::ok();
 }
 
 // Starts loading b into t ahead of its use `distance` pins from now; false when the budget
 // does not allow it without evicting something needed sooner.
-bool Store::Impl::try_prefetch(Block& b, Tier t, std::optional<std::uint64_t> distance) {
+bool Store::Impl::try_prefetch(Block& b, Tier t, std::optional<std::uint64_t> distance,
+                               std::uint64_t headroom) {
   if (b.copies[ti(t)].valid) return true;
   if (!b.error.is_ok()) return true;  // nothing to gain; pins report the error
   if (b.copies[ti(t)].present) {
@@ -260,8 +264,8 @@ bool Store::Impl::try_prefetch(Block& b, Tier t, std::optional<std::uint64_t> di
   } else {
     std::optional<std::vector<BlockId>> victims;
     if (distance) {
-      victims = choose_victims(t, b.bytes, b.id, distance);
-    } else if (logical_used[ti(t)] + b.bytes <= budget[ti(t)]) {
+      victims = choose_victims(t, b.bytes + headroom, b.id, distance);
+    } else if (logical_used[ti(t)] + b.bytes + headroom <= budget[ti(t)]) {
       victims = std::vector<BlockId>{};
     }
     if (!victims) return false;
@@ -280,6 +284,7 @@ bool Store::Impl::try_prefetch(Block& b, Tier t, std::optional<std::uint64_t> di
   b.copies[ti(t)].loaded_from = *src;
   b.copies[ti(t)].lru_tick = ++tick;
   ++stats.tiers[ti(t)].prefetches;
+  refresh_candidate(b);
   return true;
 }
 
@@ -291,6 +296,7 @@ void Store::Impl::drop_stale_copies(Block& b, Tier written) {
     b.copies[ti(u)] = Copy{};
     logical_used[ti(u)] -= b.bytes;
   }
+  refresh_candidate(b);
 }
 
 // The invariants every operation keeps (the property test checks them after each one): per
@@ -302,6 +308,7 @@ Status Store::Impl::check_invariants() const {
   std::array<std::uint64_t, kTierCount> present{};
   std::array<std::uint64_t, kTierCount> frees{};
   std::array<std::uint64_t, kTierCount> allocs{};
+  std::array<std::size_t, kTierCount> candidate_count{};
   for (const auto& [id, b] : blocks) {
     const std::string who = "block '" + b.name + "'";
     for (std::size_t t = 0; t < kTierCount; ++t) {
@@ -309,6 +316,16 @@ Status Store::Impl::check_invariants() const {
       if (b.destroyed && b.copies[t].present) {
         return Status::internal(who + ": destroyed with a present copy");
       }
+      // The victim index agrees with a fresh computation of eligibility and key.
+      const bool eligible = !b.destroyed && b.home != static_cast<Tier>(t) &&
+                            b.copies[t].present && b.total_leases == 0;
+      if (eligible != b.candidate[t] ||
+          (eligible && (b.candidate_key[t] != candidate_key(b, static_cast<Tier>(t)) ||
+                        candidates[t].count({b.candidate_key[t], ~std::uint64_t{id}}) != 1))) {
+        return Status::internal(who + ": stale eviction candidate in the " +
+                                tier_name(static_cast<Tier>(t)) + " tier");
+      }
+      candidate_count[t] += eligible ? 1 : 0;
     }
     if (b.done_seq >= b.next_seq || b.issued_seq >= b.next_seq) {
       return Status::internal(who + ": done/issued seq past the last op");
@@ -370,6 +387,12 @@ Status Store::Impl::check_invariants() const {
         last_decided = op.decided;
       }
       if (!found) return Status::internal("store: allocation FIFO names no queued allocation");
+    }
+  }
+  for (std::size_t t = 0; t < kTierCount; ++t) {
+    if (candidates[t].size() != candidate_count[t]) {
+      return Status::internal(std::string("the ") + tier_name(static_cast<Tier>(t)) +
+                              " tier's eviction candidates hold entries of no candidate");
     }
   }
   return Status::ok();

@@ -182,6 +182,7 @@ Result<BlockId> Store::create_block(std::uint64_t bytes, Tier home, std::string 
   Copy& c = b.copies[ti(home)];
   c.present = true;
   c.valid = true;
+  m.refresh_candidate(b);
   return id;
 }
 
@@ -200,6 +201,7 @@ Status Store::destroy_block(BlockId id) {
     b->copies[i] = Copy{};
   }
   b->destroyed = true;
+  m.refresh_candidate(*b);
   m.to_reap.push_back(id);
   m.wake();
   return Status::ok();
@@ -247,8 +249,10 @@ Result<Lease> Store::pin(BlockId id, Tier tier, Access access) {
   if (!placed.is_ok()) {
     if (tier != Tier::kNvme) m.record.pop_back();
     m.trace_pos = saved_pos;
+    const bool refollow = m.following != saved_following;
     m.following = saved_following;
     m.stats.trace_deviations = saved_deviations;
+    if (refollow) m.rebuild_candidates();
     return placed;
   }
   TierStats& ts = m.stats.tiers[ti(tier)];
@@ -287,6 +291,7 @@ Result<Lease> Store::pin(BlockId id, Tier tier, Access access) {
   ++b.leases[ti(tier)];
   ++b.total_leases;
   c.lru_tick = ++m.tick;
+  m.refresh_candidate(b);
   Lease lease;
   lease.store_ = this;
   lease.block_ = id;
@@ -335,12 +340,13 @@ void Store::mark_step() {
     m.following = !m.trace.empty();
     ++m.walk_epoch;
   }
+  m.trace_pos = 0;
+  m.rebuild_candidates();  // keys are positions in the new trace
   // Spills learned while following the trace are valid for the next step; a recording step's
   // (LRU) evictions say nothing about Belady's.
   m.spill_trace = followed ? std::move(m.spill_record) : std::unordered_set<std::uint32_t>{};
   m.spill_record.clear();
   m.record.clear();
-  m.trace_pos = 0;
   m.prefetch_ahead();
 }
 
@@ -453,6 +459,7 @@ void Store::unpin(Lease& lease, gpu::Stream* writer) {
   }
   b.marks.erase(b.marks.find(Impl::lease_mark(lease.access_, lease.first_seq_, lease.ready_seq_)));
   b.copies[t].lru_tick = ++m.tick;
+  m.refresh_candidate(b);
   if (writer != nullptr) {
     Status st;
     if (!b.user_event) {

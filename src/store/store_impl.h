@@ -57,6 +57,13 @@ struct Store::Impl {
   // Blocks with a non-empty chain (the mover's work list, so a pass costs the busy blocks, not
   // all of them), and destroyed blocks to erase once their chains drain.
   std::set<BlockId> busy;
+  // Per tier, the copies that may be evicted (present, not home, no lease, block not destroyed),
+  // ordered by eviction key (candidate_key) so that choosing victims reads them from the top
+  // instead of scanning every block. Entries are (key, ~id): reverse order is evict-first
+  // (larger key, then lower id). Kept current by refresh_candidate at every change of a block's
+  // presence, leases or key, and rebuilt when the policy's keys change meaning (a new trace,
+  // a deviation); check_invariants recomputes them.
+  std::array<std::set<std::pair<std::uint64_t, std::uint64_t>>, kTierCount> candidates;
   std::vector<BlockId> to_reap;
   // Bumped on every change the prefetch walk depends on (a decision pushed, a write pin or its
   // release, an error, a new trace); walk_idle_at: the epoch at which a full walk found nothing
@@ -100,6 +107,10 @@ struct Store::Impl {
   std::vector<TraceEntry> record;
   std::size_t trace_pos = 0;
   bool following = false;
+  // Set by build_index: whether the trace pins any NVMe-homed block, and whether it has host-tier
+  // reads of one (without them, the prefetch walk ends where nothing more could be started).
+  bool trace_has_nvme_blocks = false;
+  bool trace_has_host_loads = false;
   std::unordered_map<BlockId, std::vector<std::uint32_t>> dev_uses;
   std::unordered_map<BlockId, std::vector<std::uint32_t>> host_uses;
   std::unordered_map<BlockId, std::vector<std::uint32_t>> any_uses;
@@ -134,7 +145,9 @@ struct Store::Impl {
   std::optional<Tier> load_source(const Block& b, Tier t) const;
   std::string pinned_summary(Tier t) const;
   Status make_resident(Block& b, Tier t);
-  bool try_prefetch(Block& b, Tier t, std::optional<std::uint64_t> distance);
+  // headroom: bytes of `t` to keep free besides b's (see prefetch_ahead).
+  bool try_prefetch(Block& b, Tier t, std::optional<std::uint64_t> distance,
+                    std::uint64_t headroom = 0);
   void drop_stale_copies(Block& b, Tier written);
   static Status lease_failure(const Block& b, Access access, std::uint64_t first_seq,
                               std::uint64_t ready_seq);
@@ -144,6 +157,9 @@ struct Store::Impl {
                                BlockId id, std::size_t pos, std::size_t len);
   std::uint64_t next_use(const Block& b, Tier t) const;
   bool belady() const;
+  std::uint64_t candidate_key(const Block& b, Tier t) const;
+  void refresh_candidate(Block& b);
+  void rebuild_candidates();
   std::optional<std::vector<BlockId>> choose_victims(Tier t, std::uint64_t need, BlockId for_block,
                                                      std::optional<std::uint64_t> beyond,
                                                      bool allocated_only = false);

@@ -128,6 +128,9 @@ struct Block {
   std::array<std::uint64_t, kTierCount> fill_seq{};
   // Trace position of the write pin whose bytes are in the upper copies and not yet home.
   std::uint32_t dirtied_at = kNoPos;
+  // Per tier, whether this block's copy is an eviction candidate (Impl::candidates) and its key.
+  std::array<bool, kTierCount> candidate{};
+  std::array<std::uint64_t, kTierCount> candidate_key{};
 
   std::uint32_t chunk_count(std::uint64_t chunk_bytes) const {
     return static_cast<std::uint32_t>((bytes + chunk_bytes - 1) / chunk_bytes);

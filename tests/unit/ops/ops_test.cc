@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <iostream>
 #include <memory>
 #include <random>
@@ -16,6 +17,7 @@
 #include <vector>
 
 #include "gpu/host_device.h"
+#include "ops/internal/cpu_kernels.h"
 #include "ops/ops.h"
 #include "ops/ops_math.h"
 #include "ops_harness.h"
@@ -455,6 +457,35 @@ TEST(OpsCpuErrors, RejectsBadArgumentsNamingThem) {
   EXPECT_NE(st.message().find("x is bf16 but must be fp32"), std::string::npos) << st.message();
   EXPECT_EQ(Ops::create(**d, OpsOptions{-1}).status().code(), ErrorCode::kInvalidArgument);
   EXPECT_TRUE((*d)->synchronize().is_ok());
+}
+
+// The attention tiles' matmul_acc keeps blocks of C in registers; each element must still be the
+// same in-order sum of fused products as a row-at-a-time product (one row per call), for every
+// shape (rows and columns past the blocks, leading dimensions wider than the block) and beta.
+TEST(OpsCpuKernels, BlockedMatmulAccEqualsRowAtATimeBitwise) {
+  const std::uint64_t seed = 20261201 + 5;
+  std::cout << "[ seed ] " << seed << "\n";
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (const auto& [m, k, n] : {std::tuple<std::size_t, std::size_t, std::size_t>{64, 64, 64},
+                                {7, 5, 33}, {4, 1, 16}, {9, 70, 17}, {1, 3, 3}, {13, 64, 40}}) {
+    for (const float beta : {0.0f, 1.0f}) {
+      SCOPED_TRACE(std::to_string(m) + "x" + std::to_string(k) + "x" + std::to_string(n) +
+                   " beta " + std::to_string(beta));
+      const std::size_t lda = k + 3, ldb = n + 5, ldc = n + 2;
+      std::vector<float> a(m * lda), b(k * ldb), c0(m * ldc);
+      for (float& x : a) x = normal(rng);
+      for (float& x : b) x = normal(rng);
+      for (float& x : c0) x = normal(rng);
+      std::vector<float> blocked = c0, rows = c0;
+      cpu_kernels::matmul_acc(a.data(), lda, b.data(), ldb, blocked.data(), ldc, m, k, n, beta);
+      for (std::size_t i = 0; i < m; ++i) {
+        cpu_kernels::matmul_acc(a.data() + i * lda, lda, b.data(), ldb, rows.data() + i * ldc, ldc,
+                                1, k, n, beta);
+      }
+      ASSERT_EQ(0, std::memcmp(blocked.data(), rows.data(), blocked.size() * sizeof(float)));
+    }
+  }
 }
 
 }  // namespace
