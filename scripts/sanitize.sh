@@ -58,8 +58,8 @@ run() {  # run <label> <program> [env...]
   else
     failed=$((failed + 1))
     echo "FAIL  $label (exit $rc, $((SECONDS - start)) s): $log"
-    grep -m 5 -E "ERROR: (Address|Leak|Thread)Sanitizer|WARNING: ThreadSanitizer|runtime error|FAILED|hang" \
-      "$log" || true
+    local pat="ERROR: (Address|Leak|Thread)Sanitizer|WARNING: ThreadSanitizer|runtime error"
+    grep -m 5 -E "$pat|FAILED|hang" "$log" || true
   fi
 }
 
