@@ -1,7 +1,7 @@
 // `tierzero bench store`: walks a layered model forward and backward through the tiered store as
-// stage-3 training does (each layer's parameter shard pinned on the device for a synthetic
-// compute time; backward rewrites it, standing for the gradient and updated parameters an
-// offloaded step writes home), and reports per step the achieved bandwidth per link, the stall
+// stage-3 training does (store/walk.h; each layer's parameter shard pinned on the device for a
+// synthetic compute time; backward rewrites it, standing for the gradient and updated parameters
+// an offloaded step writes home), and reports per step the achieved bandwidth per link, the stall
 // fraction, bytes per tier and the lower bound from the disk's raw throughput measured in the
 // same run.
 
@@ -28,6 +28,7 @@
 #include "nvme/swap_space.h"
 #include "store/pool_registration.h"
 #include "store/store.h"
+#include "store/walk.h"
 
 namespace tz::cli {
 namespace {
@@ -260,23 +261,23 @@ int run(const BenchStoreOptions& o) {
   double stall_total = 0;
   nlohmann::json long_stalls = nlohmann::json::array();  // visits that waited over 10 ms
   Trace& trace = Trace::global();
-  auto visit = [&](int i, store::Access access) -> Status {
+  auto visit = [&](const store::Visit& v) -> Status {
+    const int i = v.layer;
     const double t0 = now_s();
     const double t0_us = trace.now_us();
-    TZ_ASSIGN_OR_RETURN(store::Lease l, s->pin(ids[static_cast<std::size_t>(i)], store::Tier::kDevice, access));
+    TZ_ASSIGN_OR_RETURN(store::Lease l, s->pin(ids[static_cast<std::size_t>(i)], store::Tier::kDevice, v.access));
     TZ_RETURN_IF_ERROR(l.wait());
     const double waited = now_s() - t0;
     stall_total += waited;
     if (waited > 0.010) {
-      long_stalls.push_back({{"pass", access == store::Access::kRead ? "forward" : "backward"},
+      long_stalls.push_back({{"pass", store::pass_name(v.pass)},
                              {"layer", i},
                              {"ms", waited * 1e3}});
     }
     if (compute.count() > 0) std::this_thread::sleep_for(compute);
     l.release();
     if (trace.enabled()) {
-      trace.span("bench walk", (access == store::Access::kRead ? "forward layer " : "backward layer ") +
-                                   std::to_string(i),
+      trace.span("bench walk", std::string(store::pass_name(v.pass)) + " layer " + std::to_string(i),
                  t0_us, trace.now_us());
     }
     return Status::ok();
@@ -289,12 +290,7 @@ int run(const BenchStoreOptions& o) {
     long_stalls = nlohmann::json::array();
     const double t0 = now_s();
     const double step_us = trace.now_us();
-    for (int i = 0; i < o.layers; ++i) {
-      if (Status st = visit(i, store::Access::kRead); !st.is_ok()) return fail(st);
-    }
-    for (int i = o.layers - 1; i >= 0; --i) {
-      if (Status st = visit(i, store::Access::kReadWrite); !st.is_ok()) return fail(st);
-    }
+    if (Status st = store::walk_step(o.layers, visit); !st.is_ok()) return fail(st);
     s->mark_step();
     const double step_s = now_s() - t0;
     if (trace.enabled()) trace.span("bench steps", "step " + std::to_string(step), step_us, trace.now_us());

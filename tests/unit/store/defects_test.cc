@@ -26,21 +26,7 @@ namespace {
 
 using testing::Harness;
 using testing::HarnessOptions;
-
-// Runs `body` on a thread; if it has not finished after `seconds`, the scenario hangs: report it
-// and end the process (a hung thread cannot be joined).
-void within_deadline(const char* what, int seconds, std::function<void()> body) {
-  std::packaged_task<void()> task(std::move(body));
-  std::future<void> done = task.get_future();
-  std::thread runner(std::move(task));
-  if (done.wait_for(std::chrono::seconds(seconds)) != std::future_status::ready) {
-    std::fprintf(stderr, "FAILED: %s did not finish within %d s (hang)\n", what, seconds);
-    std::fflush(stderr);
-    std::_Exit(1);
-  }
-  runner.join();
-  done.get();
-}
+using testing::within_deadline;
 
 // Defect 1: N dirty device copies evicted by one pin enqueue N copies and N host callbacks on the
 // d2h stream, past HostStream's 4,096-task bound.

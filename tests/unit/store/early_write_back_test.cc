@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "store/store.h"
+#include "store/walk.h"
 #include "store_harness.h"
 
 namespace tz::store {
@@ -28,8 +29,9 @@ struct WalkResult {
 // The value every byte of layer `i` holds after the backward pass of step `s` wrote it.
 std::byte pattern(int layer, int step) { return static_cast<std::byte>(1 + layer * 7 + step * 31); }
 
-// Forward reads layers 0..L-1 on the device and checks their bytes; backward pins L-1..0
-// read-write, checks, and writes pattern(layer, step). `faults`: seeded EIO on requests.
+// The stage-3 walk (store/walk.h): forward reads each layer on the device and checks its bytes;
+// backward pins it read-write, checks, and writes pattern(layer, step). `faults`: seeded EIO on
+// requests.
 WalkResult walk(int layers, int device_blocks, int host_blocks, int steps, Policy policy,
                 std::optional<nvme::FaultOptions> faults) {
   WalkResult r;
@@ -93,8 +95,10 @@ WalkResult walk(int layers, int device_blocks, int host_blocks, int steps, Polic
     check_budgets();
   };
   for (int s = 0; s < steps; ++s) {
-    for (int i = 0; i < layers; ++i) visit(i, Access::kRead, s);
-    for (int i = layers - 1; i >= 0; --i) visit(i, Access::kReadWrite, s);
+    (void)walk_step(layers, [&](const Visit& v) {
+      visit(v.layer, v.access, s);
+      return Status::ok();  // a failure is counted (faults) or a test failure already
+    });
     h.store->mark_step();
   }
   EXPECT_TRUE(h.store->drain().is_ok());

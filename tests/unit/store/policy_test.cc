@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "store/store.h"
+#include "store/walk.h"
 #include "store_harness.h"
 
 namespace tz::store {
@@ -31,10 +32,8 @@ struct Moved {
   std::uint64_t total = 0;
 };
 
-// The stage-3 walk over one store: forward 0..L-1 reads each layer's parameters on the device;
-// backward L-1..0 pins them read-write (gradient and update written in place, so every layer goes
-// home dirty). Every block is written once first (write-only pins, a step of its own) so that it
-// has real bytes on NVMe.
+// The stage-3 walk (store/walk.h) over one store. Every block is written once first (write-only
+// pins, a step of its own) so that it has real bytes on NVMe.
 struct Walk {
   Harness h;
   std::vector<BlockId> ids;
@@ -68,16 +67,18 @@ struct Walk {
     if (!l.is_ok()) return;
     EXPECT_TRUE(l->wait().is_ok());
   }
-  void forward() {
-    for (int i = 0; i < static_cast<int>(ids.size()); ++i) touch(i, Access::kRead);
+  Status visit(const Visit& v) {
+    touch(v.layer, v.access);
+    return Status::ok();  // a failed pin is a test failure already
   }
+  int layers() const { return static_cast<int>(ids.size()); }
+  void forward() { (void)walk_forward(layers(), [this](const Visit& v) { return visit(v); }); }
   // Backward from the last layer down to `last`.
   void backward(int last = 0) {
-    for (int i = static_cast<int>(ids.size()) - 1; i >= last; --i) touch(i, Access::kReadWrite);
+    (void)walk_backward(layers(), [this](const Visit& v) { return visit(v); }, last);
   }
   void step() {
-    forward();
-    backward();
+    (void)walk_step(layers(), [this](const Visit& v) { return visit(v); });
     h.store->mark_step();
   }
 };
@@ -122,6 +123,32 @@ void compare(const Pattern& p, bool expect_strict) {
   if (expect_strict) {
     EXPECT_LT(t.nvme_read + t.nvme_write, l.nvme_read + l.nvme_write);
   }
+}
+
+// The walk's order, written out: forward reads 0..2, backward rewrites 2..0; an error stops it.
+TEST(StorePolicy, WalkVisitsForwardThenBackward) {
+  std::vector<Visit> seen;
+  auto record = [&](const Visit& v) {
+    seen.push_back(v);
+    return Status::ok();
+  };
+  ASSERT_TRUE(walk_step(3, record).is_ok());
+  const std::vector<Visit> want = {
+      {Pass::kForward, 0, Access::kRead},       {Pass::kForward, 1, Access::kRead},
+      {Pass::kForward, 2, Access::kRead},       {Pass::kBackward, 2, Access::kReadWrite},
+      {Pass::kBackward, 1, Access::kReadWrite}, {Pass::kBackward, 0, Access::kReadWrite}};
+  EXPECT_EQ(seen, want);
+  seen.clear();
+  ASSERT_TRUE(walk_backward(4, record, 2).is_ok());
+  EXPECT_EQ(seen, (std::vector<Visit>{{Pass::kBackward, 3, Access::kReadWrite},
+                                      {Pass::kBackward, 2, Access::kReadWrite}}));
+  int calls = 0;
+  const Status st = walk_step(3, [&](const Visit& v) {
+    ++calls;
+    return v.pass == Pass::kBackward ? Status::internal("stop") : Status::ok();
+  });
+  EXPECT_FALSE(st.is_ok());
+  EXPECT_EQ(calls, 4);
 }
 
 TEST(StorePolicy, TraceMovesStrictlyFewerBytesWhenHostHoldsPartOfTheModel) {

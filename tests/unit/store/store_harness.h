@@ -1,17 +1,24 @@
 // A store over HostDevice, a small pinned pool and a swap file in a temporary directory (optionally
-// behind the seeded fault-injecting engine), shared by the store's unit, policy and fault tests.
+// behind the seeded fault-injecting engine), shared by the store's unit, policy and fault tests,
+// the I/O matrix the round-trip and property tests sweep, and a deadline for scenarios that could
+// hang.
 #pragma once
 
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
+#include <chrono>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <functional>
+#include <future>
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "cpu/pinned_pool.h"
 #include "gpu/host_device.h"
@@ -21,6 +28,21 @@
 #include "store/store.h"
 
 namespace tz::store::testing {
+
+// Runs `body` on a thread; if it has not finished after `seconds`, the scenario hangs: report it
+// and end the process (a hung thread cannot be joined), so ctest never blocks.
+inline void within_deadline(const char* what, int seconds, std::function<void()> body) {
+  std::packaged_task<void()> task(std::move(body));
+  std::future<void> done = task.get_future();
+  std::thread runner(std::move(task));
+  if (done.wait_for(std::chrono::seconds(seconds)) != std::future_status::ready) {
+    std::fprintf(stderr, "FAILED: %s did not finish within %d s (hang)\n", what, seconds);
+    std::fflush(stderr);
+    std::_Exit(1);
+  }
+  runner.join();
+  done.get();
+}
 
 class ScratchDir {
  public:
@@ -56,6 +78,43 @@ struct HarnessOptions {
   std::optional<std::uint64_t> pool_budget;
 };
 
+// One combination of the I/O matrix: the engine, whether the pool's slabs are registered with it
+// (io_uring fixed buffers; the other engines ignore registration, so they run it once) and how
+// reads and writes share the disk.
+struct IoCase {
+  nvme::IoEngineKind engine = nvme::IoEngineKind::kPsync;
+  bool registered = true;
+  IoGrouping grouping = IoGrouping::kMixed;
+};
+
+inline std::vector<IoCase> io_cases() {
+  std::vector<IoCase> out;
+  for (IoGrouping g : {IoGrouping::kMixed, IoGrouping::kGrouped}) {
+    out.push_back({nvme::IoEngineKind::kIoUring, true, g});
+    out.push_back({nvme::IoEngineKind::kIoUring, false, g});
+    out.push_back({nvme::IoEngineKind::kLibaio, true, g});
+    out.push_back({nvme::IoEngineKind::kPsync, true, g});
+  }
+  return out;
+}
+
+// "io_uring_registered_grouped", "libaio_mixed": a GoogleTest name that says the combination.
+inline std::string io_case_name(const IoCase& c) {
+  std::string n = nvme::io_engine_name(c.engine);
+  if (c.engine == nvme::IoEngineKind::kIoUring) n += c.registered ? "_registered" : "_unregistered";
+  return n + (c.grouping == IoGrouping::kGrouped ? "_grouped" : "_mixed");
+}
+
+inline std::string io_param_name(const ::testing::TestParamInfo<IoCase>& p) {
+  return io_case_name(p.param);
+}
+
+inline void apply_io_case(const IoCase& c, HarnessOptions& o) {
+  o.engine = c.engine;
+  o.store.register_pool_buffers = c.registered;
+  o.store.io_grouping = c.grouping;
+}
+
 struct Harness {
   ScratchDir dir;
   std::unique_ptr<gpu::HostDevice> device;
@@ -85,17 +144,6 @@ struct Harness {
     auto p = PinnedPool::create(po);
     ASSERT_TRUE(p.is_ok()) << p.status().to_string();
     pool.emplace(std::move(p).value());
-    nvme::IoEngineOptions eo;
-    eo.queue_depth = 16;
-    auto engine = nvme::make_io_engine(o.engine, eo);
-    ASSERT_TRUE(engine.is_ok()) << engine.status().to_string();
-    std::unique_ptr<nvme::IoEngine> e = std::move(engine).value();
-    if (o.faults) {
-      auto f = std::make_unique<nvme::FaultEngine>(std::move(e), *o.faults);
-      fault = f.get();
-      e = std::move(f);
-    }
-    if (o.wrap_engine) e = o.wrap_engine(std::move(e));
     nvme::SwapOptions so;
     so.paths = {dir.path()};
     so.bytes_per_path = o.swap_bytes;
@@ -103,7 +151,18 @@ struct Harness {
     nvme::IoQueueOptions qo;
     qo.block_bytes = 1ull << 20;
     qo.depth_per_file = 16;
+    // The engine is made inside the factory, on the store's mover thread: an io_uring ring
+    // (SINGLE_ISSUER) refuses registrations from any other thread (EEXIST).
     auto factory = [&, so, qo]() -> Result<std::unique_ptr<nvme::SwapSpace>> {
+      nvme::IoEngineOptions eo;
+      eo.queue_depth = 16;
+      TZ_ASSIGN_OR_RETURN(std::unique_ptr<nvme::IoEngine> e, nvme::make_io_engine(o.engine, eo));
+      if (o.faults) {
+        auto f = std::make_unique<nvme::FaultEngine>(std::move(e), *o.faults);
+        fault = f.get();
+        e = std::move(f);
+      }
+      if (o.wrap_engine) e = o.wrap_engine(std::move(e));
       TZ_ASSIGN_OR_RETURN(nvme::SwapSpace swap, nvme::SwapSpace::create(so, std::move(e), qo));
       auto sp = std::make_unique<nvme::SwapSpace>(std::move(swap));
       swap_files = sp->file_paths();

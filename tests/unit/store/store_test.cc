@@ -1,6 +1,7 @@
-// Unit tests of the store: homes in every tier, round trips through NVMe, zero-initialised blocks,
-// write-only pins that skip the load, budget errors that name the tier, checksum mismatches
-// caught on read, device events, and statistics that add up.
+// Unit tests of the store: homes in every tier, round trips through NVMe over every I/O engine,
+// registered buffers and grouping, zero-initialised blocks, write-only pins that skip the load,
+// budget errors that name the tier, checksum mismatches caught on read, device events, and
+// statistics that add up.
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -69,10 +70,18 @@ TEST(Store, NewBlocksReadAsZerosInEveryHome) {
   h.finish();
 }
 
-TEST(Store, RoundTripThroughNvmeUnderTinyBudgets) {
+// Over the I/O matrix (engine x registered buffers x grouping); the combination is the test's
+// name and is printed with every failure.
+class StoreIo : public ::testing::TestWithParam<testing::IoCase> {};
+
+TEST_P(StoreIo, RoundTripThroughNvmeUnderTinyBudgets) {
   // Six 200 KB blocks on NVMe through a 512 KiB device and host: every read must see its write.
+  SCOPED_TRACE("I/O case " + testing::io_case_name(GetParam()));
   Harness h;
-  h.init(small_options());
+  HarnessOptions o = small_options();
+  testing::apply_io_case(GetParam(), o);
+  h.init(o);
+  ASSERT_FALSE(::testing::Test::HasFatalFailure());
   const std::size_t n = 200000;
   std::vector<BlockId> ids;
   for (int i = 0; i < 6; ++i) {
@@ -98,6 +107,9 @@ TEST(Store, RoundTripThroughNvmeUnderTinyBudgets) {
   EXPECT_EQ(st.checksum_failures, 0u);
   h.finish();
 }
+
+INSTANTIATE_TEST_SUITE_P(Matrix, StoreIo, ::testing::ValuesIn(testing::io_cases()),
+                         testing::io_param_name);
 
 TEST(Store, WriteOnlyPinSkipsTheLoad) {
   Harness h;
