@@ -206,7 +206,7 @@ Result<MemoryPlan> plan_memory(const PlanInputs& in, const Config& config,
   // gradient; allocate_device() waits for the deferred frees when they would not fit beside
   // them), so only what they need beyond those buffers is counted.
   const std::uint64_t scratch = max_padded * 4;
-  term(Tier::kDevice, "scratch beyond the micro-batch buffers (stage-0 gathered gradient, get_tensor)",
+  term(Tier::kDevice, "scratch beyond the buffers (stage-0 gradient, get_tensor)",
        scratch > gather + grads ? scratch - gather - grads : 0);
   term(Tier::kDevice, "norm and scalar buffers",
        sizeof(gpu::NormAccumulator) +
