@@ -1057,15 +1057,28 @@ class EngineImpl final : public Engine {
   // The compute stream may run far behind the caller (HostDevice, a queued GPU), so buffers whose
   // free waits for it can pile up: an allocation that would take the device past the plan (or that
   // the device refuses) first waits for them, so the peak stays within the plan, not the budget.
+  // The store's device room not yet filled counts as taken: its cache of offloaded shards loads
+  // ahead on its own threads, so deferred frees that filled that room would let its next load
+  // pass the plan (stage 3 with offloaded parameters).
   Result<gpu::DeviceBuffer> allocate_device(std::size_t bytes) {
     if (!deferred_.empty() &&
-        device_.memory_stats().in_use_bytes + bytes > tier_plan(Tier::kDevice)) {
+        device_.memory_stats().in_use_bytes + store_device_room() + bytes >
+            tier_plan(Tier::kDevice)) {
       reap_deferred(true);
     }
     auto b = device_.allocate(bytes);
     if (b.is_ok() || deferred_.empty()) return b;
     reap_deferred(true);
     return device_.allocate(bytes);
+  }
+
+  // Device bytes the store may still allocate: its device budget less what it holds (copies in
+  // use and its cache of freed buffers).
+  std::uint64_t store_device_room() const {
+    if (!store_) return 0;
+    const store::TierStats t = store_->stats().tier(Tier::kDevice);
+    const std::uint64_t held = t.used_bytes + t.cached_bytes;
+    return t.budget_bytes > held ? t.budget_bytes - held : 0;
   }
 
   // Host bytes into a block at `offset`, in its home tier (device blocks through a copy).

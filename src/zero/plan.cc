@@ -189,20 +189,25 @@ Result<MemoryPlan> plan_memory(const PlanInputs& in, const Config& config,
   term(Tier::kDevice, "device cache of offloaded parameter shards", device_cache);
   term(Tier::kDevice, "persistent gathered units (stage 3, below the threshold)", persistent_bytes);
   // A model holds at most two gathered units (GPT-2's tied wte and the current block) and two
-  // gradient buffers (wte's lives through the backward) at once, plus one of each released while
-  // the compute stream still reads it: allocate_device() waits for such frees before the device
-  // would pass the plan, so the caller runs ahead of the stream by one unit at most. (With only
-  // two of each, the store's copies in flight at stage 3 with offloaded parameters took the
-  // device past the plan: e2e.train.peaks.)
+  // gradient buffers (wte's lives through the backward) at once, plus one gathered unit released
+  // while the compute stream still reads it: allocate_device() waits for such frees before the
+  // device would pass the plan, so the caller runs ahead of the stream by one unit at most. A
+  // gradient reduced on the device is freed the same way (a third buffer); one going to the host
+  // (optimizer offloaded) is copied out synchronously and freed at once, so two are all there are.
+  const bool grads_on_device = in.grad == Placement::kDevice;
   const std::uint64_t gather = in.stage == 3 ? largest_sum(streamed_padded, 3) * es : 0;
-  const std::uint64_t grads = largest_sum(all_padded, 3) * es;
+  const std::uint64_t grads = largest_sum(all_padded, grads_on_device ? 3 : 2) * es;
   term(Tier::kDevice, "gather buffers (3 largest units)", gather);
-  term(Tier::kDevice, "gradient buffers (3 largest units)", grads);
-  // Stage 0's gathered gradient (in step()) and get_tensor's fp32 unit (between steps), counted
-  // in full: counting only what they need beyond the micro-batch buffers let a stage-3 run with
-  // offloaded parameters pass the plan by one unit (e2e.train.peaks; which allocation overlaps
-  // is not pinned down yet).
-  term(Tier::kDevice, "scratch (stage-0 gathered gradient, get_tensor)", max_padded * 4);
+  term(Tier::kDevice, grads_on_device ? "gradient buffers (3 largest units)"
+                                      : "gradient buffers (2 largest units)",
+       grads);
+  // Stage 0's gathered gradient (in step()) and get_tensor's fp32 unit (between steps) are never
+  // live with the micro-batch buffers (step() refuses units still gathered or holding a
+  // gradient; allocate_device() waits for the deferred frees when they would not fit beside
+  // them), so only what they need beyond those buffers is counted.
+  const std::uint64_t scratch = max_padded * 4;
+  term(Tier::kDevice, "scratch beyond the buffers (stage-0 gradient, get_tensor)",
+       scratch > gather + grads ? scratch - gather - grads : 0);
   term(Tier::kDevice, "norm and scalar buffers",
        sizeof(gpu::NormAccumulator) +
            static_cast<std::uint64_t>(in.world_size) * 2 * kScalarPieces * 4);

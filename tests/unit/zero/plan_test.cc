@@ -89,11 +89,11 @@ TEST(ZeroPlan, Stage3ParamsCpuOptimizerNvmeByHand) {
   EXPECT_EQ(term_of(p, Tier::kDevice, "home blocks"), 0u);
   EXPECT_EQ(term_of(p, Tier::kDevice, "device cache"), (4096u + 100352u) * 2);
   EXPECT_EQ(term_of(p, Tier::kDevice, "persistent gathered"), 8192u * 2);
-  // Gathers: only "b" streams; gradients: both units (fewer than three).
+  // Gathers: only "b" streams; gradients (going to the host: two buffers): both units.
   EXPECT_EQ(term_of(p, Tier::kDevice, "gather buffers"), 200704u * 2);
   EXPECT_EQ(term_of(p, Tier::kDevice, "gradient buffers"), (8192u + 200704u) * 2);
-  // get_tensor's fp32 unit of the largest unit, in full.
-  EXPECT_EQ(term_of(p, Tier::kDevice, "scratch"), 200704u * 4);
+  // get_tensor's fp32 unit of the largest unit (200704 * 4 B) fits in the buffers' bytes.
+  EXPECT_EQ(term_of(p, Tier::kDevice, "scratch"), 0u);
   EXPECT_EQ(term_of(p, Tier::kDevice, "norm and scalar"), sizeof(gpu::NormAccumulator) + 2 * 2 * 4 * 4);
   EXPECT_EQ(term_of(p, Tier::kDevice, "model activations"), 1000000u);
 
@@ -145,8 +145,8 @@ TEST(ZeroPlan, Stage1OnDeviceByHand) {
   EXPECT_EQ(p.home.nvme, 0u);
   EXPECT_EQ(term_of(p, Tier::kDevice, "gather buffers"), 0u);
   EXPECT_EQ(term_of(p, Tier::kDevice, "gradient buffers"), (8192u + 200704u) * 2);
-  // get_tensor's fp32 "b", in full.
-  EXPECT_EQ(term_of(p, Tier::kDevice, "scratch"), 200704u * 4);
+  // get_tensor's fp32 "b", beyond the gradient buffers.
+  EXPECT_EQ(term_of(p, Tier::kDevice, "scratch"), 200704u * 4 - (8192u + 200704u) * 2);
   EXPECT_EQ(term_of(p, Tier::kDevice, "device cache"), 0u);
   EXPECT_EQ(term_of(p, Tier::kDevice, "persistent gathered"), 0u);
   EXPECT_EQ(p.persistent, (std::vector<bool>{false, false}));
@@ -176,8 +176,45 @@ TEST(ZeroPlan, BuffersHoldTheThreeLargestUnits) {
   ASSERT_TRUE(got.is_ok()) << got.status().to_string();
   EXPECT_EQ(term_of(*got, Tier::kDevice, "gather buffers"), (32768u + 16384u + 8192u) * 4);
   EXPECT_EQ(term_of(*got, Tier::kDevice, "gradient buffers"), (32768u + 16384u + 8192u) * 4);
-  // get_tensor's fp32 copy of the largest unit, in full.
-  EXPECT_EQ(term_of(*got, Tier::kDevice, "scratch"), 32768u * 4);
+  // get_tensor's fp32 copy of the largest unit fits in the buffers' bytes.
+  EXPECT_EQ(term_of(*got, Tier::kDevice, "scratch"), 0u);
+
+  // With the optimizer on the host, gradients are copied out and freed synchronously: the two
+  // largest units' buffers.
+  in.optimizer = Placement::kHost;
+  in.grad = Placement::kHost;
+  got = plan_memory(in, config, units);
+  ASSERT_TRUE(got.is_ok()) << got.status().to_string();
+  EXPECT_EQ(term_of(*got, Tier::kDevice, "gather buffers"), (32768u + 16384u + 8192u) * 4);
+  EXPECT_EQ(term_of(*got, Tier::kDevice, "gradient buffers"), (32768u + 16384u) * 4);
+  EXPECT_EQ(term_of(*got, Tier::kDevice, "scratch"), 0u);
+}
+
+// The scratch term is what the largest unit in fp32 needs beyond the micro-batch buffers: stage
+// 1, bf16, optimizer on the host, one rank, a large unit (32768 elements) and a small one (4096):
+// no gathers, the two gradients in bf16; get_tensor's fp32 copy of the large one is bigger.
+TEST(ZeroPlan, ScratchIsWhatTheFp32UnitNeedsBeyondTheBuffers) {
+  PlanInputs in;
+  in.stage = 1;
+  in.compute_dtype = DType::kBF16;
+  in.optimizer = Placement::kHost;
+  in.grad = Placement::kHost;
+  in.world_size = 1;
+  in.device_budget_bytes = 1ull << 30;
+  Config config;
+  std::vector<UnitLayout> units;
+  for (std::int64_t n : {32768, 4096}) {
+    units.push_back(plan_unit_layout(unit("u" + std::to_string(n), {n}), 1));
+  }
+  auto got = plan_memory(in, config, units);
+  ASSERT_TRUE(got.is_ok()) << got.status().to_string();
+  EXPECT_EQ(term_of(*got, Tier::kDevice, "gather buffers"), 0u);
+  EXPECT_EQ(term_of(*got, Tier::kDevice, "gradient buffers"), (32768u + 4096u) * 2);
+  EXPECT_EQ(term_of(*got, Tier::kDevice, "scratch"), 32768u * 4 - (32768u + 4096u) * 2);
+  // Buffers + scratch together are exactly the larger of the two phases.
+  EXPECT_EQ(term_of(*got, Tier::kDevice, "gradient buffers") +
+                term_of(*got, Tier::kDevice, "scratch"),
+            32768u * 4);
 }
 
 // A host tier over 1 GiB is several slabs (a buffer never spans two), so the pool keeps one
