@@ -22,6 +22,7 @@
 #include "core/trace.h"
 #include "core/units.h"
 #include "cpu/pinned_pool.h"
+#include "gpu/pinned_registration.h"
 #include "gpu/select.h"
 #include "nvme/io_engine.h"
 #include "nvme/probe.h"
@@ -176,12 +177,7 @@ int run(const BenchStoreOptions& o) {
                       *in_flight + popt.slab_bytes;
   auto pool = PinnedPool::create(popt);
   if (!pool) return fail(pool.status());
-  gpu::Device* dev = device->get();
-  PinnedSlabHook hook;
-  hook.name = "device";
-  hook.on_add = [dev](const PinnedSlab& s) { return dev->register_host_memory(s.data, s.bytes); };
-  hook.on_remove = [dev](const PinnedSlab& s) { dev->unregister_host_memory(s.data).ignore(); };
-  if (Status st = pool->add_slab_hook(hook); !st.is_ok()) return fail(st);
+  if (Status st = gpu::register_pinned_pool(**device, *pool); !st.is_ok()) return fail(st);
 
   auto engine_choice = nvme::choose_io_engine(o.engine, o.nvme_paths);
   if (!engine_choice) return fail(engine_choice.status());

@@ -198,25 +198,23 @@ void Store::Impl::build_index() {
   host_uses.clear();
   overwrites.clear();
   any_uses.clear();
+  trace_has_nvme_blocks = false;
+  trace_has_host_loads = false;
   for (std::size_t i = 0; i < trace.size(); ++i) {
     const TraceEntry& e = trace[i];
     const auto pos = static_cast<std::uint32_t>(i);
+    const Block* b = find(e.block);
+    const bool nvme_homed = b != nullptr && b->home == Tier::kNvme;
+    trace_has_nvme_blocks |= nvme_homed;
     // A write-only pin needs space, not the bytes: it is no reason to keep a copy.
     if (e.access == Access::kWrite) {
       overwrites[e.block].push_back(pos);
       continue;
     }
+    trace_has_host_loads |= nvme_homed && e.tier == Tier::kHost;
     if (e.tier == Tier::kDevice) dev_uses[e.block].push_back(pos);
     if (e.tier == Tier::kHost) host_uses[e.block].push_back(pos);
     any_uses[e.block].push_back(pos);
-  }
-  trace_has_nvme_blocks = false;
-  trace_has_host_loads = false;
-  for (const TraceEntry& e : trace) {
-    const Block* b = find(e.block);
-    if (b == nullptr || b->home != Tier::kNvme) continue;
-    trace_has_nvme_blocks = true;
-    if (e.tier == Tier::kHost && e.access != Access::kWrite) trace_has_host_loads = true;
   }
 }
 

@@ -29,6 +29,7 @@
 #include "cpu/optimizer.h"
 #include "cpu/pinned_pool.h"
 #include "gpu/host_device.h"
+#include "gpu/pinned_registration.h"
 #include "nvme/io_engine.h"
 #include "nvme/nvme_config.h"
 #include "nvme/probe.h"
@@ -425,12 +426,7 @@ class EngineImpl final : public Engine {
     const PinnedPoolOptions& po = mp.pool;
     TZ_ASSIGN_OR_RETURN(PinnedPool pool, PinnedPool::create(po));
     pool_ = std::make_unique<PinnedPool>(std::move(pool));
-    gpu::Device* dev = &device_;
-    PinnedSlabHook hook;
-    hook.name = "device";
-    hook.on_add = [dev](const PinnedSlab& s) { return dev->register_host_memory(s.data, s.bytes); };
-    hook.on_remove = [dev](const PinnedSlab& s) { dev->unregister_host_memory(s.data).ignore(); };
-    TZ_RETURN_IF_ERROR(pool_->add_slab_hook(hook));
+    TZ_RETURN_IF_ERROR(gpu::register_pinned_pool(device_, *pool_));
     store::Store::SwapFactory make_swap;
     if (mp.home.nvme > 0) {
       TZ_ASSIGN_OR_RETURN(nvme::EngineChoice choice,
@@ -1408,12 +1404,7 @@ class EngineImpl final : public Engine {
     po.prefault = false;
     TZ_ASSIGN_OR_RETURN(PinnedPool pool, PinnedPool::create(po));
     overlap_pool_ = std::make_unique<PinnedPool>(std::move(pool));
-    gpu::Device* dev = &device_;
-    PinnedSlabHook hook;
-    hook.name = "device";
-    hook.on_add = [dev](const PinnedSlab& s) { return dev->register_host_memory(s.data, s.bytes); };
-    hook.on_remove = [dev](const PinnedSlab& s) { dev->unregister_host_memory(s.data).ignore(); };
-    TZ_RETURN_IF_ERROR(overlap_pool_->add_slab_hook(hook));
+    TZ_RETURN_IF_ERROR(gpu::register_pinned_pool(device_, *overlap_pool_));
     for (Unit& u : units_) {
       if (delayed) {
         TZ_ASSIGN_OR_RETURN(u.delayed_grad, overlap_pool_->allocate(u.layout.shard * 4));
