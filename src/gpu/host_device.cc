@@ -55,6 +55,7 @@ class HostEvent final : public Event {
   }
 
   Status synchronize() override {
+    device_->observe_call("event synchronize");
     std::unique_lock lock(state_->mu);
     const std::uint64_t target = state_->recorded;
     state_->cv.wait(lock, [&] { return state_->completed >= target; });
@@ -136,6 +137,7 @@ void HostStream::run() {
 }
 
 Status HostStream::synchronize() {
+  device_->observe_call("stream synchronize");
   std::unique_lock lock(mu_);
   const std::uint64_t target = enqueued_;
   done_cv_.wait(lock, [&] { return completed_ >= target; });
@@ -190,6 +192,7 @@ HostDevice::~HostDevice() {
 }
 
 Result<void*> HostDevice::allocate_raw(std::size_t bytes) {
+  observe_call("allocate");
   const std::size_t rounded = (bytes + kAlignment - 1) / kAlignment * kAlignment;
   void* ptr = nullptr;
   {
@@ -214,6 +217,7 @@ Result<void*> HostDevice::allocate_raw(std::size_t bytes) {
 }
 
 void HostDevice::free_raw(void* ptr, std::size_t bytes) {
+  observe_call("free");
   const std::size_t rounded = (bytes + kAlignment - 1) / kAlignment * kAlignment;
   if (poison_) std::memset(ptr, kPoisonByte, rounded);
   {
@@ -255,10 +259,12 @@ Result<std::unique_ptr<Stream>> HostDevice::create_stream(std::string name) {
 }
 
 Result<std::unique_ptr<Event>> HostDevice::create_event() {
+  observe_call("create event");
   return std::unique_ptr<Event>(std::make_unique<HostEvent>(this));
 }
 
 Status HostDevice::synchronize() {
+  observe_call("device synchronize");
   std::lock_guard lock(mu_);
   for (HostStream* stream : streams_) TZ_RETURN_IF_ERROR(stream->synchronize());
   return Status::ok();
@@ -305,6 +311,7 @@ std::uint64_t HostDevice::injected_failures() const {
 }
 
 Status HostDevice::check_fault(DeviceFault op, const char* what) {
+  observe_call(what);
   std::lock_guard lock(fault_mu_);
   if ((fault_ops_ & op) == 0 || fault_count_ == 0) return Status::ok();
   if (fault_after_ > 0) {

@@ -116,6 +116,16 @@ class HostDevice final : public Device {
   // The injection check of one call of kind `op` (used by this backend's streams and events).
   Status check_fault(DeviceFault op, const char* what);
 
+  // A test's observer of calls into this device: fn(what) runs on the calling thread at the
+  // start of every allocation and release, event creation, enqueue (copy, memset, callback),
+  // event record, stream wait and synchronize (of the device, a stream or an event), e.g. to
+  // check what the caller holds while it calls (the store makes no device call under its lock).
+  // Set it while no other thread uses the device; an empty function removes it.
+  void set_call_observer(std::function<void(const char* what)> fn) { observer_ = std::move(fn); }
+  void observe_call(const char* what) const {
+    if (observer_) observer_(what);
+  }
+
  private:
   friend class HostStream;
   explicit HostDevice(std::uint64_t budget_bytes) : Device(budget_bytes) {}
@@ -127,6 +137,7 @@ class HostDevice final : public Device {
   void remove_stream(HostStream* stream);
 
   bool poison_ = false;
+  std::function<void(const char*)> observer_;
   // Freed buffers kept by (rounded) size for the next allocation of that size, as CUDA's caching
   // allocators keep them: glibc returns a buffer above its mmap threshold (32 MiB at most) to the
   // kernel on free, and the next one is faulted in again a page at a time (the engine's per-step
