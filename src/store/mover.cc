@@ -56,67 +56,139 @@ void Store::Impl::free_physical(Block& b, Tier t) {
   update_used(t);
 }
 
-// Marks the end of a load into the device for Lease::ready_event. A failure fails the load: a
-// stream waiting on a stale event would read the bytes too early.
-Status Store::Impl::record_ready(Block& b, gpu::Stream& stream) {
-  return b.ready_event->record(stream).with_context("store: recording the ready event of '" +
-                                                    b.name + "'");
+// Queues device work for `op` (issued once the mover lets go of `mu`): ordered after the caller's
+// last use of the block's device copy, and reporting to the mailbox when done.
+DeviceCall& Store::Impl::push_device_call(DeviceCall::Kind kind, Block& b, const Op& op,
+                                          gpu::Stream& stream, std::uint32_t chunk,
+                                          int staging_index) {
+  DeviceCall& c = device_calls.emplace_back();
+  c.kind = kind;
+  c.block = b.id;
+  c.op_seq = op.seq;
+  c.stream = &stream;
+  c.user = b.user_event_recorded ? b.user_event.get() : nullptr;
+  c.done = DeviceDone{b.id, op.seq, chunk, kind != DeviceCall::Kind::kPiece, staging_index};
+  return c;
 }
 
-// Orders work on `stream` after the caller's last use of the block's device copy. When the
-// stream cannot wait on the event, the host waits for it instead (slower, same order).
-Status Store::Impl::after_user(Block& b, gpu::Stream& stream) {
-  if (!b.user_event_recorded) return Status::ok();
-  if (stream.wait(*b.user_event).is_ok()) return Status::ok();
-  return b.user_event->synchronize().with_context("store: waiting for the last user of '" +
-                                                  b.name + "'");
+// A whole-block copy or memset on `stream`; with `ready`, the block's ready event follows it
+// (Lease::ready_event). A failure fails the op (finish_device_calls).
+void Store::Impl::push_whole(Block& b, Op& op, gpu::Stream& stream, std::function<Status()> work,
+                             bool ready) {
+  op.device_pending = true;
+  DeviceCall& c = push_device_call(DeviceCall::Kind::kWhole, b, op, stream);
+  c.work = std::move(work);
+  if (ready) c.ready = b.ready_event.get();
 }
 
-// A device call for `op` failed (`st`): work already enqueued on `stream` for it may still use
-// the block's buffers, so wait for the stream (its callbacks take no store lock, so this
-// cannot deadlock), then fail the op. The lease waiting for it gets `st`.
-void Store::Impl::device_failed(Block& b, Op& op, gpu::Stream& stream, Status st) {
-  if (Status sync = stream.synchronize(); !sync.is_ok()) {
-    TZ_LOG_ERROR("store: stream '%s' after a failed call: %s", stream.name().c_str(),
+std::function<Status()> Store::Impl::zero_work(Block& b) {
+  return [dev = device, dst = b.dev.data(), bytes = b.bytes, s = &device->h2d_stream()] {
+    return dev->memset_async(dst, 0, static_cast<std::size_t>(bytes), *s);
+  };
+}
+
+std::function<Status()> Store::Impl::copy_work(void* dst, const void* src, std::uint64_t bytes,
+                                               gpu::CopyKind kind, gpu::Stream& stream) {
+  return [dev = device, dst, src, bytes, kind, s = &stream] {
+    return dev->copy_async(dst, src, static_cast<std::size_t>(bytes), kind, *s);
+  };
+}
+
+// Issues one DeviceCall, without `mu`. When a call fails, work already enqueued for it may still
+// use the block's buffers: wait for the stream (its callbacks take no store lock) before the op
+// fails under `mu`.
+void Store::Impl::issue_device_call(DeviceCall& c) {
+  if (c.kind == DeviceCall::Kind::kAllocate) {
+    auto buf = device->allocate(static_cast<std::size_t>(c.bytes));
+    if (buf) {
+      c.buffer = std::move(buf).value();
+    } else {
+      c.status = std::move(buf).take_status();
+    }
+    return;
+  }
+  gpu::Stream& s = *c.stream;
+  Status st;
+  // When the stream cannot wait on the caller's event, the host waits for it instead (slower,
+  // same order).
+  if (c.user != nullptr && !s.wait(*c.user).is_ok()) {
+    st = c.user->synchronize().with_context("store: waiting for the last user of the copy");
+  }
+  if (st.is_ok() && c.work) st = c.work();
+  if (st.is_ok() && c.ready != nullptr) {
+    st = c.ready->record(s).with_context("store: recording the ready event");
+  }
+  if (st.is_ok()) {
+    st = device->host_callback(s, [this, done = c.done] {
+      // Never `mu` here (store_impl.h): the mailbox only.
+      std::lock_guard lock(wake_mu);
+      device_done.push_back(done);
+      ++events;
+      mover_cv.notify_one();
+    });
+  }
+  if (st.is_ok()) return;
+  if (c.user != nullptr) (void)c.user->synchronize();
+  if (Status sync = s.synchronize(); !sync.is_ok()) {
+    TZ_LOG_ERROR("store: stream '%s' after a failed call: %s", s.name().c_str(),
                  sync.to_string().c_str());
   }
-  op.device_pending = false;
-  fail_op(b, op, std::move(st).with_context("store: device call for '" + b.name + "'"));
+  c.status = std::move(st);
 }
 
-// Enqueues after_user, `work` and (for device destinations) the ready event on `stream`, then
-// the completion callback; false when a call failed (the op has failed, nothing is pending).
-bool Store::Impl::enqueue_whole(Block& b, Op& op, gpu::Stream& stream,
-                                const std::function<Status()>& work, bool ready) {
-  Status st = after_user(b, stream);
-  if (st.is_ok() && work) st = work();
-  if (st.is_ok() && ready) st = record_ready(b, stream);
-  if (st.is_ok()) {
-    if (ready) b.issued_seq = op.seq;
-    op.device_pending = true;
-    st = enqueue_callback(stream, b, op, 0, true);
+// Applies the results of the calls issued since the mover let go of `mu`: a successful call's
+// completion arrives through the mailbox; a failed one fails its op here (the lease waiting for
+// it gets the error), except a free, which the failure only delays.
+void Store::Impl::finish_device_calls(std::vector<DeviceCall>& calls) {
+  for (DeviceCall& c : calls) {
+    Block& b = blocks.at(c.block);
+    Op* op = find_op(b, c.op_seq);
+    TZ_ASSERT(op != nullptr, "a device call for an op that is not running");
+    if (c.status.is_ok() && c.kind != DeviceCall::Kind::kAllocate) {
+      if (c.ready != nullptr) {
+        b.issued_seq = std::max(b.issued_seq, op->seq);
+        cv.notify_all();  // Lease::ready_event waits for the record
+      }
+      continue;
+    }
+    switch (c.kind) {
+      case DeviceCall::Kind::kAllocate:
+        op->device_pending = false;
+        if (c.status.is_ok()) {
+          b.dev = std::move(c.buffer);
+        } else {
+          // The copy is unusable: later reads of the block report this.
+          fail_op(b, *op,
+                  std::move(c.status).with_context("store: allocating '" + b.name +
+                                                   "' in the device tier"));
+          op->failed = false;  // the allocation op itself is over; its bytes stay counted
+        }                      // until the free that follows (logically present)
+        finish_op(b);
+        break;
+      case DeviceCall::Kind::kWhole:
+        op->device_pending = false;
+        fail_op(b, *op, std::move(c.status).with_context("store: device call for '" + b.name + "'"));
+        if (op->kind == OpKind::kZero) {
+          finish_op(b);
+        } else {
+          finish_copy_if_done(b, *op);
+        }
+        break;
+      case DeviceCall::Kind::kPiece:
+        fail_op(b, *op, std::move(c.status).with_context("store: device call for '" + b.name + "'"));
+        piece_done(*op, c.done.staging);
+        finish_copy_if_done(b, *op);
+        break;
+      case DeviceCall::Kind::kFree:
+        // The host waited for the caller's work and the stream (issue_device_call): free now.
+        TZ_LOG_WARN("store: freeing '%s' after a host wait: %s", b.name.c_str(),
+                    c.status.to_string().c_str());
+        op->device_pending = false;
+        free_physical(b, op->dst);
+        finish_op(b);
+        break;
+    }
   }
-  if (st.is_ok()) return true;
-  device_failed(b, op, stream, std::move(st));
-  return false;
-}
-
-Status Store::Impl::enqueue_callback(gpu::Stream& stream, Block& b, const Op& op, std::uint32_t chunk,
-                                   bool whole, int staging_index) {
-  DeviceDone done{b.id, op.seq, chunk, whole, staging_index};
-  Status st = device->host_callback(stream, [this, done] {
-    // Never `mu` here (store_impl.h): the mailbox only.
-    std::lock_guard lock(wake_mu);
-    device_done.push_back(done);
-    ++events;
-    mover_cv.notify_one();
-  });
-  return st;
-}
-
-Status Store::Impl::device_copy(void* dst, const void* src, std::uint64_t bytes, gpu::CopyKind kind,
-                                gpu::Stream& stream) {
-  return device->copy_async(dst, src, static_cast<std::size_t>(bytes), kind, stream);
 }
 
 // Whether some free of a copy in `t` can run without an allocation in `t` that has not started
@@ -177,16 +249,19 @@ bool Store::Impl::start_op(Block& b, Op& op) {
         auto last = std::prev(dev_cache.end());
         phys_used[ti(t)] -= last->first;
         dev_cache_bytes -= last->first;
-        dev_cache.erase(last);  // frees the buffer
+        device_frees.push_back(std::move(last->second));  // freed outside `mu`
+        dev_cache.erase(last);
         update_used(t);
       }
       if (phys_used[ti(t)] + b.bytes > budget[ti(t)]) return false;
-      auto buf = device->allocate(static_cast<std::size_t>(b.bytes));
-      if (buf) {
-        b.dev = std::move(buf).value();
-      } else {
-        st = std::move(buf).take_status();
-      }
+      // Counted now; the buffer comes from the allocation outside `mu` (finish_device_calls).
+      fifo.pop_front();
+      op.started = true;
+      op.device_pending = true;
+      phys_used[ti(t)] += b.bytes;
+      update_used(t);
+      push_device_call(DeviceCall::Kind::kAllocate, b, op, device->h2d_stream()).bytes = b.bytes;
+      return true;
     } else if (t == Tier::kHost) {
       if (phys_used[ti(t)] + b.bytes > budget[ti(t)]) {
         st = Status::out_of_memory("store: the host tier's budget is used by copies not yet "
@@ -221,20 +296,9 @@ bool Store::Impl::start_op(Block& b, Op& op) {
     if (op.dst == Tier::kDevice && b.user_event_recorded && !op.started) {
       // Free only after the caller's device work on the copy: order a callback after it.
       op.started = true;
-      gpu::Stream& s = device->d2h_stream();
-      Status st = after_user(b, s);
-      if (st.is_ok()) st = enqueue_callback(s, b, op, 0, true);
-      if (st.is_ok()) {
-        op.device_pending = true;
-        return true;
-      }
-      // Cannot order the free on the device: wait for the caller's work here, then free now.
-      TZ_LOG_WARN("store: freeing '%s' after a host wait: %s", b.name.c_str(),
-                  st.to_string().c_str());
-      (void)b.user_event->synchronize();
-      (void)s.synchronize();
-      free_physical(b, op.dst);
-      return finish_op(b);
+      op.device_pending = true;
+      push_device_call(DeviceCall::Kind::kFree, b, op, device->d2h_stream());
+      return true;
     }
     if (op.device_pending) return false;
     op.started = true;
@@ -250,13 +314,8 @@ bool Store::Impl::start_op(Block& b, Op& op) {
   if (op.kind == OpKind::kZero) {
     op.started = true;
     if (op.dst == Tier::kDevice) {
-      gpu::Stream& s = device->h2d_stream();
-      if (enqueue_whole(b, op, s,
-                        [&] { return device->memset_async(b.dev.data(), 0, b.bytes, s); },
-                        true)) {
-        return true;
-      }
-      return finish_op(b);
+      push_whole(b, op, device->h2d_stream(), zero_work(b), true);
+      return true;
     }
     if (op.dst == Tier::kHost) std::memset(b.host.data(), 0, b.bytes);
     if (op.dst == Tier::kNvme) b.nvme_written = false;
@@ -282,13 +341,8 @@ bool Store::Impl::start_copy(Block& b, Op& op) {
       // Never written: the block reads as zeros.
       op.zero_fill = true;
       if (dev_dst) {
-        gpu::Stream& s = device->h2d_stream();
-        if (enqueue_whole(b, op, s,
-                          [&] { return device->memset_async(b.dev.data(), 0, b.bytes, s); },
-                          true)) {
-          return true;
-        }
-        return finish_copy_if_done(b, op);
+        push_whole(b, op, device->h2d_stream(), zero_work(b), true);
+        return true;
       }
       std::memset(b.host.data(), 0, b.bytes);
       return finish_copy_if_done(b, op);
@@ -296,13 +350,12 @@ bool Store::Impl::start_copy(Block& b, Op& op) {
     if (op.src != Tier::kNvme && op.dst != Tier::kNvme) {
       // Host <-> device: one copy on the direction's stream.
       gpu::Stream& s = dev_dst ? device->h2d_stream() : device->d2h_stream();
-      const auto copy = [&] {
-        return device_copy(tier_ptr(b, op.dst), tier_ptr(b, op.src), b.bytes,
+      push_whole(b, op, s,
+                 copy_work(tier_ptr(b, op.dst), tier_ptr(b, op.src), b.bytes,
                            dev_dst ? gpu::CopyKind::kHostToDevice : gpu::CopyKind::kDeviceToHost,
-                           s);
-      };
-      if (enqueue_whole(b, op, s, copy, dev_dst)) return true;
-      return finish_copy_if_done(b, op);
+                           s),
+                 dev_dst);
+      return true;
     }
     op.chunks = b.chunk_count(options.chunk_bytes);
     if (op.dst == Tier::kNvme) b.nvme_written = false;  // until every piece has landed
@@ -331,17 +384,10 @@ bool Store::Impl::pump_chunks(Block& b, Op& op) {
     progress = true;
     if (op.src == Tier::kDevice) {
       // Device -> staging first; the write starts when the copy is done.
-      Status st = after_user(b, *piece_d2h);
-      if (st.is_ok()) {
-        st = device_copy(staging[static_cast<std::size_t>(s)].data(),
-                         static_cast<std::byte*>(b.dev.data()) + off, len,
-                         gpu::CopyKind::kDeviceToHost, *piece_d2h);
-      }
-      if (st.is_ok()) st = enqueue_callback(*piece_d2h, b, op, k, false, s);
-      if (!st.is_ok()) {
-        device_failed(b, op, *piece_d2h, std::move(st));
-        piece_done(op, s);
-      }
+      push_device_call(DeviceCall::Kind::kPiece, b, op, *piece_d2h, k, s).work =
+          copy_work(staging[static_cast<std::size_t>(s)].data(),
+                    static_cast<std::byte*>(b.dev.data()) + off, len, gpu::CopyKind::kDeviceToHost,
+                    *piece_d2h);
       continue;
     }
     IoJob job;
@@ -511,19 +557,12 @@ void Store::Impl::apply_io_done(IoJob& job) {
                               std::to_string(job.chunk) + " (bytes " + std::to_string(off) + ".." +
                               std::to_string(off + len) + ") read from NVMe"));
     } else if (op->dst == Tier::kDevice) {
-      gpu::Stream& s = *piece_h2d;
-      Status st = after_user(b, s);
-      if (st.is_ok()) {
-        st = device_copy(static_cast<std::byte*>(b.dev.data()) + off, buf, len,
-                         gpu::CopyKind::kHostToDevice, s);
-      }
-      if (st.is_ok() && ++op->copies_enqueued == op->chunks) {
-        st = record_ready(b, s);
-        if (st.is_ok()) b.issued_seq = op->seq;
-      }
-      if (st.is_ok()) st = enqueue_callback(s, b, *op, job.chunk, false, job.staging);
-      if (st.is_ok()) return;  // the piece finishes when the copy does
-      device_failed(b, *op, s, std::move(st));
+      DeviceCall& c = push_device_call(DeviceCall::Kind::kPiece, b, *op, *piece_h2d, job.chunk,
+                                       job.staging);
+      c.work = copy_work(static_cast<std::byte*>(b.dev.data()) + off, buf, len,
+                         gpu::CopyKind::kHostToDevice, *piece_h2d);
+      if (++op->copies_enqueued == op->chunks) c.ready = b.ready_event.get();
+      return;  // the piece finishes when the copy does (or fails: finish_device_calls)
     }
   }
   piece_done(*op, job.staging);
@@ -611,7 +650,7 @@ void Store::Impl::reap_destroyed() {
     auto it = blocks.find(id);
     if (it == blocks.end()) continue;
     if (it->second.ops.empty()) {
-      blocks.erase(it);
+      erased_blocks.push_back(blocks.extract(it));  // its events are destroyed outside `mu`
     } else {
       to_reap[kept++] = id;
     }
@@ -650,7 +689,16 @@ void Store::Impl::mover_loop() {
     reap_destroyed();
     std::vector<IoJob> jobs = pick_jobs();
     if (stopping && idle() && in_flight.empty()) break;
+    std::vector<DeviceCall> calls;
+    calls.swap(device_calls);
+    std::vector<gpu::DeviceBuffer> frees;
+    frees.swap(device_frees);
+    std::vector<std::map<BlockId, Block>::node_type> erased;
+    erased.swap(erased_blocks);
     lock.unlock();
+    frees.clear();  // first: the allocations below may count on their room
+    erased.clear();
+    for (DeviceCall& c : calls) issue_device_call(c);
     std::vector<IoJob> done;
     for (IoJob& j : jobs) {
       if (j.dir == nvme::IoOp::kWrite) j.sum = XXH3_64bits(j.data, j.data_len);
@@ -688,8 +736,9 @@ void Store::Impl::mover_loop() {
       if (j.dir == nvme::IoOp::kRead && j.status.is_ok()) j.sum = XXH3_64bits(j.data, j.data_len);
     }
     lock.lock();
+    finish_device_calls(calls);
     for (IoJob& j : done) apply_io_done(j);
-    progress |= !done.empty() || !jobs.empty();
+    progress |= !calls.empty() || !done.empty() || !jobs.empty();
     if (progress) continue;
     // Sleep on the mailbox without `mu`, so that callers and callbacks can post meanwhile.
     lock.unlock();

@@ -127,6 +127,8 @@ Store::~Store() {
     impl_->wake();
   }
   impl_->mover.join();
+  impl_->device_frees.clear();
+  impl_->erased_blocks.clear();
   impl_->dev_cache.clear();
   Status st = impl_->device->synchronize();
   if (!st.is_ok()) TZ_LOG_WARN("store: device synchronize at exit: %s", st.to_string().c_str());
@@ -136,8 +138,12 @@ Store::~Store() {
 
 Result<BlockId> Store::create_block(std::uint64_t bytes, Tier home, std::string name) {
   if (bytes == 0) return Status::invalid_argument("store: block '" + name + "' has zero bytes");
-  std::lock_guard lock(impl_->mu);
   Impl& m = *impl_;
+  // The block's events, made before the lock is taken (no device call under it) and destroyed
+  // after it is let go if the block is not created.
+  TZ_ASSIGN_OR_RETURN(std::unique_ptr<gpu::Event> ready_event, m.device->create_event());
+  TZ_ASSIGN_OR_RETURN(std::unique_ptr<gpu::Event> user_event, m.device->create_event());
+  std::lock_guard lock(m.mu);
   if (home == Tier::kNvme && !m.swap) {
     return Status::invalid_argument("store: block '" + name +
                                     "' lives on NVMe but the store has no swap space");
@@ -148,17 +154,12 @@ Result<BlockId> Store::create_block(std::uint64_t bytes, Tier home, std::string 
   b.name = std::move(name);
   b.bytes = bytes;
   b.home = home;
-  auto ev = m.device->create_event();
-  if (!ev) {
-    m.blocks.erase(id);
-    return std::move(ev).take_status();
-  }
-  b.ready_event = std::move(ev).value();
   if (home == Tier::kNvme) {
     auto ext = m.swap->allocate(bytes);
     if (!ext) {
+      Status st = std::move(ext).take_status().with_context("store: block '" + b.name + "'");
       m.blocks.erase(id);
-      return std::move(ext).take_status().with_context("store: block '" + b.name + "'");
+      return st;
     }
     b.extent = *ext;
     b.has_extent = true;
@@ -183,6 +184,8 @@ Result<BlockId> Store::create_block(std::uint64_t bytes, Tier home, std::string 
   c.present = true;
   c.valid = true;
   m.refresh_candidate(b);
+  b.ready_event = std::move(ready_event);
+  b.user_event = std::move(user_event);
   return id;
 }
 
@@ -444,8 +447,28 @@ bool Store::following_trace() const {
 }
 
 void Store::unpin(Lease& lease, gpu::Stream* writer) {
-  std::lock_guard lock(impl_->mu);
   Impl& m = *impl_;
+  // The writer's event is recorded before the release is (no device call under the lock): the
+  // lease still holds the copy, so no free of it or copy into it starts meanwhile. When it cannot
+  // be recorded the host waits for the writer's work instead (its callbacks never take the lock);
+  // if even that fails the bytes are unknown.
+  bool recorded = false;
+  Status writer_failed;
+  if (writer != nullptr) {
+    gpu::Event* event;
+    {
+      std::lock_guard lock(m.mu);
+      event = m.blocks.at(lease.block_).user_event.get();
+    }
+    Status st = event->record(*writer);
+    recorded = st.is_ok();
+    if (!recorded) {
+      TZ_LOG_WARN("store: release of block %u: %s; waiting for the stream", lease.block_,
+                  st.to_string().c_str());
+      writer_failed = writer->synchronize();
+    }
+  }
+  std::lock_guard lock(m.mu);
   auto it = m.blocks.find(lease.block_);
   TZ_ASSERT(it != m.blocks.end(), "lease of an unknown block");
   Block& b = it->second;
@@ -460,29 +483,10 @@ void Store::unpin(Lease& lease, gpu::Stream* writer) {
   b.marks.erase(b.marks.find(Impl::lease_mark(lease.access_, lease.first_seq_, lease.ready_seq_)));
   b.copies[t].lru_tick = ++m.tick;
   m.refresh_candidate(b);
-  if (writer != nullptr) {
-    Status st;
-    if (!b.user_event) {
-      auto ev = m.device->create_event();
-      if (ev) {
-        b.user_event = std::move(ev).value();
-      } else {
-        st = std::move(ev).take_status();
-      }
-    }
-    if (st.is_ok()) st = b.user_event->record(*writer);
-    if (st.is_ok()) {
-      b.user_event_recorded = true;
-    } else {
-      // No event to order the store's copies after the writer: wait for its work here instead
-      // (its callbacks never take this lock). If even that fails the bytes are unknown.
-      TZ_LOG_WARN("store: release of '%s': %s; waiting for the stream", b.name.c_str(),
-                  st.to_string().c_str());
-      if (Status sync = writer->synchronize(); !sync.is_ok()) {
-        b.error = std::move(sync).with_context("store: block '" + b.name +
-                                               "': its writer's stream failed");
-      }
-    }
+  if (recorded) b.user_event_recorded = true;
+  if (!writer_failed.is_ok()) {
+    b.error = std::move(writer_failed).with_context("store: block '" + b.name +
+                                                    "': its writer's stream failed");
   }
   m.write_back_early(b, lease.tier_);
 }

@@ -8,6 +8,16 @@
 // zero, free); the mover thread runs the head of every chain, drives the swap space's IoQueue and
 // starts copies on the device's streams, whose host callbacks report back.
 //
+// The contract between the store's lock and the device (kept by every file here, checked by
+// StoreDefects.NoDeviceCallWhileTheStoreHoldsItsLock):
+//   - No device call is made while `mu` is held: a call can block (an enqueue on a full stream,
+//     cudaMalloc's implicit synchronization, a synchronize after a failure) and every caller's
+//     pin would wait behind it. The mover decides device work under `mu` as DeviceCalls, issues
+//     them after letting go of `mu`, and applies their results when it takes `mu` again; device
+//     buffers and events it drops are destroyed outside `mu` too. Callers record their writer's
+//     event (Lease::release) and create a block's events outside `mu`.
+//   - Device callbacks never take `mu`: they post to the mover's mailbox (wake_mu, held briefly).
+//
 // Why no deadlock: an operation waits only for operations decided before it (the earlier ops of
 // its chain, allocations ahead of it in its tier's FIFO, and frees decided before it that free
 // the physical space the decision counted on). Copies need only staging buffers, which copies
@@ -37,9 +47,9 @@ struct Store::Impl {
 
   mutable std::mutex mu;
   std::condition_variable cv;        // leases and drain wait here
-  // The mover's mailbox, apart from `mu` so that device callbacks never take `mu` (the mover
-  // may hold `mu` while an enqueue blocks on a full stream whose worker runs a callback). Lock
-  // order: mu, then wake_mu; never the reverse.
+  // The mover's mailbox, apart from `mu` so that device callbacks never take `mu` (a stream's
+  // worker runs them; a caller blocked on `mu` must never hold it up). Lock order: mu, then
+  // wake_mu; never the reverse.
   mutable std::mutex wake_mu;
   std::condition_variable mover_cv;    // the mover waits here, on wake_mu
   std::uint64_t events = 0;            // guarded by wake_mu: bumped on anything for the mover
@@ -78,6 +88,12 @@ struct Store::Impl {
   // buffer costs a page fault per 4 KiB on first use).
   std::multimap<std::uint64_t, gpu::DeviceBuffer> dev_cache;
   std::uint64_t dev_cache_bytes = 0;
+
+  // Device work decided in the mover's pass, issued once it lets go of `mu`; device buffers given
+  // back and erased blocks (whose events go with them), destroyed outside `mu` (mover only).
+  std::vector<DeviceCall> device_calls;
+  std::vector<gpu::DeviceBuffer> device_frees;
+  std::vector<std::map<BlockId, Block>::node_type> erased_blocks;
 
   // Staging buffers of the NVMe <-> device pipeline, and the streams its pieces are copied on: not
   // the device's h2d/d2h streams, where a whole-block copy would hold up every piece behind it
@@ -174,15 +190,15 @@ struct Store::Impl {
   void fail_op(Block& b, Op& op, Status st);
   void* tier_ptr(Block& b, Tier t);
   void free_physical(Block& b, Tier t);
-  Status record_ready(Block& b, gpu::Stream& stream);
-  Status after_user(Block& b, gpu::Stream& stream);
-  void device_failed(Block& b, Op& op, gpu::Stream& stream, Status st);
-  bool enqueue_whole(Block& b, Op& op, gpu::Stream& stream, const std::function<Status()>& work,
-                     bool ready);
-  Status enqueue_callback(gpu::Stream& stream, Block& b, const Op& op, std::uint32_t chunk,
-                        bool whole, int staging_index = -1);
-  Status device_copy(void* dst, const void* src, std::uint64_t bytes, gpu::CopyKind kind,
-                     gpu::Stream& stream);
+  DeviceCall& push_device_call(DeviceCall::Kind kind, Block& b, const Op& op, gpu::Stream& stream,
+                               std::uint32_t chunk = 0, int staging_index = -1);
+  void push_whole(Block& b, Op& op, gpu::Stream& stream, std::function<Status()> work,
+                  bool ready);
+  std::function<Status()> zero_work(Block& b);
+  std::function<Status()> copy_work(void* dst, const void* src, std::uint64_t bytes,
+                                    gpu::CopyKind kind, gpu::Stream& stream);
+  void issue_device_call(DeviceCall& c);  // without `mu`
+  void finish_device_calls(std::vector<DeviceCall>& calls);
   bool start_op(Block& b, Op& op);
   bool start_copy(Block& b, Op& op);
   bool pump_chunks(Block& b, Op& op);

@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <set>
@@ -108,7 +109,7 @@ struct Block {
   bool has_extent = false;
   bool nvme_written = false;  // the extent holds data (else it reads as zeros)
   std::vector<std::uint64_t> sums;
-  std::unique_ptr<gpu::Event> user_event;  // recorded by Lease::release(writer)
+  std::unique_ptr<gpu::Event> user_event;  // recorded by Lease::release(writer); made at create
   bool user_event_recorded = false;
   std::unique_ptr<gpu::Event> ready_event;  // recorded after the last load into the device
   // Chain.
@@ -162,6 +163,31 @@ struct DeviceDone {
   std::uint32_t chunk = 0;
   bool whole = false;  // a whole-block copy or memset (not a pipeline piece)
   int staging = -1;    // the staging buffer a piece used
+};
+
+// Device work the mover decided under the store's lock and issues after letting go of it (no
+// device call under the lock: store_impl.h). Issued in decision order: the wait for the caller's
+// last use, the copy or memset, the ready event, then the completion callback. The results come
+// back under the lock (Impl::finish_device_calls).
+struct DeviceCall {
+  enum class Kind : std::uint8_t {
+    kAllocate,  // the buffer of an allocation op's device copy
+    kWhole,     // a whole-block copy or memset (a copy or zero op)
+    kPiece,     // one piece of an NVMe copy, between a staging buffer and the device
+    kFree,      // a device free's callback, ordered after the caller's last use of the copy
+  };
+  Kind kind = Kind::kWhole;
+  BlockId block = 0;
+  std::uint64_t op_seq = 0;
+  std::uint64_t bytes = 0;        // kAllocate
+  gpu::Stream* stream = nullptr;  // synchronized after a failed call (work already enqueued)
+  gpu::Event* user = nullptr;     // the caller's last use, waited for first (or null)
+  std::function<Status()> work;   // the copy or memset (or empty)
+  gpu::Event* ready = nullptr;    // recorded after the work: the block's ready event (or null)
+  DeviceDone done;                // what the completion callback reports
+  // Results, filled outside the lock.
+  Status status;
+  gpu::DeviceBuffer buffer;  // kAllocate
 };
 
 struct TraceEntry {

@@ -1,19 +1,23 @@
 // Reproductions of the store defects of issue 14, through the public API: a dirty eviction of
-// more copies than a HostStream queues, device-call and I/O-engine failures that must reach the
-// waiting leases as errors (no abort, no hang), a failure older than sixteen others, and a failed
-// pin that must leave no trace. A scenario that could hang runs on its own thread under a
-// deadline; past it the test reports the hang and exits, so ctest never blocks.
+// more copies than a HostStream queues, device calls made under the store's lock, device-call and
+// I/O-engine failures that must reach the waiting leases as errors (no abort, no hang), a failure
+// older than sixteen others, and a failed pin that must leave no trace. A scenario that could
+// hang runs on its own thread under a deadline; past it the test reports the hang and exits, so
+// ctest never blocks.
 #include <gtest/gtest.h>
 
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <future>
 #include <memory>
+#include <mutex>
+#include <string>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -438,6 +442,123 @@ TEST(StoreDefects, PrefetchesLeaveRoomForTheWriteOnlyPinsBeforeTheirUse) {
                 static_cast<unsigned long long>(lru));
     EXPECT_LE(trace, lru);
   }
+}
+
+// Defect 1's contract (store_impl.h): the store makes no device call while it holds its lock. A
+// call can block (an enqueue on a full stream, cudaMalloc's implicit synchronization, a
+// synchronize after a failure), and every caller's pin would wait behind it. The device's call
+// observer asks a prober thread to take the store's lock (stats()) and waits for it: a call made
+// under the lock cannot see the prober finish. The workload runs every kind of device work the
+// store does: allocations, loads and write-backs between host and device, NVMe pieces through
+// the staging buffers on both directions, zero fills, frees ordered after a writer's stream,
+// the writer's event at release, cached device buffers given back for other sizes, and destroyed
+// blocks.
+TEST(StoreDefects, NoDeviceCallWhileTheStoreHoldsItsLock) {
+  constexpr std::uint64_t kBlock = 32 << 10;
+  Harness h;
+  HarnessOptions o;
+  o.store.device_budget_bytes = 3 * kBlock;
+  o.store.host_budget_bytes = 4 * kBlock;
+  o.store.chunk_bytes = 8 << 10;
+  o.store.staging_buffers = 4;
+  h.init(o);
+  ASSERT_FALSE(::testing::Test::HasFatalFailure());
+
+  struct Prober {
+    std::mutex mu;
+    std::condition_variable cv;
+    Store* store = nullptr;  // guarded by mu; null: do not probe
+    std::uint64_t asked = 0, answered = 0;
+    bool stop = false;
+    std::uint64_t calls = 0;
+    std::string violation;  // the first call made under the store's lock
+    std::thread thread;
+    void finish() {
+      {
+        std::lock_guard lock(mu);
+        store = nullptr;
+        stop = true;
+        cv.notify_all();
+      }
+      if (thread.joinable()) thread.join();
+    }
+    ~Prober() { finish(); }  // also when an assertion returns early
+  } pr;
+  pr.thread = std::thread([&] {
+    std::unique_lock lock(pr.mu);
+    for (;;) {
+      pr.cv.wait(lock, [&] { return pr.stop || pr.asked > pr.answered; });
+      if (pr.stop) return;
+      const std::uint64_t target = pr.asked;
+      Store* s = pr.store;
+      lock.unlock();
+      if (s != nullptr) (void)s->stats();  // takes the store's lock
+      lock.lock();
+      pr.answered = target;
+      pr.cv.notify_all();
+    }
+  });
+  h.device->set_call_observer([&](const char* what) {
+    std::unique_lock lock(pr.mu);
+    if (pr.store == nullptr || !pr.violation.empty()) return;
+    ++pr.calls;
+    const std::uint64_t want = ++pr.asked;
+    pr.cv.notify_all();
+    if (!pr.cv.wait_for(lock, std::chrono::seconds(2), [&] { return pr.answered >= want; })) {
+      pr.violation = what;
+    }
+  });
+  {
+    std::lock_guard lock(pr.mu);
+    pr.store = h.store.get();
+  }
+
+  std::vector<BlockId> ids;
+  std::vector<std::uint64_t> bytes;  // three sizes: the device's buffer cache gives some back
+  for (Tier home : {Tier::kNvme, Tier::kNvme, Tier::kHost, Tier::kHost, Tier::kDevice}) {
+    bytes.push_back(kBlock / 2 * (1 + ids.size() % 3));
+    auto id = h.store->create_block(bytes.back(), home, "b" + std::to_string(ids.size()));
+    ASSERT_TRUE(id.is_ok()) << id.status().to_string();
+    ids.push_back(*id);
+  }
+  gpu::Stream& writer = h.device->compute_stream();
+  for (int round = 0; round < 3; ++round) {
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+      const bool device_home = i + 1 == ids.size();
+      const Tier tier = !device_home && (round + i) % 3 == 2 ? Tier::kHost : Tier::kDevice;
+      auto l = h.store->pin(ids[i], tier, round == 0 ? Access::kWrite : Access::kReadWrite);
+      ASSERT_TRUE(l.is_ok()) << l.status().to_string();
+      if (tier == Tier::kDevice) {
+        auto ev = l->ready_event();
+        ASSERT_TRUE(ev.is_ok()) << ev.status().to_string();
+        ASSERT_TRUE(writer.wait(**ev).is_ok());
+        ASSERT_TRUE(h.device->memset_async(l->data(), round + 1, bytes[i], writer).is_ok());
+        l->release(&writer);
+      } else {
+        ASSERT_TRUE(l->wait().is_ok());
+        std::memset(l->data(), round + 1, bytes[i]);
+      }
+    }
+    h.store->mark_step();
+  }
+  ASSERT_TRUE(h.store->flush().is_ok());
+  for (std::size_t i = 0; i < ids.size(); ++i) {
+    // HostDevice memory is host memory: the device-homed block is read in place.
+    auto l = h.store->pin(ids[i], i + 1 == ids.size() ? Tier::kDevice : Tier::kHost, Access::kRead);
+    ASSERT_TRUE(l.is_ok()) << l.status().to_string();
+    ASSERT_TRUE(l->wait().is_ok());
+    EXPECT_EQ(static_cast<const unsigned char*>(l->data())[bytes[i] - 1], 3) << "block " << i;
+  }
+  ASSERT_TRUE(h.store->destroy_block(ids[0]).is_ok());
+  ASSERT_TRUE(h.store->destroy_block(ids[4]).is_ok());
+  ASSERT_TRUE(h.store->drain().is_ok());
+  pr.finish();
+  h.device->set_call_observer(nullptr);
+  std::printf("device calls observed: %llu\n", static_cast<unsigned long long>(pr.calls));
+  EXPECT_GT(pr.calls, 50u);
+  EXPECT_TRUE(pr.violation.empty()) << "a device call (" << pr.violation
+                                    << ") was made while the store held its lock";
+  h.finish();
 }
 
 }  // namespace
