@@ -144,6 +144,9 @@ void Store::Impl::finish_device_calls(std::vector<DeviceCall>& calls) {
     Block& b = blocks.at(c.block);
     Op* op = find_op(b, c.op_seq);
     TZ_ASSERT(op != nullptr, "a device call for an op that is not running");
+    if (c.check_failed && c.status.is_ok()) {
+      fail_op(b, *op, checksum_mismatch(b, c.done.chunk));  // the piece ends with its copy
+    }
     if (c.status.is_ok() && c.kind != DeviceCall::Kind::kAllocate) {
       if (c.ready != nullptr) {
         b.issued_seq = std::max(b.issued_seq, op->seq);
@@ -527,6 +530,14 @@ void Store::Impl::apply_device_done(const DeviceDone& d) {
   finish_copy_if_done(b, *op);
 }
 
+Status Store::Impl::checksum_mismatch(const Block& b, std::uint32_t chunk) const {
+  const std::uint64_t off = static_cast<std::uint64_t>(chunk) * options.chunk_bytes;
+  const std::uint64_t len = std::min(options.chunk_bytes, b.bytes - off);
+  return Status::corrupt("store: checksum mismatch in block '" + b.name + "' piece " +
+                         std::to_string(chunk) + " (bytes " + std::to_string(off) + ".." +
+                         std::to_string(off + len) + ") read from NVMe");
+}
+
 void Store::Impl::apply_io_done(IoJob& job) {
   auto it = blocks.find(job.block);
   TZ_ASSERT(it != blocks.end());
@@ -551,19 +562,19 @@ void Store::Impl::apply_io_done(IoJob& job) {
     b.sums[job.chunk] = job.sum;
   } else if (!op->failed) {
     const std::byte* buf = job.data;
-    if (job.sum != b.sums[job.chunk]) {
-      fail_op(b, *op,
-              Status::corrupt("store: checksum mismatch in block '" + b.name + "' piece " +
-                              std::to_string(job.chunk) + " (bytes " + std::to_string(off) + ".." +
-                              std::to_string(off + len) + ") read from NVMe"));
-    } else if (op->dst == Tier::kDevice) {
+    if (op->dst == Tier::kDevice) {
+      // Copied on while the mover hashes the staging buffer (DeviceCall::check_data).
       DeviceCall& c = push_device_call(DeviceCall::Kind::kPiece, b, *op, *piece_h2d, job.chunk,
                                        job.staging);
       c.work = copy_work(static_cast<std::byte*>(b.dev.data()) + off, buf, len,
                          gpu::CopyKind::kHostToDevice, *piece_h2d);
+      c.check_data = buf;
+      c.check_len = len;
+      c.check_sum = b.sums[job.chunk];
       if (++op->copies_enqueued == op->chunks) c.ready = b.ready_event.get();
       return;  // the piece finishes when the copy does (or fails: finish_device_calls)
     }
+    if (job.sum != b.sums[job.chunk]) fail_op(b, *op, checksum_mismatch(b, job.chunk));
   }
   piece_done(*op, job.staging);
   finish_copy_if_done(b, *op);
@@ -699,6 +710,12 @@ void Store::Impl::mover_loop() {
     frees.clear();  // first: the allocations below may count on their room
     erased.clear();
     for (DeviceCall& c : calls) issue_device_call(c);
+    // The pieces just copied on from staging buffers: hashed while the copies run.
+    for (DeviceCall& c : calls) {
+      if (c.check_data != nullptr) {
+        c.check_failed = XXH3_64bits(c.check_data, c.check_len) != c.check_sum;
+      }
+    }
     std::vector<IoJob> done;
     for (IoJob& j : jobs) {
       if (j.dir == nvme::IoOp::kWrite) j.sum = XXH3_64bits(j.data, j.data_len);
@@ -733,7 +750,10 @@ void Store::Impl::mover_loop() {
       }
     }
     for (IoJob& j : done) {
-      if (j.dir == nvme::IoOp::kRead && j.status.is_ok()) j.sum = XXH3_64bits(j.data, j.data_len);
+      // Reads into staging buffers go on to the device and are hashed then (check_data).
+      if (j.dir == nvme::IoOp::kRead && j.status.is_ok() && j.staging < 0) {
+        j.sum = XXH3_64bits(j.data, j.data_len);
+      }
     }
     lock.lock();
     finish_device_calls(calls);

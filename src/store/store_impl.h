@@ -209,6 +209,7 @@ struct Store::Impl {
   bool advance(Block& b);
   Op* find_op(Block& b, std::uint64_t seq);
   void apply_device_done(const DeviceDone& d);
+  Status checksum_mismatch(const Block& b, std::uint32_t chunk) const;
   void apply_io_done(IoJob& job);
   bool deferrable(const Block& b) const;
   std::vector<IoJob> pick_jobs();

@@ -148,7 +148,8 @@ struct IoJob {
   std::uint64_t order = 0;     // arrival, for mixed scheduling
   int staging = -1;
   // The piece's bytes: hashed by the mover outside the lock (before a write is submitted, after
-  // a read completes); the sum is stored or checked under the lock at completion.
+  // a read into the host tier completes, after the copy of a read into a staging buffer is
+  // enqueued: DeviceCall::check_data); the sum is stored or checked under the lock.
   const std::byte* data = nullptr;
   std::uint64_t data_len = 0;
   std::uint64_t sum = 0;
@@ -185,8 +186,15 @@ struct DeviceCall {
   std::function<Status()> work;   // the copy or memset (or empty)
   gpu::Event* ready = nullptr;    // recorded after the work: the block's ready event (or null)
   DeviceDone done;                // what the completion callback reports
+  // kPiece from NVMe: the staging buffer's bytes and the sum they must have, hashed after the
+  // copy out of it is enqueued so that the two overlap (the op fails before its ready event is
+  // handed out when they differ).
+  const std::byte* check_data = nullptr;
+  std::uint64_t check_len = 0;
+  std::uint64_t check_sum = 0;
   // Results, filled outside the lock.
   Status status;
+  bool check_failed = false;
   gpu::DeviceBuffer buffer;  // kAllocate
 };
 
