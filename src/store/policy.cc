@@ -2,6 +2,7 @@
 // choice (Belady's farthest next use while the step follows the trace, LRU otherwise) and the
 // prefetch walk along the trace. Runs under Impl::mu.
 #include <algorithm>
+#include <unordered_set>
 
 #include "core/log.h"
 #include "store/store_impl.h"
@@ -127,7 +128,7 @@ void Store::Impl::prefetch_ahead() {
   // their tier): a prefetch past such a pin leaves that much of its tier free, or the pin's
   // demand eviction would take the farthest copy, which is that prefetch (read for nothing).
   std::array<std::uint64_t, kTierCount> reserved{};
-  std::vector<BlockId> reserved_for;
+  std::unordered_set<BlockId> reserved_for;  // each block's bytes once, however many such pins
   // Nothing more for the device: past the host-sourced depth on a trace without NVMe-homed
   // blocks (every further load would be a host-sourced one left for later). With no host-tier
   // loads in the trace either, the walk ends there instead of visiting the whole trace per pin.
@@ -139,9 +140,8 @@ void Store::Impl::prefetch_ahead() {
     if (b == nullptr) continue;
     if (e.access == Access::kWrite) {
       if (b->home != e.tier && !b->copies[ti(e.tier)].present &&
-          std::find(reserved_for.begin(), reserved_for.end(), b->id) == reserved_for.end()) {
+          reserved_for.insert(b->id).second) {
         reserved[ti(e.tier)] += b->bytes;
-        reserved_for.push_back(b->id);
       }
       continue;
     }
