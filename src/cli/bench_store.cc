@@ -46,6 +46,7 @@ struct BenchStoreOptions {
   std::string engine = "auto";
   std::string chunk = "8M";
   int staging = 32;
+  int read_ahead = -1;  // staging buffers for read ahead; -1: half of --staging
   std::string in_flight = "128M";
   std::string io_grouping = "auto";
   std::uint32_t host_prefetch_depth = store::StoreOptions{}.host_prefetch_depth;
@@ -224,6 +225,7 @@ int run(const BenchStoreOptions& o) {
   so.policy = *policy;
   so.chunk_bytes = *chunk;
   so.staging_buffers = static_cast<std::uint32_t>(o.staging);
+  so.read_ahead_buffers = static_cast<std::uint32_t>(o.read_ahead >= 0 ? o.read_ahead : o.staging / 2);
   so.max_io_in_flight_bytes = *in_flight;
   so.host_prefetch_depth = o.host_prefetch_depth;
   // auto: group reads and writes only when mixing them costs the disk throughput (measured
@@ -325,6 +327,9 @@ int run(const BenchStoreOptions& o) {
         {"nvme_write_gbps", wr / step_s / 1e9},
         {"h2d_bytes", h2d},
         {"d2h_bytes", d2h},
+        {"read_ahead_bytes", after.read_ahead_bytes - before.read_ahead_bytes},
+        {"read_ahead_dropped_bytes",
+         after.read_ahead_dropped_bytes - before.read_ahead_dropped_bytes},
         {"links", links},
         {"raw_read_gbps", raw.read_gbps},
         {"raw_write_gbps", raw.write_gbps},
@@ -518,6 +523,10 @@ TZ_REGISTER_COMMAND([](tz::cli::CommandTree& tree) {
       ->capture_default_str();
   cmd->add_option("--staging", opts->staging, "Pinned staging buffers of the NVMe<->device pipeline")
       ->capture_default_str();
+  cmd->add_option("--read-ahead", opts->read_ahead,
+                  "Staging buffers that may hold NVMe pieces read ahead of their device load "
+                  "(default: half of --staging; 0: off)")
+      ->check(CLI::NonNegativeNumber);
   cmd->add_option("--in-flight", opts->in_flight, "NVMe bytes in flight at most")
       ->capture_default_str();
   cmd->add_option("--io-grouping", opts->io_grouping,

@@ -47,6 +47,7 @@ void Store::Impl::free_physical(Block& b, Tier t) {
   } else if (t == Tier::kHost) {
     b.host.reset();
   } else if (b.has_extent) {
+    drop_staged(b);
     swap->free(b.extent);
     b.has_extent = false;
     b.nvme_written = false;
@@ -308,6 +309,21 @@ bool Store::Impl::start_op(Block& b, Op& op) {
     free_physical(b, op.dst);
     return finish_op(b);
   }
+  if (op.kind == OpKind::kStage) {
+    if (!op.started) {
+      op.started = true;
+      // Nothing to read ahead: a never-written extent (its load is a zero fill), lost bytes, or
+      // a move already queued behind (it reads the block itself, as quickly).
+      if (!b.nvme_written || op.seq <= b.skip_until || !b.error.is_ok() || b.ops.size() > 1) {
+        unreserve_staged(b, op.chunks);
+        op.chunks = 0;
+      } else {
+        b.staged.resize(b.chunk_count(options.chunk_bytes), -1);
+        op.start_us = Trace::global().now_us();
+      }
+    }
+    return pump_chunks(b, op);
+  }
   if (op.seq <= b.skip_until && !op.started) {
     op.started = true;
     op.failed = true;
@@ -321,7 +337,10 @@ bool Store::Impl::start_op(Block& b, Op& op) {
       return true;
     }
     if (op.dst == Tier::kHost) std::memset(b.host.data(), 0, b.bytes);
-    if (op.dst == Tier::kNvme) b.nvme_written = false;
+    if (op.dst == Tier::kNvme) {
+      drop_staged(b);
+      b.nvme_written = false;
+    }
     return finish_op(b);
   }
   return start_copy(b, op);
@@ -350,6 +369,11 @@ bool Store::Impl::start_copy(Block& b, Op& op) {
       std::memset(b.host.data(), 0, b.bytes);
       return finish_copy_if_done(b, op);
     }
+    if (op.src != Tier::kNvme || op.dst != Tier::kDevice) {
+      // A write to the extent makes the pieces read ahead stale; any other copy means the
+      // block's next upper copy comes from elsewhere, and they serve nobody now.
+      drop_staged(b);
+    }
     if (op.src != Tier::kNvme && op.dst != Tier::kNvme) {
       // Host <-> device: one copy on the direction's stream.
       gpu::Stream& s = dev_dst ? device->h2d_stream() : device->d2h_stream();
@@ -366,21 +390,44 @@ bool Store::Impl::start_copy(Block& b, Op& op) {
   return pump_chunks(b, op);
 }
 
-// Starts the pieces of an NVMe copy that may start now.
+// Starts the pieces of an NVMe copy (or of a read ahead) that may start now.
 bool Store::Impl::pump_chunks(Block& b, Op& op) {
   bool progress = false;
-  const bool via_staging = op.src == Tier::kDevice || op.dst == Tier::kDevice;
+  const bool stage = op.kind == OpKind::kStage;
+  const bool via_staging = stage || op.src == Tier::kDevice || op.dst == Tier::kDevice;
   while (!op.failed && op.next_chunk < op.chunks) {
     const std::uint32_t k = op.next_chunk;
     const std::uint64_t off = static_cast<std::uint64_t>(k) * options.chunk_bytes;
     const std::uint64_t len = std::min(options.chunk_bytes, b.bytes - off);
+    if (stage && b.ops.size() > 1) {
+      // A move was queued behind the read ahead: it reads the rest itself, so that it waits
+      // only for the pieces in flight.
+      unreserve_staged(b, op.chunks - k);
+      op.chunks = k;
+      break;
+    }
+    if (!stage && op.dst == Tier::kDevice && op.src == Tier::kNvme && k < b.staged.size() &&
+        b.staged[k] >= 0) {
+      // Read ahead: copied on at once (its buffer is already counted as a read's).
+      const int s = b.staged[k];
+      b.staged[k] = -1;
+      --ahead_held;
+      unreserve_staged(b, 1);
+      ++op.next_chunk;
+      ++op.outstanding;
+      progress = true;
+      copy_piece_to_device(b, op, k, s);
+      continue;
+    }
     int s = -1;
     if (via_staging) {
       const std::size_t dir = op.src == Tier::kDevice ? 1 : 0;
       if (staging_free.empty() || staging_held[dir] >= staging_cap) break;
+      if (stage && ahead_held >= ahead_cap) break;
       s = staging_free.back();
       staging_free.pop_back();
       ++staging_held[dir];
+      if (stage) ++ahead_held;
     }
     ++op.next_chunk;
     ++op.outstanding;
@@ -407,7 +454,68 @@ bool Store::Impl::pump_chunks(Block& b, Op& op) {
     job.transfers = swap->transfers(job.dir, b.extent, off, buf, job.io_bytes);
     queue_job(std::move(job));
   }
+  if (stage) progress |= finish_stage_if_done(b, op);
   return progress;
+}
+
+// Piece k of an NVMe -> device copy, read into staging buffer s, copied on to the device while
+// the mover hashes the buffer (DeviceCall::check_data); the piece finishes when the copy does.
+void Store::Impl::copy_piece_to_device(Block& b, Op& op, std::uint32_t chunk, int staging_index) {
+  const std::uint64_t off = static_cast<std::uint64_t>(chunk) * options.chunk_bytes;
+  const std::uint64_t len = std::min(options.chunk_bytes, b.bytes - off);
+  const std::byte* buf = staging[static_cast<std::size_t>(staging_index)].data();
+  DeviceCall& c =
+      push_device_call(DeviceCall::Kind::kPiece, b, op, *piece_h2d, chunk, staging_index);
+  c.work = copy_work(static_cast<std::byte*>(b.dev.data()) + off, buf, len,
+                     gpu::CopyKind::kHostToDevice, *piece_h2d);
+  c.check_data = buf;
+  c.check_len = len;
+  c.check_sum = b.sums[chunk];
+  if (++op.copies_enqueued == op.chunks) c.ready = b.ready_event.get();
+}
+
+void Store::Impl::unreserve_staged(Block& b, std::uint32_t pieces) {
+  TZ_ASSERT(b.stage_reserved >= pieces && ahead_reserved >= pieces);
+  b.stage_reserved -= pieces;
+  ahead_reserved -= pieces;
+  if (b.stage_reserved == 0) {
+    b.staged.clear();
+    staged_blocks.erase(b.id);
+  }
+}
+
+// Gives back the staging buffers of b's pieces read ahead and not taken (pieces still being
+// read stay with their stage op).
+void Store::Impl::drop_staged(Block& b) {
+  std::uint32_t dropped = 0;
+  for (std::size_t k = 0; k < b.staged.size(); ++k) {
+    if (b.staged[k] < 0) continue;
+    staging_free.push_back(b.staged[k]);
+    --staging_held[0];
+    --ahead_held;
+    b.staged[k] = -1;
+    ++dropped;
+    const std::uint64_t off = k * options.chunk_bytes;
+    stats.read_ahead_dropped_bytes += std::min(options.chunk_bytes, b.bytes - off);
+  }
+  if (dropped == 0) return;
+  TZ_LOG_DEBUG("store: dropping %u pieces of '%s' read ahead", dropped, b.name.c_str());
+  unreserve_staged(b, dropped);
+}
+
+void Store::Impl::drop_all_staged() {
+  const std::vector<BlockId> ids(staged_blocks.begin(), staged_blocks.end());
+  for (BlockId id : ids) drop_staged(blocks.at(id));
+  wake();
+}
+
+bool Store::Impl::finish_stage_if_done(Block& b, Op& op) {
+  if (op.outstanding > 0 || op.next_chunk < op.chunks) return false;
+  if (op.finished > 0 && options.trace_spans && Trace::global().enabled()) {
+    Trace::global().span("store nvme", "read ahead " + b.name, op.start_us,
+                         Trace::global().now_us());
+  }
+  return finish_op(b);
 }
 
 void Store::Impl::queue_job(IoJob job) {
@@ -470,7 +578,7 @@ bool Store::Impl::advance(Block& b) {
     Op& op = b.ops.front();
     const std::size_t before = b.ops.size();
     bool p;
-    if (!op.started || op.kind == OpKind::kFree) {
+    if (!op.started || op.kind == OpKind::kFree || op.kind == OpKind::kStage) {
       p = start_op(b, op);
     } else if (op.kind == OpKind::kCopy && op.chunks > 0) {
       p = pump_chunks(b, op);
@@ -552,6 +660,25 @@ void Store::Impl::apply_io_done(IoJob& job) {
   }
   const std::uint64_t off = static_cast<std::uint64_t>(job.chunk) * options.chunk_bytes;
   const std::uint64_t len = std::min(options.chunk_bytes, b.bytes - off);
+  if (op->kind == OpKind::kStage) {
+    --op->outstanding;
+    ++op->finished;
+    if (job.status.is_ok()) {
+      b.staged[job.chunk] = job.staging;  // held, and hashed when its load copies it on
+      stats.read_ahead_bytes += len;
+    } else {
+      // Nothing is lost: the load reads the piece again and reports what it gets.
+      ++stats.io_errors;
+      TZ_LOG_DEBUG("store: reading ahead '%s' piece %u: %s", b.name.c_str(), job.chunk,
+                   job.status.to_string().c_str());
+      staging_free.push_back(job.staging);
+      --staging_held[0];
+      --ahead_held;
+      unreserve_staged(b, 1);
+    }
+    finish_stage_if_done(b, *op);
+    return;
+  }
   if (!job.status.is_ok()) {
     fail_op(b, *op,
             std::move(job.status)
@@ -561,17 +688,8 @@ void Store::Impl::apply_io_done(IoJob& job) {
   } else if (job.dir == nvme::IoOp::kWrite) {
     b.sums[job.chunk] = job.sum;
   } else if (!op->failed) {
-    const std::byte* buf = job.data;
     if (op->dst == Tier::kDevice) {
-      // Copied on while the mover hashes the staging buffer (DeviceCall::check_data).
-      DeviceCall& c = push_device_call(DeviceCall::Kind::kPiece, b, *op, *piece_h2d, job.chunk,
-                                       job.staging);
-      c.work = copy_work(static_cast<std::byte*>(b.dev.data()) + off, buf, len,
-                         gpu::CopyKind::kHostToDevice, *piece_h2d);
-      c.check_data = buf;
-      c.check_len = len;
-      c.check_sum = b.sums[job.chunk];
-      if (++op->copies_enqueued == op->chunks) c.ready = b.ready_event.get();
+      copy_piece_to_device(b, *op, job.chunk, job.staging);
       return;  // the piece finishes when the copy does (or fails: finish_device_calls)
     }
     if (job.sum != b.sums[job.chunk]) fail_op(b, *op, checksum_mismatch(b, job.chunk));
@@ -661,6 +779,7 @@ void Store::Impl::reap_destroyed() {
     auto it = blocks.find(id);
     if (it == blocks.end()) continue;
     if (it->second.ops.empty()) {
+      drop_staged(it->second);
       erased_blocks.push_back(blocks.extract(it));  // its events are destroyed outside `mu`
     } else {
       to_reap[kept++] = id;
@@ -690,10 +809,14 @@ void Store::Impl::mover_loop() {
     std::vector<Block*> work;
     work.reserve(busy.size());
     for (BlockId id : busy) work.push_back(&blocks.at(id));
-    std::sort(work.begin(), work.end(), [this](const Block* x, const Block* y) {
-      const bool dx = deferrable(*x);
-      const bool dy = deferrable(*y);
-      if (dx != dy) return dy;
+    // Reads ahead and early write-backs, which nothing waits for yet, go after the rest.
+    auto rank = [this](const Block* b) {
+      return deferrable(*b) ? 2 : b->ops.front().kind == OpKind::kStage ? 1 : 0;
+    };
+    std::sort(work.begin(), work.end(), [&](const Block* x, const Block* y) {
+      const int rx = rank(x);
+      const int ry = rank(y);
+      if (rx != ry) return rx < ry;
       return x->ops.front().decided < y->ops.front().decided;
     });
     for (Block* b : work) progress |= advance(*b);

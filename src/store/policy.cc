@@ -100,11 +100,68 @@ std::optional<std::vector<BlockId>> Store::Impl::choose_victims(
   return out;
 }
 
+// Reads ahead, into staging buffers, the pieces of b (an NVMe-homed block used on the device
+// `distance` pins ahead, past what the device window can take now): once its load is decided it
+// copies them on instead of waiting for the disk, so the disk keeps reading while the window is
+// busy. Uses nearer than this one keep their buffers; idle read-ahead of uses farther away is
+// dropped for it (Belady over the read-ahead buffers). Returns false when no buffer is left.
+bool Store::Impl::try_stage(Block& b, std::uint64_t distance) {
+  if (ahead_cap == 0) return false;
+  if (b.home != Tier::kNvme || b.stage_reserved > 0) return true;
+  // Only a load that will read the disk: no current upper copy (being loaded or not).
+  if (b.copies[ti(Tier::kDevice)].valid || b.copies[ti(Tier::kHost)].valid) return true;
+  const std::size_t len = trace.size();
+  // Pieces of blocks whose load is decided (their device copy is current, logically) are on
+  // their way to the device and free their buffers by themselves: only the others count.
+  auto undecided = [&] {
+    std::uint32_t n = 0;
+    for (BlockId id : staged_blocks) {
+      const Block& x = blocks.at(id);
+      if (!x.copies[ti(Tier::kDevice)].valid) n += x.stage_reserved;
+    }
+    return n;
+  };
+  std::uint32_t used = undecided();
+  while (used >= ahead_cap) {
+    Block* victim = nullptr;
+    std::uint64_t farthest = distance;
+    for (BlockId id : staged_blocks) {
+      Block& x = blocks.at(id);
+      // A block with moves queued may have its load among them (it takes the pieces soon).
+      if (!x.ops.empty() || x.copies[ti(Tier::kDevice)].valid) continue;
+      if (std::none_of(x.staged.begin(), x.staged.end(), [](int s) { return s >= 0; })) continue;
+      std::uint64_t nu = next_in(dev_uses, id, trace_pos, len);
+      if (next_in(overwrites, id, trace_pos, len) < nu) nu = kNever;
+      if (nu > farthest) {
+        victim = &x;
+        farthest = nu;
+      }
+    }
+    if (victim == nullptr) return false;
+    drop_staged(*victim);
+    used = undecided();
+  }
+  Op op;
+  op.kind = OpKind::kStage;
+  op.src = Tier::kNvme;
+  op.dst = Tier::kDevice;
+  op.chunks = std::min(b.chunk_count(options.chunk_bytes), ahead_cap - used);
+  b.stage_reserved = op.chunks;
+  ahead_reserved += op.chunks;
+  staged_blocks.insert(b.id);
+  TZ_LOG_DEBUG("store: read ahead %u pieces of '%s' at trace pos %zu", op.chunks, b.name.c_str(),
+               trace_pos);
+  push_op(b, std::move(op));
+  return true;
+}
+
 // Prefetches along the trace from the current position as far as the budgets allow.
 // Device loads: at most `host_prefetch_depth` device copies loaded from the host tier (a memcpy
 // or a DMA, quick to redo), counting the one pinned now, are held for the next uses; past them
 // only loads from NVMe are started, each still by Belady's rule (it may only displace copies
 // used after it), so that a slow read gets the disk while quick host loads run before its use.
+// Past the first device use that finds no room, the next NVMe reads are started into staging
+// buffers (try_stage), as far as kStageLookahead device uses.
 void Store::Impl::prefetch_ahead() {
   if (!belady() || trace.empty()) return;
   // Nothing changed since a full walk found nothing to start: this one would find nothing too
@@ -134,7 +191,11 @@ void Store::Impl::prefetch_ahead() {
   // loads in the trace either, the walk ends there instead of visiting the whole trace per pin.
   bool dev_rest = false;
   const bool host_none = !trace_has_host_loads;
-  for (std::size_t d = 0; d < len && !((dev_stop || dev_rest) && (host_stop || host_none)); ++d) {
+  constexpr std::uint32_t kStageLookahead = 64;
+  bool stage_stop = ahead_cap == 0 || !trace_has_nvme_blocks;
+  std::uint32_t stage_looked = 0;
+  for (std::size_t d = 0;
+       d < len && !(((dev_stop && stage_stop) || dev_rest) && (host_stop || host_none)); ++d) {
     const TraceEntry& e = trace[(trace_pos + d) % len];
     Block* b = find(e.block);
     if (b == nullptr) continue;
@@ -153,7 +214,11 @@ void Store::Impl::prefetch_ahead() {
     for (std::size_t i = 0; i < kTierCount; ++i) has_writer |= b->write_leases[i] > 0;
     if (has_writer) continue;
     if (e.tier == Tier::kDevice) {
-      if (dev_stop || dev_rest || b->home == Tier::kDevice) continue;
+      if (dev_rest || b->home == Tier::kDevice) continue;
+      if (dev_stop) {
+        if (!stage_stop) stage_stop = ++stage_looked > kStageLookahead || !try_stage(*b, d);
+        continue;
+      }
       const Copy& dev = b->copies[ti(Tier::kDevice)];
       const bool from_host =
           dev.valid ? dev.loaded_from == Tier::kHost : b->copies[ti(Tier::kHost)].valid;
@@ -169,7 +234,10 @@ void Store::Impl::prefetch_ahead() {
         skipped_far = true;
         continue;
       }
-      if (!try_prefetch(*b, Tier::kDevice, d, reserved[ti(Tier::kDevice)])) dev_stop = true;
+      if (!try_prefetch(*b, Tier::kDevice, d, reserved[ti(Tier::kDevice)])) {
+        dev_stop = true;
+        if (!stage_stop) stage_stop = !try_stage(*b, d);  // the first use the window cannot take
+      }
     } else if (e.tier == Tier::kHost && !host_stop && b->home == Tier::kNvme) {
       if (!try_prefetch(*b, Tier::kHost, d, reserved[ti(Tier::kHost)])) host_stop = true;
     }
@@ -186,6 +254,7 @@ void Store::Impl::note_pin(const TraceEntry& e) {
   }
   following = false;
   rebuild_candidates();  // the keys turn from next uses into recency
+  drop_all_staged();     // read for uses that may not come
   ++stats.trace_deviations;
   TZ_LOG_DEBUG(
       "store: access order left the recorded trace at pin %zu; LRU until the next "

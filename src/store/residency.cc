@@ -28,7 +28,8 @@ std::uint64_t Store::Impl::push_op(Block& b, Op op) {
   op.decided = ++decisions;
   if (op.kind == OpKind::kAlloc) alloc_fifo[ti(op.dst)].emplace_back(b.id, op.seq);
   if (op.kind == OpKind::kFree) ++pending_frees[ti(op.dst)];
-  if (op.kind != OpKind::kFree) b.fill_seq[ti(op.dst)] = op.seq;
+  // A read ahead fills no copy: pins of the device copy do not wait for it.
+  if (op.kind != OpKind::kFree && op.kind != OpKind::kStage) b.fill_seq[ti(op.dst)] = op.seq;
   b.ops.push_back(std::move(op));
   busy.insert(b.id);
   ++walk_epoch;
@@ -309,8 +310,22 @@ Status Store::Impl::check_invariants() const {
   std::array<std::uint64_t, kTierCount> frees{};
   std::array<std::uint64_t, kTierCount> allocs{};
   std::array<std::size_t, kTierCount> candidate_count{};
+  std::uint32_t reserved = 0;
+  std::uint32_t held_ahead = 0;
+  std::size_t free_staging = staging_free.size();
   for (const auto& [id, b] : blocks) {
     const std::string who = "block '" + b.name + "'";
+    const auto held = static_cast<std::uint32_t>(
+        std::count_if(b.staged.begin(), b.staged.end(), [](int s) { return s >= 0; }));
+    if (held > b.stage_reserved || (b.stage_reserved > 0) != (staged_blocks.count(id) > 0)) {
+      return Status::internal(who + ": read-ahead pieces held past its reservation");
+    }
+    reserved += b.stage_reserved;
+    free_staging += held;
+    held_ahead += held;
+    for (const Op& op : b.ops) {
+      if (op.kind == OpKind::kStage) held_ahead += op.outstanding;
+    }
     for (std::size_t t = 0; t < kTierCount; ++t) {
       if (b.copies[t].present) present[t] += b.bytes;
       if (b.destroyed && b.copies[t].present) {
@@ -388,6 +403,13 @@ Status Store::Impl::check_invariants() const {
       }
       if (!found) return Status::internal("store: allocation FIFO names no queued allocation");
     }
+  }
+  if (reserved != ahead_reserved || held_ahead != ahead_held || ahead_held > ahead_cap ||
+      free_staging > staging.size()) {
+    return Status::internal("store: read ahead: " + std::to_string(reserved) + " pieces reserved (" +
+                            std::to_string(ahead_reserved) + " counted), " +
+                            std::to_string(held_ahead) + " held (" + std::to_string(ahead_held) +
+                            " counted, at most " + std::to_string(ahead_cap) + ")");
   }
   for (std::size_t t = 0; t < kTierCount; ++t) {
     if (candidates[t].size() != candidate_count[t]) {

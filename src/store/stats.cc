@@ -66,6 +66,8 @@ std::string StoreStats::to_json() const {
   j["trace_deviations"] = trace_deviations;
   j["early_write_backs"] = early_write_backs;
   j["steps"] = steps;
+  j["read_ahead_bytes"] = read_ahead_bytes;
+  j["read_ahead_dropped_bytes"] = read_ahead_dropped_bytes;
   return j.dump();
 }
 

@@ -63,11 +63,17 @@ struct StoreStats {
   std::uint64_t trace_deviations = 0;  // steps (or parts) that fell back to LRU
   std::uint64_t early_write_backs = 0;  // dirty copies written home at unpin (also in write_backs)
   std::uint64_t steps = 0;
+  // Read ahead: NVMe bytes read into staging buffers before their device load was decided, and
+  // those of them dropped unused (read again later, or never needed); the used ones are counted
+  // by their load's link, the dropped ones only here and in nvme_read_bytes.
+  std::uint64_t read_ahead_bytes = 0;
+  std::uint64_t read_ahead_dropped_bytes = 0;
 
   const TierStats& tier(Tier t) const { return tiers[static_cast<std::size_t>(t)]; }
   const LinkStats& link(Link l) const { return links[static_cast<std::size_t>(l)]; }
   std::uint64_t nvme_read_bytes() const {
-    return link(Link::kNvmeToHost).bytes + link(Link::kNvmeToDevice).bytes;
+    return link(Link::kNvmeToHost).bytes + link(Link::kNvmeToDevice).bytes +
+           read_ahead_dropped_bytes;
   }
   std::uint64_t nvme_write_bytes() const {
     return link(Link::kHostToNvme).bytes + link(Link::kDeviceToNvme).bytes;

@@ -67,6 +67,8 @@ Result<std::unique_ptr<Store>> Store::create(const StoreOptions& options, gpu::D
   // the other.
   impl->staging_cap = options.staging_buffers -
                       (options.staging_buffers < 2 ? 0 : std::max(1u, options.staging_buffers / 4));
+  impl->ahead_cap = std::min(options.read_ahead_buffers,
+                             impl->staging_cap > 0 ? impl->staging_cap - 1 : 0);
   for (auto [stream, name] : {std::pair{&impl->piece_h2d, "store pieces h2d"},
                               std::pair{&impl->piece_d2h, "store pieces d2h"}}) {
     auto created = device.create_stream(name);

@@ -70,6 +70,12 @@ struct StoreOptions {
   // now) are held for the next uses; past them the prefetcher starts only NVMe loads, so slow
   // reads get device space early (docs/store.md, "Policies").
   std::uint32_t host_prefetch_depth = 2;
+  // Read ahead (trace policy): when the device has no room yet for the next uses of NVMe-homed
+  // blocks, up to this many staging buffers are filled with their pieces in trace order, so that
+  // the disk keeps reading while the device window is busy and each load, once decided, only
+  // copies them on (docs/store.md, "Policies"). At most staging_cap - 1 (the read direction's
+  // share of the staging buffers less one, kept for decided reads); 0 turns it off.
+  std::uint32_t read_ahead_buffers = 4;
   IoGrouping io_grouping = IoGrouping::kMixed;  // the bench measures which the disk wants
   std::uint64_t write_run_bytes = 256ull << 20;  // kGrouped: writes issued per run while reads wait
   bool trace_spans = true;  // emit Chrome trace spans when the global Trace is enabled

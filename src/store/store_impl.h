@@ -107,6 +107,15 @@ struct Store::Impl {
   // ready at once) cannot take every buffer while reads wait, and the disk gets both.
   std::array<std::uint32_t, 2> staging_held{};
   std::uint32_t staging_cap = 0;
+  // Read ahead: pieces reserved by the policy (Block::stage_reserved summed; those of blocks
+  // whose load is not decided yet at most ahead_cap), and the staging buffers that hold pieces
+  // read ahead or being read ahead, at most ahead_cap (options.read_ahead_buffers, below
+  // staging_cap, so that the reads of decided loads always get a buffer in the end: a stage op
+  // waits for this bound, nothing waits for a stage op). The blocks holding a reservation.
+  std::uint32_t ahead_cap = 0;
+  std::uint32_t ahead_reserved = 0;
+  std::uint32_t ahead_held = 0;
+  std::set<BlockId> staged_blocks;
 
   // I/O scheduling (mover only, under mu).
   std::deque<IoJob> read_q;
@@ -181,6 +190,7 @@ struct Store::Impl {
                                                      bool allocated_only = false);
   bool make_host_room(Block& b);
   bool free_can_complete(Tier t) const;
+  bool try_stage(Block& b, std::uint64_t distance);
   void prefetch_ahead();
   void note_pin(const TraceEntry& e);
   void build_index();
@@ -202,6 +212,11 @@ struct Store::Impl {
   bool start_op(Block& b, Op& op);
   bool start_copy(Block& b, Op& op);
   bool pump_chunks(Block& b, Op& op);
+  void copy_piece_to_device(Block& b, Op& op, std::uint32_t chunk, int staging_index);
+  void unreserve_staged(Block& b, std::uint32_t pieces);
+  void drop_staged(Block& b);
+  void drop_all_staged();
+  bool finish_stage_if_done(Block& b, Op& op);
   void queue_job(IoJob job);
   void piece_done(Op& op, int staging_index);
   bool finish_copy_if_done(Block& b, Op& op);

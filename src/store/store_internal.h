@@ -50,7 +50,10 @@ inline double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-enum class OpKind : std::uint8_t { kAlloc, kCopy, kZero, kFree };
+// kStage: a read ahead of NVMe pieces into staging buffers, for a device load not decided yet
+// (Impl::try_stage); the pieces stay with the block (Block::staged) until its NVMe -> device copy
+// takes them, or are dropped.
+enum class OpKind : std::uint8_t { kAlloc, kCopy, kZero, kFree, kStage };
 
 struct Op {
   OpKind kind = OpKind::kAlloc;
@@ -64,7 +67,7 @@ struct Op {
   bool started = false;
   bool failed = false;
   Status status;
-  std::uint32_t chunks = 0;       // pieces of a copy that touches NVMe
+  std::uint32_t chunks = 0;       // pieces of a copy that touches NVMe (kStage: to read ahead)
   std::uint32_t next_chunk = 0;   // next piece to start
   std::uint32_t outstanding = 0;  // pieces started and not finished
   std::uint32_t finished = 0;
@@ -132,6 +135,11 @@ struct Block {
   // Per tier, whether this block's copy is an eviction candidate (Impl::candidates) and its key.
   std::array<bool, kTierCount> candidate{};
   std::array<std::uint64_t, kTierCount> candidate_key{};
+  // Read ahead (kStage): per piece, the staging buffer holding it as read from the extent (or
+  // -1), and the pieces reserved for this block (those held, and those its stage op may still
+  // read). The held pieces are the extent's current bytes: an op writing the extent drops them.
+  std::vector<int> staged;
+  std::uint32_t stage_reserved = 0;
 
   std::uint32_t chunk_count(std::uint64_t chunk_bytes) const {
     return static_cast<std::uint32_t>((bytes + chunk_bytes - 1) / chunk_bytes);
