@@ -230,8 +230,22 @@ bool Store::Impl::make_host_room(Block& b) {
   return true;
 }
 
+// Whether op reads, writes or frees the block's NVMe extent (it waits for writes in flight to
+// it that no op holds any more: Block::extent_writes).
+bool Store::Impl::touches_extent(const Op& op) {
+  switch (op.kind) {
+    case OpKind::kCopy: return op.src == Tier::kNvme || op.dst == Tier::kNvme;
+    case OpKind::kStage: return true;
+    case OpKind::kZero:
+    case OpKind::kFree: return op.dst == Tier::kNvme;
+    case OpKind::kAlloc: return false;
+  }
+  return true;
+}
+
 // Tries to start op (the head of b's chain). Returns true if it made progress.
 bool Store::Impl::start_op(Block& b, Op& op) {
+  if (b.extent_writes > 0 && !op.started && touches_extent(op)) return false;
   if (op.kind == OpKind::kAlloc) {
     auto& fifo = alloc_fifo[ti(op.dst)];
     TZ_ASSERT(!fifo.empty());
@@ -539,6 +553,18 @@ void Store::Impl::piece_done(Op& op, int staging_index) {
 }
 
 bool Store::Impl::finish_copy_if_done(Block& b, Op& op) {
+  if (op.src == Tier::kDevice && op.dst == Tier::kNvme && !op.failed && op.chunks > 0 &&
+      op.device_reads_done == op.chunks && op.outstanding > 0) {
+    // Every piece has left the device buffer: the op ends, so that the ops behind it (a free of
+    // the device copy, a copy of it to the host tier) need not wait for the disk. The writes
+    // finish as the extent's (finish_extent_write).
+    b.extent_writes = op.outstanding;
+    b.extent_write_seq = op.seq;
+    b.extent_write_start_us = op.start_us;
+    b.extent_write_status = Status::ok();
+    b.extent_write_early = op.early;
+    return finish_op(b);
+  }
   if (op.device_pending || op.outstanding > 0) return false;
   if (!op.failed && op.chunks > 0 && op.finished < op.chunks) return false;
   const Link l = link_of(op.src, op.dst);
@@ -619,6 +645,7 @@ void Store::Impl::apply_device_done(const DeviceDone& d) {
   const std::uint64_t len = std::min(options.chunk_bytes, b.bytes - off);
   if (op->src == Tier::kDevice && !op->failed) {
     // Device -> staging done: checksum the piece and write it.
+    ++op->device_reads_done;
     std::byte* buf = staging[static_cast<std::size_t>(d.staging)].data();
     IoJob job;
     job.data = buf;
@@ -631,6 +658,7 @@ void Store::Impl::apply_device_done(const DeviceDone& d) {
     job.io_bytes = round_up(len, kAlign);
     job.transfers = swap->transfers(job.dir, b.extent, off, buf, job.io_bytes);
     queue_job(std::move(job));
+    finish_copy_if_done(b, *op);  // the last piece out of the device ends the op
     return;
   }
   // Staging -> device done, or a piece of a failed copy.
@@ -650,14 +678,18 @@ void Store::Impl::apply_io_done(IoJob& job) {
   auto it = blocks.find(job.block);
   TZ_ASSERT(it != blocks.end());
   Block& b = it->second;
-  Op* op = find_op(b, job.op_seq);
-  TZ_ASSERT(op != nullptr, "an I/O completion for an op that is not running");
   in_flight_bytes -= job.io_bytes;
   if (job.dir == nvme::IoOp::kRead) {
     --in_flight_reads;
   } else {
     --in_flight_writes;
   }
+  Op* op = find_op(b, job.op_seq);
+  if (op == nullptr && b.extent_writes > 0 && job.op_seq == b.extent_write_seq) {
+    finish_extent_write(b, job);
+    return;
+  }
+  TZ_ASSERT(op != nullptr, "an I/O completion for an op that is not running");
   const std::uint64_t off = static_cast<std::uint64_t>(job.chunk) * options.chunk_bytes;
   const std::uint64_t len = std::min(options.chunk_bytes, b.bytes - off);
   if (op->kind == OpKind::kStage) {
@@ -698,10 +730,57 @@ void Store::Impl::apply_io_done(IoJob& job) {
   finish_copy_if_done(b, *op);
 }
 
+// A write of a device -> NVMe copy whose op has ended (finish_copy_if_done). The last one does
+// what the op's end would have: the extent holds the bytes, or the block records the failure for
+// the leases that depend on the write (every op from it on, as fail_op would have).
+void Store::Impl::finish_extent_write(Block& b, IoJob& job) {
+  staging_free.push_back(job.staging);
+  --staging_held[1];
+  if (!job.status.is_ok() && b.extent_write_status.is_ok()) {
+    b.extent_write_status = std::move(job.status).with_context(
+        "store: writing block '" + b.name + "' piece " + std::to_string(job.chunk));
+  } else if (job.status.is_ok()) {
+    b.sums[job.chunk] = job.sum;
+  }
+  if (--b.extent_writes > 0) return;
+  const Link l = Link::kDeviceToNvme;
+  link_end(l);
+  if (b.extent_write_status.is_ok()) {
+    b.nvme_written = true;
+    stats.links[li(l)].bytes += b.bytes;
+    ++stats.links[li(l)].moves;
+    stats.tiers[ti(Tier::kDevice)].bytes_out += b.bytes;
+    stats.tiers[ti(Tier::kNvme)].bytes_in += b.bytes;
+    if (options.trace_spans && Trace::global().enabled()) {
+      Trace::global().span("store nvme", std::string(link_name(l)) + " " + b.name,
+                           b.extent_write_start_us, Trace::global().now_us());
+    }
+  } else {
+    const Status st = b.extent_write_status;
+    b.error = st;
+    b.skip_until = b.next_seq - 1;
+    // Failures stay disjoint and ordered: a later op may have failed already.
+    const std::uint64_t first =
+        b.failures.empty() ? b.extent_write_seq
+                           : std::max(b.extent_write_seq, b.failures.back().last_seq + 1);
+    if (first <= b.next_seq - 1) b.failures.push_back(Failure{first, b.next_seq - 1, st});
+    ++stats.io_errors;
+    ++walk_epoch;
+    TZ_LOG_DEBUG("store: %s", st.to_string().c_str());
+  }
+  cv.notify_all();
+}
+
 // An early write-back that nothing waits for yet (no op queued behind it, no pin waiting for
 // it): its staging buffers and disk slots go to other moves first. Once the block is evicted
 // or a pin waits for it, the write takes its turn in decision order.
 bool Store::Impl::deferrable(const Block& b) const {
+  if (b.extent_writes > 0) {
+    // The writes of an ended write-back: deferrable when it was an early one and no op waits
+    // for the extent.
+    return b.extent_write_early &&
+           std::none_of(b.ops.begin(), b.ops.end(), [](const Op& o) { return touches_extent(o); });
+  }
   return b.ops.size() == 1 && b.ops.front().early;
 }
 
@@ -778,7 +857,7 @@ void Store::Impl::reap_destroyed() {
   for (BlockId id : to_reap) {
     auto it = blocks.find(id);
     if (it == blocks.end()) continue;
-    if (it->second.ops.empty()) {
+    if (it->second.ops.empty() && it->second.extent_writes == 0) {
       drop_staged(it->second);
       erased_blocks.push_back(blocks.extract(it));  // its events are destroyed outside `mu`
     } else {

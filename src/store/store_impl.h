@@ -220,6 +220,8 @@ struct Store::Impl {
   void queue_job(IoJob job);
   void piece_done(Op& op, int staging_index);
   bool finish_copy_if_done(Block& b, Op& op);
+  static bool touches_extent(const Op& op);
+  void finish_extent_write(Block& b, IoJob& job);
   bool finish_op(Block& b);
   bool advance(Block& b);
   Op* find_op(Block& b, std::uint64_t seq);

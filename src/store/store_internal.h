@@ -72,6 +72,7 @@ struct Op {
   std::uint32_t outstanding = 0;  // pieces started and not finished
   std::uint32_t finished = 0;
   std::uint32_t copies_enqueued = 0;  // NVMe -> device: staging -> device copies enqueued
+  std::uint32_t device_reads_done = 0;  // device -> NVMe: pieces copied out of the device buffer
   bool device_pending = false;        // a whole-block device copy or memset in flight
   bool zero_fill = false;             // a load of a never-written NVMe copy: no bytes moved
   double start_us = 0;
@@ -140,6 +141,14 @@ struct Block {
   // read). The held pieces are the extent's current bytes: an op writing the extent drops them.
   std::vector<int> staged;
   std::uint32_t stage_reserved = 0;
+  // A write-back out of the device ends its op once every piece has left the device buffer; its
+  // pieces still in staging buffers (or on their way to the disk) are the extent's writes in
+  // flight, of the op extent_write_seq. Ops that read, write or free the extent wait for them.
+  std::uint32_t extent_writes = 0;
+  std::uint64_t extent_write_seq = 0;
+  double extent_write_start_us = 0;
+  bool extent_write_early = false;  // an early write-back's (deferrable)
+  Status extent_write_status;
 
   std::uint32_t chunk_count(std::uint64_t chunk_bytes) const {
     return static_cast<std::uint32_t>((bytes + chunk_bytes - 1) / chunk_bytes);
