@@ -33,7 +33,8 @@ build_dir=${TZ_BUILD_DIR:-build/$preset}
 jobs=${TZ_JOBS:-$(nproc)}
 seeded=(store_property_test store_concurrency_test)
 tests=(${TZ_SAN_TESTS:-store_test store_policy_test store_defects_test store_host_alloc_wait_test
-       store_early_write_back_test store_property_test store_concurrency_test tz_cpu_unit_tests
+       store_early_write_back_test store_window_test store_property_test store_concurrency_test
+       tz_cpu_unit_tests
        tz_nvme_unit_tests})
 
 if [ ! -f "$build_dir/CMakeCache.txt" ]; then

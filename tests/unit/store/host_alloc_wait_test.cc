@@ -9,7 +9,6 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
-#include <deque>
 #include <memory>
 #include <thread>
 #include <vector>
@@ -23,58 +22,7 @@ namespace {
 using testing::Harness;
 using testing::HarnessOptions;
 using testing::within_deadline;
-
-// Holds every write request while the gate is closed (they count as in flight) and hands them to
-// the inner engine once it opens: a disk whose writes are slow for as long as the test says.
-class WriteGateEngine final : public nvme::IoEngine {
- public:
-  WriteGateEngine(std::unique_ptr<nvme::IoEngine> inner, std::shared_ptr<std::atomic<bool>> open)
-      : inner_(std::move(inner)), open_(std::move(open)) {}
-  nvme::IoEngineKind kind() const override { return inner_->kind(); }
-  std::uint32_t capacity() const override { return inner_->capacity(); }
-  std::uint32_t in_flight() const override {
-    return inner_->in_flight() + static_cast<std::uint32_t>(held_.size());
-  }
-  Result<int> add_file(int fd) override { return inner_->add_file(fd); }
-  Status register_buffers(std::span<const iovec> regions) override {
-    return inner_->register_buffers(regions);
-  }
-  bool buffers_registered() const override { return inner_->buffers_registered(); }
-  Status submit(std::span<const nvme::IoRequest> requests) override {
-    for (const nvme::IoRequest& r : requests) {
-      if (r.op == nvme::IoOp::kWrite && !open_->load()) {
-        held_.push_back(r);
-        ++held_total_;
-      } else {
-        TZ_RETURN_IF_ERROR(inner_->submit(std::span<const nvme::IoRequest>(&r, 1)));
-      }
-    }
-    return Status::ok();
-  }
-  Status flush() override { return inner_->flush(); }
-  Result<std::size_t> reap(std::span<nvme::IoCompletion> out, std::size_t min_complete) override {
-    if (open_->load() && !held_.empty()) {
-      std::vector<nvme::IoRequest> go(held_.begin(), held_.end());
-      held_.clear();
-      TZ_RETURN_IF_ERROR(inner_->submit(go));
-    }
-    // Never block for a held request: it completes only once the gate opens.
-    const std::size_t need = held_.empty() ? min_complete : 0;
-    if (!held_.empty() && inner_->in_flight() == 0) {
-      std::this_thread::sleep_for(std::chrono::microseconds(200));
-      return std::size_t{0};
-    }
-    return inner_->reap(out, need);
-  }
-  // Read by the test thread while the mover submits.
-  std::uint64_t held_total() const { return held_total_.load(); }
-
- private:
-  std::unique_ptr<nvme::IoEngine> inner_;
-  std::shared_ptr<std::atomic<bool>> open_;
-  std::deque<nvme::IoRequest> held_;
-  std::atomic<std::uint64_t> held_total_{0};
-};
+using testing::WriteGateEngine;
 
 // A pinned pool of one 2 MiB slab (one 64 KiB staging buffer first), a host budget of 1,984 KiB
 // and five dirty 384 KiB copies s0..s4 filling it in order. With the disk's writes held:

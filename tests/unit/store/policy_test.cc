@@ -30,6 +30,8 @@ struct Moved {
   std::uint64_t nvme_read = 0;
   std::uint64_t nvme_write = 0;
   std::uint64_t total = 0;
+  std::uint64_t read_ahead = 0;
+  std::uint64_t read_ahead_dropped = 0;
 };
 
 // The stage-3 walk (store/walk.h) over one store. Every block is written once first (write-only
@@ -40,7 +42,8 @@ struct Walk {
 
   // False when the set-up failed (the failure is already reported).
   bool init(const Pattern& p, Policy policy,
-            std::uint32_t host_prefetch_depth = StoreOptions{}.host_prefetch_depth) {
+            std::uint32_t host_prefetch_depth = StoreOptions{}.host_prefetch_depth,
+            std::uint32_t read_ahead = StoreOptions{}.read_ahead_buffers) {
     HarnessOptions o;
     o.store.policy = policy;
     o.store.device_budget_bytes = p.device_blocks * p.block_bytes;
@@ -48,6 +51,7 @@ struct Walk {
     o.store.chunk_bytes = 32 << 10;
     o.store.staging_buffers = 4;
     o.store.host_prefetch_depth = host_prefetch_depth;
+    o.store.read_ahead_buffers = read_ahead;
     o.swap_bytes = 16ull << 20;
     h.init(o);
     if (::testing::Test::HasFatalFailure()) return false;
@@ -84,9 +88,10 @@ struct Walk {
 };
 
 // Counts the bytes of steps 2.. (step 1 records the trace).
-Moved run(const Pattern& p, Policy policy) {
+Moved run(const Pattern& p, Policy policy,
+          std::uint32_t read_ahead = StoreOptions{}.read_ahead_buffers) {
   Walk w;
-  if (!w.init(p, policy)) return {};
+  if (!w.init(p, policy, StoreOptions{}.host_prefetch_depth, read_ahead)) return {};
   for (int s = 0; s < p.steps; ++s) {
     if (s == 1) {
       EXPECT_TRUE(w.h.store->drain().is_ok());
@@ -102,6 +107,8 @@ Moved run(const Pattern& p, Policy policy) {
   m.nvme_read = st.nvme_read_bytes();
   m.nvme_write = st.nvme_write_bytes();
   m.total = st.total_moved_bytes();
+  m.read_ahead = st.read_ahead_bytes;
+  m.read_ahead_dropped = st.read_ahead_dropped_bytes;
   w.h.finish();
   return m;
 }
@@ -163,6 +170,27 @@ TEST(StorePolicy, TraceNeverMovesMoreThanLru) {
   compare(Pattern{8, 64 << 10, 8, 1, 3}, false);   // device holds the whole model
   compare(Pattern{10, 64 << 10, 2, 0, 3}, false);  // no host tier
   compare(Pattern{10, 64 << 10, 1, 1, 3}, false);  // almost nothing fits
+}
+
+// With the device window full (two blocks, no host tier), the next NVMe reads are started into
+// staging buffers and their loads take them: pieces are read ahead, none is dropped, and the
+// disk moves the same bytes as without read ahead.
+TEST(StorePolicy, ReadAheadFeedsTheLoadsAndReadsNothingTwice) {
+  const Pattern p{10, 64 << 10, 2, 0, 4};
+  const Moved ahead = run(p, Policy::kTrace);
+  const Moved plain = run(p, Policy::kTrace, 0);
+  std::printf("read ahead %llu B (dropped %llu); nvme r/w %llu/%llu, without %llu/%llu\n",
+              static_cast<unsigned long long>(ahead.read_ahead),
+              static_cast<unsigned long long>(ahead.read_ahead_dropped),
+              static_cast<unsigned long long>(ahead.nvme_read),
+              static_cast<unsigned long long>(ahead.nvme_write),
+              static_cast<unsigned long long>(plain.nvme_read),
+              static_cast<unsigned long long>(plain.nvme_write));
+  EXPECT_GT(ahead.read_ahead, 0u);
+  EXPECT_EQ(ahead.read_ahead_dropped, 0u);
+  EXPECT_EQ(ahead.nvme_read, plain.nvme_read);
+  EXPECT_EQ(ahead.nvme_write, plain.nvme_write);
+  EXPECT_EQ(plain.read_ahead, 0u);
 }
 
 TEST(StorePolicy, ByteCountsAreDeterministic) {
