@@ -19,9 +19,13 @@
 //   - Device callbacks never take `mu`: they post to the mover's mailbox (wake_mu, held briefly).
 //
 // Why no deadlock: an operation waits only for operations decided before it (the earlier ops of
-// its chain, allocations ahead of it in its tier's FIFO, and frees decided before it that free
-// the physical space the decision counted on). Copies need only staging buffers, which copies
-// return by themselves, so everything decided earlier finishes.
+// its chain, allocations ahead of it in its tier's FIFO, frees decided before it that free the
+// physical space the decision counted on, and the extent writes of an ended write-back). Copies
+// need only staging buffers, which copies return by themselves, so everything decided earlier
+// finishes. A read ahead (kStage) holds at most ahead_cap buffers, fewer than the read direction
+// may take, so decided reads always get one; nothing waits for a read ahead (a move queued behind
+// it stops it starting more pieces), and the pieces it leaves go to a load that needs no other
+// buffer for them.
 #pragma once
 
 #include <condition_variable>
