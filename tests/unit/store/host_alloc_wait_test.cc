@@ -19,6 +19,7 @@
 namespace tz::store {
 namespace {
 
+using testing::gate_writes;
 using testing::Harness;
 using testing::HarnessOptions;
 using testing::within_deadline;
@@ -45,11 +46,7 @@ TEST(StoreHostAllocWait, HeadAllocationDoesNotWaitForAFreeQueuedBehindIt) {
   o.store.staging_buffers = 1;
   o.pool_budget = 2 << 20;
   o.store.host_budget_bytes = *o.pool_budget - o.store.chunk_bytes;
-  o.wrap_engine = [&](std::unique_ptr<nvme::IoEngine> e) -> std::unique_ptr<nvme::IoEngine> {
-    auto g = std::make_unique<WriteGateEngine>(std::move(e), open);
-    gate = g.get();
-    return g;
-  };
+  gate_writes(o, open, &gate);
   h.init(o);
   ASSERT_FALSE(::testing::Test::HasFatalFailure());
   std::vector<BlockId> s;

@@ -170,6 +170,17 @@ class WriteGateEngine final : public nvme::IoEngine {
   std::atomic<std::uint64_t> held_total_{0};
 };
 
+// Wraps the store's engine in a WriteGateEngine that holds writes while *open is false; *gate
+// points to it once the store's mover has made the engine.
+inline void gate_writes(HarnessOptions& o, std::shared_ptr<std::atomic<bool>> open,
+                        WriteGateEngine** gate) {
+  o.wrap_engine = [open, gate](std::unique_ptr<nvme::IoEngine> e) -> std::unique_ptr<nvme::IoEngine> {
+    auto g = std::make_unique<WriteGateEngine>(std::move(e), open);
+    *gate = g.get();
+    return g;
+  };
+}
+
 struct Harness {
   ScratchDir dir;
   std::unique_ptr<gpu::HostDevice> device;

@@ -17,6 +17,7 @@
 namespace tz::store {
 namespace {
 
+using testing::gate_writes;
 using testing::Harness;
 using testing::HarnessOptions;
 using testing::within_deadline;
@@ -33,11 +34,7 @@ TEST(StoreWindow, DirtyEvictionGivesItsDeviceSpaceBeforeItsDiskWriteEnds) {
   o.store.host_budget_bytes = 0;         // A's eviction writes it to NVMe
   o.store.chunk_bytes = 16 << 10;        // four pieces
   o.store.staging_buffers = 8;
-  o.wrap_engine = [&](std::unique_ptr<nvme::IoEngine> e) -> std::unique_ptr<nvme::IoEngine> {
-    auto g = std::make_unique<WriteGateEngine>(std::move(e), open);
-    gate = g.get();
-    return g;
-  };
+  gate_writes(o, open, &gate);
   h.init(o);
   ASSERT_FALSE(::testing::Test::HasFatalFailure());
   auto a = h.store->create_block(kBlock, Tier::kNvme, "A");
