@@ -225,7 +225,8 @@ int run(const BenchStoreOptions& o) {
   so.policy = *policy;
   so.chunk_bytes = *chunk;
   so.staging_buffers = static_cast<std::uint32_t>(o.staging);
-  so.read_ahead_buffers = static_cast<std::uint32_t>(o.read_ahead >= 0 ? o.read_ahead : o.staging / 2);
+  so.read_ahead_buffers =
+      static_cast<std::uint32_t>(o.read_ahead >= 0 ? o.read_ahead : o.staging / 2);
   so.max_io_in_flight_bytes = *in_flight;
   so.host_prefetch_depth = o.host_prefetch_depth;
   // auto: group reads and writes only when mixing them costs the disk throughput (measured

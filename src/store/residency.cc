@@ -406,8 +406,8 @@ Status Store::Impl::check_invariants() const {
   }
   if (reserved != ahead_reserved || held_ahead != ahead_held || ahead_held > ahead_cap ||
       free_staging > staging.size()) {
-    return Status::internal("store: read ahead: " + std::to_string(reserved) + " pieces reserved (" +
-                            std::to_string(ahead_reserved) + " counted), " +
+    return Status::internal("store: read ahead: " + std::to_string(reserved) +
+                            " pieces reserved (" + std::to_string(ahead_reserved) + " counted), " +
                             std::to_string(held_ahead) + " held (" + std::to_string(ahead_held) +
                             " counted, at most " + std::to_string(ahead_cap) + ")");
   }

@@ -174,7 +174,8 @@ class WriteGateEngine final : public nvme::IoEngine {
 // points to it once the store's mover has made the engine.
 inline void gate_writes(HarnessOptions& o, std::shared_ptr<std::atomic<bool>> open,
                         WriteGateEngine** gate) {
-  o.wrap_engine = [open, gate](std::unique_ptr<nvme::IoEngine> e) -> std::unique_ptr<nvme::IoEngine> {
+  o.wrap_engine = [open,
+                   gate](std::unique_ptr<nvme::IoEngine> e) -> std::unique_ptr<nvme::IoEngine> {
     auto g = std::make_unique<WriteGateEngine>(std::move(e), open);
     *gate = g.get();
     return g;
