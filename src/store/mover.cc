@@ -17,10 +17,20 @@ void Store::Impl::fail_op(Block& b, Op& op, Status st) {
   if (op.failed) return;
   op.failed = true;
   op.status = st;
+  record_failure(b, op.seq, st);
+}
+
+// A move of b from op first_seq on failed: the block's bytes are lost until a write pin, every
+// op enqueued now is skipped, and the leases that depend on them get `st`. The failures stay
+// disjoint and ordered: an ended write-back's disk write (finish_extent_write) can fail after an
+// op behind it has failed already, or before one that is still running fails.
+void Store::Impl::record_failure(Block& b, std::uint64_t first_seq, const Status& st) {
   b.error = st;
   b.skip_until = b.next_seq - 1;
   ++walk_epoch;
-  b.failures.push_back(Failure{op.seq, b.next_seq - 1, st});
+  const std::uint64_t first =
+      b.failures.empty() ? first_seq : std::max(first_seq, b.failures.back().last_seq + 1);
+  if (first <= b.next_seq - 1) b.failures.push_back(Failure{first, b.next_seq - 1, st});
   if (st.code() == ErrorCode::kCorrupt) {
     ++stats.checksum_failures;
   } else {
@@ -756,17 +766,7 @@ void Store::Impl::finish_extent_write(Block& b, IoJob& job) {
                            b.extent_write_start_us, Trace::global().now_us());
     }
   } else {
-    const Status st = b.extent_write_status;
-    b.error = st;
-    b.skip_until = b.next_seq - 1;
-    // Failures stay disjoint and ordered: a later op may have failed already.
-    const std::uint64_t first =
-        b.failures.empty() ? b.extent_write_seq
-                           : std::max(b.extent_write_seq, b.failures.back().last_seq + 1);
-    if (first <= b.next_seq - 1) b.failures.push_back(Failure{first, b.next_seq - 1, st});
-    ++stats.io_errors;
-    ++walk_epoch;
-    TZ_LOG_DEBUG("store: %s", st.to_string().c_str());
+    record_failure(b, b.extent_write_seq, b.extent_write_status);
   }
   cv.notify_all();
 }

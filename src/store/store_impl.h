@@ -202,6 +202,7 @@ struct Store::Impl {
   // ---- mover.cc (physical operations: allocations, copies, the staging pipeline, I/O scheduling)
   // ----
   void fail_op(Block& b, Op& op, Status st);
+  void record_failure(Block& b, std::uint64_t first_seq, const Status& st);
   void* tier_ptr(Block& b, Tier t);
   void free_physical(Block& b, Tier t);
   DeviceCall& push_device_call(DeviceCall::Kind kind, Block& b, const Op& op, gpu::Stream& stream,
