@@ -161,7 +161,8 @@ bool Store::Impl::try_stage(Block& b, std::uint64_t distance) {
 // only loads from NVMe are started, each still by Belady's rule (it may only displace copies
 // used after it), so that a slow read gets the disk while quick host loads run before its use.
 // Past the first device use that finds no room, the next NVMe reads are started into staging
-// buffers (try_stage), as far as kStageLookahead device uses.
+// buffers (try_stage), as far as kStageLookahead pins past that use (of any tier: the walk then
+// stays O(1) per pin however many host pins lie between the device uses).
 void Store::Impl::prefetch_ahead() {
   if (!belady() || trace.empty()) return;
   // Nothing changed since a full walk found nothing to start: this one would find nothing too
@@ -196,6 +197,7 @@ void Store::Impl::prefetch_ahead() {
   std::uint32_t stage_looked = 0;
   for (std::size_t d = 0;
        d < len && !(((dev_stop && stage_stop) || dev_rest) && (host_stop || host_none)); ++d) {
+    if (dev_stop && !stage_stop && ++stage_looked > kStageLookahead) stage_stop = true;
     const TraceEntry& e = trace[(trace_pos + d) % len];
     Block* b = find(e.block);
     if (b == nullptr) continue;
@@ -216,7 +218,7 @@ void Store::Impl::prefetch_ahead() {
     if (e.tier == Tier::kDevice) {
       if (dev_rest || b->home == Tier::kDevice) continue;
       if (dev_stop) {
-        if (!stage_stop) stage_stop = ++stage_looked > kStageLookahead || !try_stage(*b, d);
+        if (!stage_stop) stage_stop = !try_stage(*b, d);
         continue;
       }
       const Copy& dev = b->copies[ti(Tier::kDevice)];
