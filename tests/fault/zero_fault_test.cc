@@ -33,7 +33,10 @@ Config fault_config() {
 }
 
 struct Outcome {
-  std::uint64_t requests_after_two_steps = 0;  // NVMe requests issued through step 2
+  // NVMe requests issued through step 2 (before the reference run reads the masters, so that the
+  // count means the same point in every run), and during step 3.
+  std::uint64_t requests_after_two_steps = 0;
+  std::uint64_t step3_requests = 0;
   std::vector<std::vector<float>> after2, after3;  // masters, unit by unit (weights only)
   Status step3_status;
   std::vector<Result<std::vector<float>>> after_fault;
@@ -79,11 +82,13 @@ Outcome run(std::uint64_t fail_request) {
     for (int step = 0; step < 2; ++step) {
       TZ_RETURN_IF_ERROR(model.train_step(step, 4, kSeed).status());
     }
+    out.requests_after_two_steps = faults.load()->counts().requests;
     if (fail_request == 0) {
       for (auto& m : masters()) out.after2.push_back(*m);
     }
-    out.requests_after_two_steps = faults.load()->counts().requests;
+    const std::uint64_t before_step3 = faults.load()->counts().requests;
     out.step3_status = model.train_step(2, 4, kSeed).status();
+    out.step3_requests = faults.load()->counts().requests - before_step3;
     if (fail_request == 0) {
       for (auto& m : masters()) out.after3.push_back(*m);
     } else {
@@ -100,10 +105,19 @@ TEST(ZeroFault, EioOnOptimizerStateNamesUnitAndShardAndKeepsState) {
   const Outcome ref = run(0);
   ASSERT_TRUE(ref.step3_status.is_ok()) << ref.step3_status.to_string();
   ASSERT_GT(ref.requests_after_two_steps, 0u);
-  // The first NVMe request of step 3 fails, then the next few, one run each.
+  ASSERT_GT(ref.step3_requests, 0u);
+  // One run per failing request, spread over step 3's requests from its first to its last. The
+  // counts move by a request or two from run to run (when a write-back or a read ahead is issued
+  // depends on timing), and a failed read ahead is read again rather than reported, so a few
+  // requests at one place in the step may all pass unnoticed; requests spread over the whole
+  // step cannot (step 3 writes every unit's new state).
+  constexpr std::uint64_t kTries = 8;
   int failures_seen = 0;
-  for (std::uint64_t extra = 1; extra <= 6; ++extra) {
+  for (std::uint64_t k = 0; k < kTries; ++k) {
+    const std::uint64_t extra = 1 + (ref.step3_requests - 1) * k / (kTries - 1);
     const Outcome got = run(ref.requests_after_two_steps + extra);
+    std::printf("request +%llu: %s\n", static_cast<unsigned long long>(extra),
+                got.step3_status.to_string().c_str());
     if (got.step3_status.is_ok()) continue;  // that request was not in step 3's update
     ++failures_seen;
     const std::string msg = got.step3_status.to_string();
@@ -111,11 +125,13 @@ TEST(ZeroFault, EioOnOptimizerStateNamesUnitAndShardAndKeepsState) {
     EXPECT_NE(msg.find("unit 'layer"), std::string::npos);
     EXPECT_NE(msg.find("shard 0 of 1"), std::string::npos);
     int unchanged = 0;
+    int unreadable = 0;
     for (std::size_t u = 0; u < got.after_fault.size(); ++u) {
       if (!got.after_fault[u].is_ok()) {
         // Only the unit whose I/O failed may refuse to read, and it names itself.
         EXPECT_NE(got.after_fault[u].status().to_string().find("layer" + std::to_string(u)),
                   std::string::npos);
+        ++unreadable;
         continue;
       }
       const std::vector<float>& v = *got.after_fault[u];
@@ -124,7 +140,10 @@ TEST(ZeroFault, EioOnOptimizerStateNamesUnitAndShardAndKeepsState) {
       EXPECT_TRUE(is2 || is3) << "unit " << u << " holds neither step 2's nor step 3's state";
       unchanged += is2 ? 1 : 0;
     }
-    EXPECT_GT(unchanged, 0) << "the failed step updated every unit";
+    EXPECT_LE(unreadable, 1);
+    // Some unit kept step 2's state, or the unit whose write failed refuses to read and names
+    // itself (a failed write-back ends the step with its error after the other units' updates).
+    EXPECT_GT(unchanged + unreadable, 0) << "the failed step updated every unit, silently";
   }
   EXPECT_GT(failures_seen, 0) << "no injected EIO reached step 3's update";
 }
