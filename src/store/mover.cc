@@ -422,7 +422,7 @@ bool Store::Impl::pump_chunks(Block& b, Op& op) {
   while (!op.failed && op.next_chunk < op.chunks) {
     const std::uint32_t k = op.next_chunk;
     const std::uint64_t off = static_cast<std::uint64_t>(k) * options.chunk_bytes;
-    const std::uint64_t len = std::min(options.chunk_bytes, b.bytes - off);
+    const std::uint64_t len = b.piece_bytes(k, options.chunk_bytes);
     if (stage && b.ops.size() > 1) {
       // A move was queued behind the read ahead: it reads the rest itself, so that it waits
       // only for the pieces in flight.
@@ -486,7 +486,7 @@ bool Store::Impl::pump_chunks(Block& b, Op& op) {
 // the mover hashes the buffer (DeviceCall::check_data); the piece finishes when the copy does.
 void Store::Impl::copy_piece_to_device(Block& b, Op& op, std::uint32_t chunk, int staging_index) {
   const std::uint64_t off = static_cast<std::uint64_t>(chunk) * options.chunk_bytes;
-  const std::uint64_t len = std::min(options.chunk_bytes, b.bytes - off);
+  const std::uint64_t len = b.piece_bytes(chunk, options.chunk_bytes);
   const std::byte* buf = staging[static_cast<std::size_t>(staging_index)].data();
   DeviceCall& c =
       push_device_call(DeviceCall::Kind::kPiece, b, op, *piece_h2d, chunk, staging_index);
@@ -496,6 +496,14 @@ void Store::Impl::copy_piece_to_device(Block& b, Op& op, std::uint32_t chunk, in
   c.check_len = len;
   c.check_sum = b.sums[chunk];
   if (++op.copies_enqueued == op.chunks) c.ready = b.ready_event.get();
+}
+
+// Returns staging buffer s, held by direction dir (0: reads, 1: writes), counted in ahead_held
+// when it held a read ahead.
+void Store::Impl::give_back_staging(int s, std::size_t dir, bool ahead) {
+  staging_free.push_back(s);
+  --staging_held[dir];
+  if (ahead) --ahead_held;
 }
 
 void Store::Impl::unreserve_staged(Block& b, std::uint32_t pieces) {
@@ -514,13 +522,11 @@ void Store::Impl::drop_staged(Block& b) {
   std::uint32_t dropped = 0;
   for (std::size_t k = 0; k < b.staged.size(); ++k) {
     if (b.staged[k] < 0) continue;
-    staging_free.push_back(b.staged[k]);
-    --staging_held[0];
-    --ahead_held;
+    give_back_staging(b.staged[k], 0, true);
     b.staged[k] = -1;
     ++dropped;
-    const std::uint64_t off = k * options.chunk_bytes;
-    stats.read_ahead_dropped_bytes += std::min(options.chunk_bytes, b.bytes - off);
+    stats.read_ahead_dropped_bytes +=
+        b.piece_bytes(static_cast<std::uint32_t>(k), options.chunk_bytes);
   }
   if (dropped == 0) return;
   TZ_LOG_DEBUG("store: dropping %u pieces of '%s' read ahead", dropped, b.name.c_str());
@@ -553,10 +559,7 @@ void Store::Impl::queue_job(IoJob job) {
 
 // Marks piece k of an NVMe copy finished (or failed) and frees its staging buffer.
 void Store::Impl::piece_done(Op& op, int staging_index) {
-  if (staging_index >= 0) {
-    staging_free.push_back(staging_index);
-    --staging_held[op.src == Tier::kDevice ? 1 : 0];
-  }
+  if (staging_index >= 0) give_back_staging(staging_index, op.src == Tier::kDevice ? 1 : 0, false);
   TZ_ASSERT(op.outstanding > 0);
   --op.outstanding;
   ++op.finished;
@@ -652,7 +655,7 @@ void Store::Impl::apply_device_done(const DeviceDone& d) {
     return;
   }
   const std::uint64_t off = static_cast<std::uint64_t>(d.chunk) * options.chunk_bytes;
-  const std::uint64_t len = std::min(options.chunk_bytes, b.bytes - off);
+  const std::uint64_t len = b.piece_bytes(d.chunk, options.chunk_bytes);
   if (op->src == Tier::kDevice && !op->failed) {
     // Device -> staging done: checksum the piece and write it.
     ++op->device_reads_done;
@@ -678,7 +681,7 @@ void Store::Impl::apply_device_done(const DeviceDone& d) {
 
 Status Store::Impl::checksum_mismatch(const Block& b, std::uint32_t chunk) const {
   const std::uint64_t off = static_cast<std::uint64_t>(chunk) * options.chunk_bytes;
-  const std::uint64_t len = std::min(options.chunk_bytes, b.bytes - off);
+  const std::uint64_t len = b.piece_bytes(chunk, options.chunk_bytes);
   return Status::corrupt("store: checksum mismatch in block '" + b.name + "' piece " +
                          std::to_string(chunk) + " (bytes " + std::to_string(off) + ".." +
                          std::to_string(off + len) + ") read from NVMe");
@@ -700,8 +703,7 @@ void Store::Impl::apply_io_done(IoJob& job) {
     return;
   }
   TZ_ASSERT(op != nullptr, "an I/O completion for an op that is not running");
-  const std::uint64_t off = static_cast<std::uint64_t>(job.chunk) * options.chunk_bytes;
-  const std::uint64_t len = std::min(options.chunk_bytes, b.bytes - off);
+  const std::uint64_t len = b.piece_bytes(job.chunk, options.chunk_bytes);
   if (op->kind == OpKind::kStage) {
     --op->outstanding;
     ++op->finished;
@@ -713,9 +715,7 @@ void Store::Impl::apply_io_done(IoJob& job) {
       ++stats.io_errors;
       TZ_LOG_DEBUG("store: reading ahead '%s' piece %u: %s", b.name.c_str(), job.chunk,
                    job.status.to_string().c_str());
-      staging_free.push_back(job.staging);
-      --staging_held[0];
-      --ahead_held;
+      give_back_staging(job.staging, 0, true);
       unreserve_staged(b, 1);
     }
     finish_stage_if_done(b, *op);
@@ -744,8 +744,7 @@ void Store::Impl::apply_io_done(IoJob& job) {
 // what the op's end would have: the extent holds the bytes, or the block records the failure for
 // the leases that depend on the write (every op from it on, as fail_op would have).
 void Store::Impl::finish_extent_write(Block& b, IoJob& job) {
-  staging_free.push_back(job.staging);
-  --staging_held[1];
+  give_back_staging(job.staging, 1, false);
   if (!job.status.is_ok() && b.extent_write_status.is_ok()) {
     b.extent_write_status = std::move(job.status).with_context(
         "store: writing block '" + b.name + "' piece " + std::to_string(job.chunk));

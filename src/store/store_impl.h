@@ -218,6 +218,7 @@ struct Store::Impl {
   bool start_copy(Block& b, Op& op);
   bool pump_chunks(Block& b, Op& op);
   void copy_piece_to_device(Block& b, Op& op, std::uint32_t chunk, int staging_index);
+  void give_back_staging(int s, std::size_t dir, bool ahead);
   void unreserve_staged(Block& b, std::uint32_t pieces);
   void drop_staged(Block& b);
   void drop_all_staged();

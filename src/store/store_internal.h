@@ -153,6 +153,10 @@ struct Block {
   std::uint32_t chunk_count(std::uint64_t chunk_bytes) const {
     return static_cast<std::uint32_t>((bytes + chunk_bytes - 1) / chunk_bytes);
   }
+  // Bytes of piece k (the last one may be short).
+  std::uint64_t piece_bytes(std::uint32_t k, std::uint64_t chunk_bytes) const {
+    return std::min(chunk_bytes, bytes - static_cast<std::uint64_t>(k) * chunk_bytes);
+  }
 };
 
 struct IoJob {
