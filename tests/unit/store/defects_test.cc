@@ -542,6 +542,10 @@ TEST(StoreDefects, NoDeviceCallWhileTheStoreHoldsItsLock) {
     h.store->mark_step();
   }
   ASSERT_TRUE(h.store->flush().is_ok());
+  // The device-homed block's last memset is the test's own work on `writer`, which a pin's wait()
+  // does not cover (a device user would wait on ready_event() on its stream): finish it before
+  // the host reads the bytes.
+  ASSERT_TRUE(writer.synchronize().is_ok());
   for (std::size_t i = 0; i < ids.size(); ++i) {
     // HostDevice memory is host memory: the device-homed block is read in place.
     auto l = h.store->pin(ids[i], i + 1 == ids.size() ? Tier::kDevice : Tier::kHost, Access::kRead);
