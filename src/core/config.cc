@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <map>
@@ -532,19 +533,30 @@ class Validator {
         }
         continue;
       }
+      // The nearest known key or section. A misspelled section is an error, not a warning:
+      // every key in it would be ignored, so a "stage 3 with NVMe" run would silently train at
+      // stage 0.
       std::string nearest;
       std::size_t best = std::numeric_limits<std::size_t>::max();
-      for (const auto& k : known_paths) {
-        const std::size_t d = edit_distance(lower(path), lower(k));
-        if (d < best) {
-          best = d;
-          nearest = k;
+      bool nearest_is_section = false;
+      for (const auto* names : {&known_paths, &known_objects}) {
+        for (const auto& k : *names) {
+          const std::size_t d = edit_distance(lower(path), lower(k));
+          if (d < best) {
+            best = d;
+            nearest = k;
+            nearest_is_section = names == &known_objects;
+          }
         }
       }
-      std::string msg = path + ": unknown key, ignored";
-      if (!nearest.empty() && best <= std::max<std::size_t>(3, path.size() / 3)) {
-        msg += " (did you mean " + nearest + "?)";
+      const bool close = !nearest.empty() && best <= std::max<std::size_t>(3, path.size() / 3);
+      if (close && nearest_is_section && it.value().is_object()) {
+        error(path, path + ": unknown section (did you mean " + nearest +
+                        "?); none of its keys would be applied");
+        continue;
       }
+      std::string msg = path + ": unknown key, ignored";
+      if (close) msg += " (did you mean " + nearest + "?)";
       warning(path, msg);
     }
   }
@@ -737,31 +749,110 @@ Status ConfigLoad::status() const {
   return Status::invalid_argument("invalid configuration: " + msg);
 }
 
-ConfigLoad load_config_text(std::string_view text) {
+namespace {
+
+// The line and column (both 1-based) of byte `offset` of `text`.
+std::string line_column(std::string_view text, std::size_t offset) {
+  std::size_t line = 1, col = 1;
+  for (std::size_t i = 0; i < offset && i < text.size(); ++i) {
+    if (text[i] == '\n') {
+      ++line;
+      col = 1;
+    } else {
+      ++col;
+    }
+  }
+  return "line " + std::to_string(line) + ", column " + std::to_string(col);
+}
+
+// Follows the parser's events to know the dotted key path being parsed (for errors the JSON
+// library raises without one, such as a number too large for a double) and to find keys given
+// twice in one object (the library keeps the last silently; DeepSpeed refuses them, and so do we).
+class KeyTracker {
+ public:
+  explicit KeyTracker(Validator& v) : v_(v) {}
+
+  bool on_event(json::parse_event_t event, const json& parsed) {
+    switch (event) {
+      case json::parse_event_t::object_start:
+        frames_.push_back({true, {}, {}});
+        break;
+      case json::parse_event_t::array_start:
+        frames_.push_back({false, {}, {}});
+        break;
+      case json::parse_event_t::object_end:
+      case json::parse_event_t::array_end:
+        if (!frames_.empty()) frames_.pop_back();
+        break;
+      case json::parse_event_t::key: {
+        if (frames_.empty() || !frames_.back().is_object) break;
+        Frame& f = frames_.back();
+        f.key = parsed.get<std::string>();
+        if (!f.seen.insert(f.key).second) {
+          const std::string p = path();
+          v_.error(p, p + ": given twice in one object (remove one; the values would be "
+                          "ambiguous)");
+        }
+        break;
+      }
+      case json::parse_event_t::value:
+        break;
+    }
+    return true;
+  }
+
+  // The key being parsed, dotted ("optimizer.params.lr"); empty at the top level.
+  std::string path() const {
+    std::string p;
+    for (const Frame& f : frames_) {
+      if (!f.is_object || f.key.empty()) continue;
+      p += (p.empty() ? "" : ".") + f.key;
+    }
+    return p;
+  }
+
+ private:
+  struct Frame {
+    bool is_object;
+    std::string key;
+    std::set<std::string> seen;
+  };
+  Validator& v_;
+  std::vector<Frame> frames_;
+};
+
+}  // namespace
+
+ConfigLoad load_config_text(std::string_view text, const ConfigAdjust& adjust) {
   ConfigLoad out;
   Validator v(out);
   json user;
+  KeyTracker keys(v);
   try {
-    user = json::parse(text.begin(), text.end());
+    user = json::parse(text.begin(), text.end(),
+                       [&keys](int /*depth*/, json::parse_event_t event, json& parsed) {
+                         return keys.on_event(event, parsed);
+                       });
   } catch (const json::parse_error& e) {
-    // Turn the byte offset into a line and column (both 1-based).
-    const std::size_t byte = e.byte == 0 ? 0 : e.byte - 1;
-    std::size_t line = 1, col = 1;
-    for (std::size_t i = 0; i < byte && i < text.size(); ++i) {
-      if (text[i] == '\n') {
-        ++line;
-        col = 1;
-      } else {
-        ++col;
-      }
-    }
     std::string what = e.what();
     const std::size_t pos = what.find("syntax error");
     if (pos != std::string::npos) what = what.substr(pos);
-    v.error("", "malformed JSON at line " + std::to_string(line) + ", column " +
-                    std::to_string(col) + ": " + what);
+    v.error("", "malformed JSON at " + line_column(text, e.byte == 0 ? 0 : e.byte - 1) + ": " +
+                    what);
+    return out;
+  } catch (const json::exception& e) {
+    // A number the library cannot hold (1e400 overflows a double): no byte offset comes with
+    // it, but the key being parsed names it.
+    const std::string key = keys.path();
+    std::string what = e.what();
+    const std::size_t pos = what.find("] ");
+    if (pos != std::string::npos) what = what.substr(pos + 2);
+    v.error(key, (key.empty() ? std::string("the configuration") : key) + ": " + what +
+                     " (out of range)");
     return out;
   }
+  if (!out.ok()) return out;
+  if (adjust) adjust(user);
   if (!user.is_object()) {
     v.error("", "the configuration must be a JSON object, not " + std::string(user.type_name()));
     return out;
@@ -799,7 +890,14 @@ ConfigLoad load_config_text(std::string_view text) {
   return out;
 }
 
-ConfigLoad load_config_file(const std::string& path) {
+ConfigLoad load_config_file(const std::string& path, const ConfigAdjust& adjust) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) {
+    ConfigLoad out;
+    out.diagnostics.push_back({ConfigDiagnostic::Severity::kError, "",
+                               "cannot read " + path + ": is a directory, not a JSON file"});
+    return out;
+  }
   std::ifstream in(path, std::ios::binary);
   if (!in) {
     ConfigLoad out;
@@ -815,7 +913,7 @@ ConfigLoad load_config_file(const std::string& path) {
                                Status::from_errno(errno, "cannot read", path).message()});
     return out;
   }
-  return load_config_text(buf.str());
+  return load_config_text(buf.str(), adjust);
 }
 
 std::vector<ConfigKeyDoc> config_key_docs() {

@@ -7,6 +7,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -160,10 +161,15 @@ struct ConfigLoad {
   Status status() const;
 };
 
-// Parses and validates JSON text; `origin` names it in messages (a path or "<string>").
-ConfigLoad load_config_text(std::string_view text);
+// Changes the user's JSON after parsing and before validation (the CLI writes --nvme-path into
+// the offload sections with it). Empty = no change.
+using ConfigAdjust = std::function<void(nlohmann::json&)>;
+
+// Parses and validates JSON text. Malformed JSON, a number out of a double's range and a key
+// given twice in one object are errors naming the place (line and column, or the dotted key).
+ConfigLoad load_config_text(std::string_view text, const ConfigAdjust& adjust = {});
 // Reads and validates a file; an unreadable file is one error diagnostic.
-ConfigLoad load_config_file(const std::string& path);
+ConfigLoad load_config_file(const std::string& path, const ConfigAdjust& adjust = {});
 
 // One row per key of the schema, for `tierzero config keys` and docs/config.md.
 struct ConfigKeyDoc {

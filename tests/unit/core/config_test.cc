@@ -100,6 +100,9 @@ TEST(Config, EachBadFileGivesOneErrorNamingTheKey) {
       {"empty", "malformed JSON at line 1"},
       {"optimizer_offload_stage0", "zero_optimization.offload_optimizer.device"},
       {"host_budget_negative", "tierzero.host_budget"},
+      {"lr_overflow", "optimizer.params.lr"},
+      {"duplicate_key", "zero_optimization.stage: given twice"},
+      {"misspelled_section", "did you mean zero_optimization?"},
   };
   int files = 0;
   for (const auto& entry : std::filesystem::directory_iterator(kDir + "/bad")) {
@@ -151,6 +154,71 @@ TEST(Config, UnknownKeysWarnWithNearestKey) {
   EXPECT_TRUE(has("did you mean zero_optimization.stage3_prefetch_bucket_size?"));
   EXPECT_TRUE(has("trian_batch_size: unknown key, ignored (did you mean train_batch_size?)"));
   EXPECT_TRUE(has("completely_new_thing: unknown key, ignored"));
+}
+
+TEST(Config, NumbersBeyondADoubleAreErrorsNamingTheKey) {
+  // The JSON library throws for 1e400; before, that exception escaped and aborted the command.
+  const ConfigLoad load = load_config_text(R"({"optimizer": {"params": {"lr": 1e400}}})");
+  ASSERT_EQ(errors_of(load).size(), 1u);
+  EXPECT_EQ(errors_of(load)[0]->key, "optimizer.params.lr");
+  EXPECT_NE(errors_of(load)[0]->message.find("1e400"), std::string::npos)
+      << errors_of(load)[0]->message;
+  const ConfigLoad top = load_config_text(R"({"gradient_clipping": -1e999})");
+  ASSERT_EQ(errors_of(top).size(), 1u);
+  EXPECT_EQ(errors_of(top)[0]->key, "gradient_clipping");
+}
+
+TEST(Config, DuplicateKeysAreErrorsAtEveryDepth) {
+  const ConfigLoad load = load_config_text(
+      R"({"bf16": {"enabled": true}, "zero_optimization": {"stage": 3,
+          "offload_param": {"device": "cpu", "device": "nvme"}}, "bf16": {"enabled": false}})");
+  std::vector<std::string> keys;
+  for (const auto* e : errors_of(load)) keys.push_back(e->key);
+  EXPECT_EQ(keys, (std::vector<std::string>{"zero_optimization.offload_param.device", "bf16"}));
+  // The same key in two different objects is not a duplicate.
+  const ConfigLoad ok = load_config_text(
+      R"({"offload": 1, "zero_optimization": {"offload_param": {"device": "cpu"},
+          "offload_optimizer": {"device": "cpu"}, "stage": 3}})");
+  for (const auto* e : errors_of(ok)) ADD_FAILURE() << e->message;
+}
+
+TEST(Config, MisspelledSectionsAreErrorsWithTheNearestSection) {
+  for (const char* name : {"zero_optimizaton", "zero_optimisation", "optimiser"}) {
+    const std::string text = std::string(R"({")") + name + R"(": {"stage": 3}})";
+    const ConfigLoad load = load_config_text(text);
+    ASSERT_EQ(errors_of(load).size(), 1u) << name;
+    const std::string want =
+        std::string(name) + ": unknown section (did you mean " +
+        (std::string(name) == "optimiser" ? "optimizer" : "zero_optimization") + "?)";
+    EXPECT_EQ(errors_of(load)[0]->message.rfind(want, 0), 0u) << errors_of(load)[0]->message;
+  }
+  // A nested one too; an unknown object with no near section stays a warning.
+  const ConfigLoad nested = load_config_text(
+      R"({"zero_optimization": {"stage": 3, "offload_parm": {"device": "cpu"}},
+          "my_own_section": {"x": 1}})");
+  ASSERT_EQ(errors_of(nested).size(), 1u);
+  EXPECT_EQ(errors_of(nested)[0]->key, "zero_optimization.offload_parm");
+  bool warned = false;
+  for (const auto& d : nested.diagnostics) {
+    warned = warned || (d.severity == ConfigDiagnostic::Severity::kWarning &&
+                        d.key == "my_own_section");
+  }
+  EXPECT_TRUE(warned);
+}
+
+TEST(Config, ADirectoryIsNamedAsOne) {
+  const ConfigLoad load = load_config_file(kDir);
+  ASSERT_EQ(errors_of(load).size(), 1u);
+  EXPECT_NE(errors_of(load)[0]->message.find("is a directory"), std::string::npos)
+      << errors_of(load)[0]->message;
+}
+
+TEST(Config, AdjustRunsBeforeValidation) {
+  const ConfigLoad load = load_config_text(
+      R"({"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme"}}})",
+      [](nlohmann::json& j) { j["zero_optimization"]["offload_param"]["nvme_path"] = "/x"; });
+  ASSERT_TRUE(load.ok()) << load.status().to_string();
+  EXPECT_EQ(load.config.zero.offload_param.nvme_path, "/x");
 }
 
 TEST(Config, EveryKeyIsDocumented) {
