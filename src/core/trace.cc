@@ -1,8 +1,9 @@
 // Chrome trace writer (core/trace.h).
 #include "core/trace.h"
 
-#include <fstream>
 #include <nlohmann/json.hpp>
+
+#include "core/output_file.h"
 
 namespace tz {
 
@@ -77,12 +78,7 @@ std::string Trace::to_json() const {
 }
 
 Status Trace::write(const std::string& path) const {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  if (!out) return Status::from_errno(errno, "open trace file", path);
-  out << to_json();
-  out.close();
-  if (!out) return Status::from_errno(errno, "write trace file", path);
-  return Status::ok();
+  return write_output_file("trace", path, to_json());
 }
 
 TraceSpan::TraceSpan(std::string_view track, std::string_view name)

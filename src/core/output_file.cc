@@ -1,0 +1,218 @@
+// core/output_file.h: temporary file, fsync, rename; folders made once; inputs never overwritten.
+#include "core/output_file.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <filesystem>
+#include <utility>
+
+#include "core/units.h"
+
+namespace tz {
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string folder_of(const std::string& path) {
+  const std::string parent = fs::path(path).parent_path().string();
+  return parent.empty() ? std::string(".") : parent;
+}
+
+std::string prefixed(std::string_view what, const std::string& rest) {
+  return what.empty() ? rest : std::string(what) + ": " + rest;
+}
+
+Status with_what(std::string_view what, Status st) {
+  if (st.is_ok() || what.empty()) return st;
+  return Status(st.code(), st.sys_code(), std::string(what) + ": " + st.message());
+}
+
+Status fsync_folder(const std::string& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return Status::from_errno(errno, "open folder", dir);
+  const int rc = ::fsync(fd);
+  const int err = errno;
+  ::close(fd);
+  // Some file systems (tmpfs on old kernels) refuse fsync on a folder; the rename already
+  // happened, so only a real I/O error is reported.
+  if (rc != 0 && err != EINVAL) return Status::from_errno(err, "fsync folder", dir);
+  return Status::ok();
+}
+
+}  // namespace
+
+Status make_folders(const std::string& dir) {
+  if (dir.empty()) return Status::ok();
+  std::string partial;
+  const fs::path p(dir);
+  for (const auto& part : p) {
+    partial = partial.empty() ? part.string()
+              : partial == "/" ? "/" + part.string()
+                               : partial + "/" + part.string();
+    if (part.empty() || part == "/" || part == "." || part == "..") continue;
+    struct stat st {};
+    if (::stat(partial.c_str(), &st) == 0) {
+      if (!S_ISDIR(st.st_mode)) {
+        return Status::invalid_argument("cannot create folder " + dir + ": " + partial +
+                                        " is a file");
+      }
+      continue;
+    }
+    if (::mkdir(partial.c_str(), 0755) != 0 && errno != EEXIST) {
+      return Status::from_errno(errno, "cannot create folder", partial);
+    }
+  }
+  return Status::ok();
+}
+
+Status check_output(std::string_view what, const std::string& path,
+                    const std::vector<std::string>& inputs, std::uint64_t needed_bytes) {
+  if (path.empty()) return Status::invalid_argument(prefixed(what, "empty output path"));
+  struct stat out {};
+  const bool exists = ::stat(path.c_str(), &out) == 0;
+  if (exists && S_ISDIR(out.st_mode)) {
+    return Status::invalid_argument(prefixed(what, path + " is a folder, not a file"));
+  }
+  for (const std::string& in : inputs) {
+    struct stat st {};
+    const bool same = exists ? (::stat(in.c_str(), &st) == 0 && st.st_dev == out.st_dev &&
+                                st.st_ino == out.st_ino)
+                             : fs::weakly_canonical(in) == fs::weakly_canonical(path);
+    if (same) {
+      return Status::invalid_argument(prefixed(what, path + " is also an input (" + in +
+                                                         "); write the output elsewhere"));
+    }
+  }
+  const std::string dir = folder_of(path);
+  TZ_RETURN_IF_ERROR(with_what(what, make_folders(dir)));
+  // Creating a file is the only reliable test (read-only mounts, ACLs, root on a read-only bind).
+  const std::string probe = dir + "/.tierzero-probe." + std::to_string(::getpid());
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    return with_what(what, Status::from_errno(errno, "cannot write in", dir));
+  }
+  ::close(fd);
+  ::unlink(probe.c_str());
+  if (needed_bytes > 0) {
+    struct statvfs vfs {};
+    if (::statvfs(dir.c_str(), &vfs) != 0) {
+      return with_what(what, Status::from_errno(errno, "statvfs", dir));
+    }
+    const std::uint64_t free_bytes = static_cast<std::uint64_t>(vfs.f_bavail) * vfs.f_frsize;
+    // The old file's bytes come back once the rename replaces it.
+    const std::uint64_t reclaimed = exists ? static_cast<std::uint64_t>(out.st_size) : 0;
+    if (free_bytes + reclaimed < needed_bytes) {
+      return Status::no_space(
+          prefixed(what, path + " needs " + format_bytes(static_cast<double>(needed_bytes)) +
+                             " but " + dir + " has " +
+                             format_bytes(static_cast<double>(free_bytes)) + " free (short by " +
+                             format_bytes(static_cast<double>(needed_bytes - free_bytes -
+                                                              reclaimed)) +
+                             ")"));
+    }
+  }
+  return Status::ok();
+}
+
+Result<OutputFile> OutputFile::create(std::string_view what, const std::string& path,
+                                      const std::vector<std::string>& inputs) {
+  TZ_RETURN_IF_ERROR(check_output(what, path, inputs));
+  const fs::path p(path);
+  const std::string temp = folder_of(path) + "/." + p.filename().string() + ".tmp." +
+                           std::to_string(::getpid());
+  const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return with_what(what, Status::from_errno(errno, "cannot create", temp));
+  return OutputFile(path, temp, fd);
+}
+
+OutputFile::OutputFile(OutputFile&& other) noexcept
+    : path_(std::move(other.path_)), temp_(std::move(other.temp_)),
+      fd_(std::exchange(other.fd_, -1)), bytes_(other.bytes_) {}
+
+OutputFile& OutputFile::operator=(OutputFile&& other) noexcept {
+  if (this != &other) {
+    abandon();
+    path_ = std::move(other.path_);
+    temp_ = std::move(other.temp_);
+    fd_ = std::exchange(other.fd_, -1);
+    bytes_ = other.bytes_;
+  }
+  return *this;
+}
+
+OutputFile::~OutputFile() { abandon(); }
+
+void OutputFile::abandon() {
+  if (fd_ < 0) return;
+  ::close(fd_);
+  ::unlink(temp_.c_str());
+  fd_ = -1;
+}
+
+Status OutputFile::write(std::span<const std::byte> bytes) {
+  TZ_ASSERT(fd_ >= 0);
+  std::size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t n = ::write(fd_, bytes.data() + done, bytes.size() - done);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      const int err = errno;
+      abandon();
+      return Status::from_errno(err, "write", path_);
+    }
+    done += static_cast<std::size_t>(n);
+  }
+  bytes_ += bytes.size();
+  return Status::ok();
+}
+
+Status OutputFile::write_at(std::uint64_t offset, std::span<const std::byte> bytes) {
+  TZ_ASSERT(fd_ >= 0);
+  std::size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t n = ::pwrite(fd_, bytes.data() + done, bytes.size() - done,
+                               static_cast<off_t>(offset + done));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      const int err = errno;
+      abandon();
+      return Status::from_errno(err, "write", path_);
+    }
+    done += static_cast<std::size_t>(n);
+  }
+  return Status::ok();
+}
+
+Status OutputFile::commit() {
+  TZ_ASSERT(fd_ >= 0);
+  if (::fsync(fd_) != 0) {
+    const int err = errno;
+    abandon();
+    return Status::from_errno(err, "fsync", path_);
+  }
+  const int fd = std::exchange(fd_, -1);
+  if (::close(fd) != 0) {
+    const int err = errno;
+    ::unlink(temp_.c_str());
+    return Status::from_errno(err, "close", path_);
+  }
+  if (::rename(temp_.c_str(), path_.c_str()) != 0) {
+    const int err = errno;
+    ::unlink(temp_.c_str());
+    return Status::from_errno(err, "rename into place", path_);
+  }
+  return fsync_folder(folder_of(path_));
+}
+
+Status write_output_file(std::string_view what, const std::string& path, std::string_view text,
+                         const std::vector<std::string>& inputs) {
+  TZ_ASSIGN_OR_RETURN(OutputFile out, OutputFile::create(what, path, inputs));
+  TZ_RETURN_IF_ERROR(out.write(text));
+  return out.commit();
+}
+
+}  // namespace tz
