@@ -126,7 +126,7 @@ Result<Setup> prepare(const EstimateFlags& f) {
     return Status::invalid_argument("--measure runs the config's own stage and offload; not with "
                                     "--all");
   }
-  TZ_ASSIGN_OR_RETURN(s.config, load_run_config(f.config_path, f.nvme_path));
+  TZ_ASSIGN_OR_RETURN(s.config, load_run_config("estimate", f.config_path, f.nvme_path));
   if (f.micro_batch > 0) {
     s.config.train_micro_batch_size_per_gpu = static_cast<std::uint64_t>(f.micro_batch);
     s.config.train_batch_size = 0;  // derived again from the new micro-batch

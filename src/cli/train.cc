@@ -70,13 +70,15 @@ struct TrainFlags {
   bool json = false;
 };
 
-// Set by SIGINT; every rank reads it after a step and the ranks agree (any rank's flag stops all)
-// through the per-step gather, so they all stop after the same step.
+// The signal that asked the run to stop: SIGINT (Ctrl-C) or SIGTERM (what cluster schedulers,
+// mpirun and srun send on preemption), 0 while none has. Every rank reads it after a step and
+// the ranks agree (any rank's flag stops all) through the per-step gather, so they all stop after
+// the same step, save when --save-dir is set, and remove their swap files on the way out.
 volatile std::sig_atomic_t g_interrupted = 0;
 
-extern "C" void on_sigint(int) {
-  g_interrupted = 1;
-  std::signal(SIGINT, SIG_DFL);  // a second Ctrl-C ends the process at once
+extern "C" void on_stop_signal(int sig) {
+  g_interrupted = sig;
+  std::signal(sig, SIG_DFL);  // the same signal again ends the process at once
 }
 
 // Everything checked before a rank starts; shared read-only by the rank threads.
@@ -151,7 +153,7 @@ Status check_nvme_path(const std::string& dir, std::uint64_t needed) {
 Result<RunSetup> prepare(const TrainFlags& f) {
   RunSetup s;
   s.flags = f;
-  TZ_ASSIGN_OR_RETURN(s.config, load_run_config(f.config_path, f.nvme_path));
+  TZ_ASSIGN_OR_RETURN(s.config, load_run_config("train", f.config_path, f.nvme_path));
   TZ_ASSIGN_OR_RETURN(s.shape, model::parse_model(f.model));
   const int seq = f.seq > 0 ? f.seq : s.shape.seq;
   if (f.seq < 0) return Status::invalid_argument("--seq must be positive");
@@ -162,6 +164,20 @@ Result<RunSetup> prepare(const TrainFlags& f) {
   }
   if (f.steps < 1) return Status::invalid_argument("--steps must be at least 1");
   if (f.ranks < 1) return Status::invalid_argument("--ranks must be at least 1");
+  {
+    // Each rank thread runs its own engine: device streams, the store's mover, an optimizer
+    // arena and its kernels' threads, each with its own buffers. Past a few per core they only
+    // add memory and context switches (200 on 2 cores grew to 8 GB without finishing a step).
+    const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    const int max_ranks = std::max(8, 8 * cores);
+    if (f.ranks > max_ranks) {
+      return Status::invalid_argument(
+          "--ranks " + std::to_string(f.ranks) + ": at most " + std::to_string(max_ranks) +
+          " ranks as threads on this machine's " + std::to_string(cores) +
+          " cores (each runs its own engine, streams and optimizer threads); for more ranks "
+          "run one process per rank under mpirun or srun");
+    }
+  }
   if (f.eval_every < 0) return Status::invalid_argument("--eval-every must be >= 0");
   if (f.eval_every > 0 && f.val_data.empty()) {
     return Status::invalid_argument("--eval-every needs --val-data");
@@ -456,6 +472,12 @@ Status run_rank(const RunSetup& s, int rank, gpu::Device& device, comm::Comm& co
     }
     TZ_RETURN_IF_ERROR(loader.restore(extra.trainer["loader"]));
     first_step = extra.trainer.value("next_step", 1);
+    if (first_step > f.steps) {
+      return Status::invalid_argument(
+          "--resume " + dir + ": the checkpoint already holds step " +
+          std::to_string(first_step - 1) + ", at or past --steps " + std::to_string(f.steps) +
+          "; nothing to train (--steps counts from the start of training: raise it)");
+    }
     if (reporter) reporter->line("resumed from " + dir + " at step " + std::to_string(first_step));
   }
   const auto save = [&](int step) -> Status {
@@ -602,7 +624,8 @@ int run(const TrainFlags& flags) {
       return 1;
     }
   }
-  std::signal(SIGINT, on_sigint);
+  std::signal(SIGINT, on_stop_signal);
+  std::signal(SIGTERM, on_stop_signal);
   RunSummary summary;
   Status st;
   const std::uint64_t budget = s.config.tierzero.device_budget;
@@ -628,6 +651,7 @@ int run(const TrainFlags& flags) {
         });
   }
   std::signal(SIGINT, SIG_DFL);
+  std::signal(SIGTERM, SIG_DFL);
   if (metrics != nullptr) std::fclose(metrics);
   if (!st.is_ok()) {
     std::fprintf(stderr, "%s\n", fail_line(st.message()).c_str());
@@ -644,7 +668,10 @@ int run(const TrainFlags& flags) {
     }
   }
   if (writes) print_summary(s, summary);
-  return summary.interrupted ? 130 : 0;
+  // 128 + the signal, as a shell reports a process the signal ended (130 for Ctrl-C, 143 for
+  // SIGTERM); a process stopped by another rank's signal reports SIGINT's.
+  if (!summary.interrupted) return 0;
+  return 128 + (g_interrupted != 0 ? static_cast<int>(g_interrupted) : SIGINT);
 }
 
 TZ_REGISTER_COMMAND([](CommandTree& tree) {

@@ -2,41 +2,42 @@
 // shared with `tierzero estimate`.
 #include "cli/train_setup.h"
 
-#include <fstream>
+#include <cstdio>
+
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 namespace tz::cli {
 
 ConfigLoad load_config_with_nvme_path(const std::string& config_path, const std::string& nvme_path) {
-  ConfigLoad plain = load_config_file(config_path);
-  if (nvme_path.empty()) return plain;
-  std::ifstream in(config_path, std::ios::binary);
-  std::stringstream text;
-  text << in.rdbuf();
-  nlohmann::json j = nlohmann::json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object()) return plain;  // its own errors say what is wrong
-  auto zero = j.find("zero_optimization");
-  if (zero == j.end() || !zero->is_object()) return plain;
-  for (const char* section : {"offload_param", "offload_optimizer"}) {
-    auto sec = zero->find(section);
-    if (sec == zero->end() || !sec->is_object()) continue;
-    auto device = sec->find("device");
-    if (device != sec->end() && device->is_string() && *device == "nvme") {
-      (*sec)["nvme_path"] = nvme_path;
-    }
-  }
-  return load_config_text(j.dump());
-}
-
-Result<Config> load_run_config(const std::string& config_path, const std::string& nvme_path) {
-  const ConfigLoad load = load_config_with_nvme_path(config_path, nvme_path);
-  if (!load.ok()) {
-    for (const ConfigDiagnostic& d : load.diagnostics) {
-      if (d.severity == ConfigDiagnostic::Severity::kError) {
-        return Status::invalid_argument(config_path + ": " + d.message);
+  if (nvme_path.empty()) return load_config_file(config_path);
+  return load_config_file(config_path, [&nvme_path](nlohmann::json& j) {
+    if (!j.is_object()) return;  // the loader's own errors say what is wrong
+    auto zero = j.find("zero_optimization");
+    if (zero == j.end() || !zero->is_object()) return;
+    for (const char* section : {"offload_param", "offload_optimizer"}) {
+      auto sec = zero->find(section);
+      if (sec == zero->end() || !sec->is_object()) continue;
+      auto device = sec->find("device");
+      if (device != sec->end() && device->is_string() && *device == "nvme") {
+        (*sec)["nvme_path"] = nvme_path;
       }
     }
+  });
+}
+
+Result<Config> load_run_config(const std::string& command, const std::string& config_path,
+                               const std::string& nvme_path) {
+  const ConfigLoad load = load_config_with_nvme_path(config_path, nvme_path);
+  for (const ConfigDiagnostic& d : load.diagnostics) {
+    if (d.severity == ConfigDiagnostic::Severity::kError) {
+      return Status::invalid_argument(config_path + ": " + d.message);
+    }
+  }
+  // Unknown keys are ignored, so a run must say so before its first step, as `config check`
+  // does: a misspelled key otherwise trains with its default without a word.
+  for (const ConfigDiagnostic& d : load.diagnostics) {
+    std::fprintf(stderr, "tierzero %s: warning: %s: %s\n", command.c_str(), config_path.c_str(),
+                 d.message.c_str());
   }
   return load.config;
 }

@@ -19,8 +19,10 @@ namespace tz::cli {
 ConfigLoad load_config_with_nvme_path(const std::string& config_path, const std::string& nvme_path);
 
 // The same, as a run takes it: the config, or kInvalidArgument with the first error's line
-// (naming the file).
-Result<Config> load_run_config(const std::string& config_path, const std::string& nvme_path);
+// (naming the file). Warnings (unknown keys) are printed on stderr as
+// "tierzero <command>: warning: <file>: <message>" before the run starts.
+Result<Config> load_run_config(const std::string& command, const std::string& config_path,
+                               const std::string& nvme_path);
 
 // bf16, fp16 or fp32, as the config's precision sections say.
 DType compute_dtype_of(const Config& config);

@@ -56,4 +56,17 @@ expect nvme_not_writable "not writable" --config "$work/nvme.json" --model "$mod
 expect nvme_too_small "needs about" --config "$work/nvme.json" --model "gpt2:layers=200,heads=16,embd=8192,vocab=256,seq=32" --steps 1 --data "$work/good.txt" --nvme-path "$work"
 expect device_budget_too_small "device" --config "$work/tiny_budget.json" --model "$model" --steps 1 --data "$work/good.txt"
 expect bad_config "stage" --config "$(dirname "$0")/../../configs/bad/stage4.json" --model "$model" --steps 1 --data "$work/good.txt"
+expect too_many_ranks "--ranks 200: at most" "${base[@]}" --data "$work/good.txt" --ranks 200
+printf '{"zero_optimizaton": {"stage": 3}}' > "$work/misspelled.json"
+expect misspelled_section "did you mean zero_optimization?" --config "$work/misspelled.json" --model "$model" --steps 1 --data "$work/good.txt"
+printf '{"optimizer": {"params": {"lr": 1e400}}}' > "$work/overflow.json"
+expect number_overflow "optimizer.params.lr" --config "$work/overflow.json" --model "$model" --steps 1 --data "$work/good.txt"
+# Resuming at or past --steps says so instead of "0 steps, final loss 0".
+"$tz" train "${base[@]}" --data "$work/good.txt" --save-dir "$work/ck" > /dev/null 2>&1 || bad "1-step save failed"
+expect resume_past_steps "at or past --steps 1" "${base[@]}" --data "$work/good.txt" --resume "$work/ck"
+# Unknown keys are ignored but said, by train as by config check.
+printf '{"trian_batch_size": 4}' > "$work/unknown.json"
+err=$("$tz" train --config "$work/unknown.json" --model "$model" --steps 1 --data "$work/good.txt" 2>&1 >/dev/null)
+printf '%s\n' "$err" | grep -qF "tierzero train: warning: $work/unknown.json: trian_batch_size: unknown key, ignored (did you mean train_batch_size?)" \
+  && ok "unknown key warned by train" || bad "train did not warn about trian_batch_size: $err"
 exit $fail
