@@ -280,19 +280,12 @@ void check_machine(const Setup& s, Estimate& e) {
     for (const std::string& dir : e.paths) {
       // Every rank stripes its swap files over every path.
       const std::uint64_t need = n * e.plan.swap_bytes_per_path;
-      struct statvfs vfs {};
-      Estimate::Check c{"nvme", true, ""};
-      if (::statvfs(dir.c_str(), &vfs) != 0) {
-        c.ok = false;
-        c.text = "nvme: " + dir + ": cannot stat (" + std::string(std::strerror(errno)) +
-                 "); give --nvme-path an existing directory";
-      } else {
-        const std::uint64_t free_bytes = static_cast<std::uint64_t>(vfs.f_bavail) * vfs.f_frsize;
-        c.ok = need <= free_bytes;
-        c.text = "nvme: " + dir + ": " + std::to_string(n) + " x " +
-                 gib(e.plan.swap_bytes_per_path) + " of swap, " + gib(free_bytes) + " free";
-        if (!c.ok) c.text += ": over; free space, add a path or keep more state in host memory";
-      }
+      // The same check as `tierzero train` makes before its first step.
+      const Status st = check_swap_path(dir, need);
+      Estimate::Check c{"nvme", st.is_ok(), ""};
+      c.text = "nvme: " + dir + ": " + std::to_string(n) + " x " +
+               gib(e.plan.swap_bytes_per_path) + " of swap";
+      if (!st.is_ok()) c.text += ": " + st.message();
       e.checks.push_back(c);
     }
   }

@@ -3,8 +3,6 @@
 // (--ranks) or one rank per process under mpirun/srun. Everything a run can get wrong up front
 // (model, data, flags against the config, NVMe space) is checked before the first step; every
 // step is reported as a progress bar, a plain line and a --metrics JSON line.
-#include <fcntl.h>
-#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -32,6 +30,7 @@
 #include "comm/launch_env.h"
 #include "comm/select.h"
 #include "core/config.h"
+#include "core/output_file.h"
 #include "core/progress.h"
 #include "core/trace.h"
 #include "core/units.h"
@@ -61,7 +60,7 @@ struct TrainFlags {
   std::string save_weights;
   std::string save_dir;  // checkpoints (docs/checkpoints.md)
   int save_every = 0;
-  int keep = 0;
+  int keep = 3;  // a run saving every step would otherwise keep every checkpoint
   std::string resume;
   std::string metrics;
   std::string trace_out;
@@ -124,29 +123,6 @@ std::uint64_t optimizer_state_bytes_per_param(const Config& c) {
   if (t == "Adam" || t == "AdamW") return 2 * state;
   if (t == "SGD") return c.optimizer.momentum > 0 ? state : 0;
   return state;  // Lion's m, Adagrad's sum
-}
-
-// A directory the swap files go to must accept a new file and hold `needed` bytes.
-Status check_nvme_path(const std::string& dir, std::uint64_t needed) {
-  const std::string probe = dir + "/.tierzero-train-probe-" + std::to_string(::getpid());
-  const int fd = ::open(probe.c_str(), O_CREAT | O_EXCL | O_WRONLY, 0600);
-  if (fd < 0) {
-    return Status::invalid_argument("NVMe path " + dir +
-                                    " is not writable: " + std::strerror(errno) +
-                                    " (give --nvme-path a directory you can write to)");
-  }
-  ::close(fd);
-  ::unlink(probe.c_str());
-  struct statvfs vfs {};
-  if (::statvfs(dir.c_str(), &vfs) != 0) return Status::from_errno(errno, "statvfs", dir);
-  const std::uint64_t free_bytes = static_cast<std::uint64_t>(vfs.f_bavail) * vfs.f_frsize;
-  if (free_bytes < needed) {
-    return Status::no_space(
-        "NVMe path " + dir + " has " + format_bytes(static_cast<double>(free_bytes)) +
-        " free but the offloaded state needs about " + format_bytes(static_cast<double>(needed)) +
-        " (free space, or offload less to nvme)");
-  }
-  return Status::ok();
 }
 
 // The checks that need no rank: config, model, flags against the config, data, NVMe space.
@@ -242,7 +218,22 @@ Result<RunSetup> prepare(const TrainFlags& f) {
                                       ": an offload device is nvme but no nvme_path is set "
                                       "(give --nvme-path DIR)");
     }
-    TZ_RETURN_IF_ERROR(check_nvme_path(dir, bytes));
+    TZ_RETURN_IF_ERROR(check_swap_path(dir, bytes));
+  }
+
+  // Every output the run will write, checked now rather than after the work: the folder can be
+  // written (made when missing), the file is none of the inputs, and a checkpoint (fp32 master
+  // plus the optimizer's state, as the save writes them) fits in the free space.
+  const std::vector<std::string> inputs = {f.config_path, f.data, f.val_data, f.init};
+  if (!f.save_weights.empty()) {
+    TZ_RETURN_IF_ERROR(check_output("--save-weights", f.save_weights, inputs));
+  }
+  const std::string trace = !f.trace_out.empty() ? f.trace_out : c.tierzero.trace_path;
+  if (!trace.empty()) TZ_RETURN_IF_ERROR(check_output("--trace-out", trace, inputs));
+  if (!f.metrics.empty()) TZ_RETURN_IF_ERROR(check_output("--metrics", f.metrics, inputs));
+  if (!f.save_dir.empty()) {
+    TZ_RETURN_IF_ERROR(
+        check_folder("--save-dir", f.save_dir, params * (4 + optimizer_state_bytes_per_param(c))));
   }
 
   const std::int64_t per_micro = static_cast<std::int64_t>(b) * seq;
@@ -710,7 +701,7 @@ TZ_REGISTER_COMMAND([](CommandTree& tree) {
                   "and Ctrl-C); crash-consistent, by parameter (docs/checkpoints.md)");
   cmd->add_option("--save-every", f->save_every, "Steps between checkpoints (0: only at the end)")
       ->check(CLI::NonNegativeNumber);
-  cmd->add_option("--keep", f->keep, "Checkpoints to keep (0: all)")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--keep", f->keep, "Checkpoints to keep, newest first (default 3; 0: all)")->check(CLI::NonNegativeNumber);
   cmd->add_option("--resume", f->resume,
                   "Continue from a checkpoint (DIR/step-N) or the latest in DIR; any rank count, "
                   "stage or offload (a reshard)");

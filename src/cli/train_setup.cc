@@ -6,6 +6,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/output_file.h"
+
 namespace tz::cli {
 
 ConfigLoad load_config_with_nvme_path(const std::string& config_path, const std::string& nvme_path) {
@@ -40,6 +42,11 @@ Result<Config> load_run_config(const std::string& command, const std::string& co
                  d.message.c_str());
   }
   return load.config;
+}
+
+Status check_swap_path(const std::string& dir, std::uint64_t needed_bytes) {
+  // Not created when missing: a mistyped mount point would otherwise fill the root file system.
+  return check_folder("NVMe path", dir, needed_bytes, /*create=*/false);
 }
 
 DType compute_dtype_of(const Config& config) {

@@ -24,6 +24,10 @@ ConfigLoad load_config_with_nvme_path(const std::string& config_path, const std:
 Result<Config> load_run_config(const std::string& command, const std::string& config_path,
                                const std::string& nvme_path);
 
+// A folder the swap files go to (`tierzero train` and `estimate` check it alike): it must exist,
+// be a folder, accept a new file and have `needed_bytes` free (the shortfall named).
+Status check_swap_path(const std::string& dir, std::uint64_t needed_bytes);
+
 // bf16, fp16 or fp32, as the config's precision sections say.
 DType compute_dtype_of(const Config& config);
 

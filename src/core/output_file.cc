@@ -78,6 +78,7 @@ Status check_output(std::string_view what, const std::string& path,
     return Status::invalid_argument(prefixed(what, path + " is a folder, not a file"));
   }
   for (const std::string& in : inputs) {
+    if (in.empty()) continue;
     struct stat st {};
     const bool same = exists ? (::stat(in.c_str(), &st) == 0 && st.st_dev == out.st_dev &&
                                 st.st_ino == out.st_ino)
@@ -87,14 +88,28 @@ Status check_output(std::string_view what, const std::string& path,
                                                          "); write the output elsewhere"));
     }
   }
-  const std::string dir = folder_of(path);
-  TZ_RETURN_IF_ERROR(with_what(what, make_folders(dir)));
+  // The old file's bytes come back once the rename replaces it.
+  const std::uint64_t reclaimed = exists ? static_cast<std::uint64_t>(out.st_size) : 0;
+  return check_folder(what, folder_of(path),
+                      needed_bytes > reclaimed ? needed_bytes - reclaimed : 0);
+}
+
+Status check_folder(std::string_view what, const std::string& dir, std::uint64_t needed_bytes,
+                    bool create) {
+  struct stat st {};
+  if (::stat(dir.c_str(), &st) == 0) {
+    if (!S_ISDIR(st.st_mode)) {
+      return Status::invalid_argument(prefixed(what, dir + " is a file, not a folder"));
+    }
+  } else if (create) {
+    TZ_RETURN_IF_ERROR(with_what(what, make_folders(dir)));
+  } else {
+    return with_what(what, Status::from_errno(errno, "cannot use folder", dir));
+  }
   // Creating a file is the only reliable test (read-only mounts, ACLs, root on a read-only bind).
   const std::string probe = dir + "/.tierzero-probe." + std::to_string(::getpid());
   const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-  if (fd < 0) {
-    return with_what(what, Status::from_errno(errno, "cannot write in", dir));
-  }
+  if (fd < 0) return with_what(what, Status::from_errno(errno, "cannot write in", dir));
   ::close(fd);
   ::unlink(probe.c_str());
   if (needed_bytes > 0) {
@@ -103,16 +118,11 @@ Status check_output(std::string_view what, const std::string& path,
       return with_what(what, Status::from_errno(errno, "statvfs", dir));
     }
     const std::uint64_t free_bytes = static_cast<std::uint64_t>(vfs.f_bavail) * vfs.f_frsize;
-    // The old file's bytes come back once the rename replaces it.
-    const std::uint64_t reclaimed = exists ? static_cast<std::uint64_t>(out.st_size) : 0;
-    if (free_bytes + reclaimed < needed_bytes) {
-      return Status::no_space(
-          prefixed(what, path + " needs " + format_bytes(static_cast<double>(needed_bytes)) +
-                             " but " + dir + " has " +
-                             format_bytes(static_cast<double>(free_bytes)) + " free (short by " +
-                             format_bytes(static_cast<double>(needed_bytes - free_bytes -
-                                                              reclaimed)) +
-                             ")"));
+    if (free_bytes < needed_bytes) {
+      return Status::no_space(prefixed(
+          what, dir + " has " + format_bytes(static_cast<double>(free_bytes)) + " free but " +
+                    format_bytes(static_cast<double>(needed_bytes)) + " are needed (short by " +
+                    format_bytes(static_cast<double>(needed_bytes - free_bytes)) + ")"));
     }
   }
   return Status::ok();

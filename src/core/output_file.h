@@ -21,6 +21,15 @@ namespace tz {
 // the folder that could not be made; kInvalidArgument when a component is a file.
 Status make_folders(const std::string& dir);
 
+// Checks, before any work, that files can be created in the folder `dir` (a probe file is created
+// and removed) and, when `needed_bytes` > 0, that its file system has that much free space (the
+// shortfall named). With `create` the folder and its parents are made when missing; without it a
+// missing folder is an error. `what` names the folder's role in messages ("NVMe path",
+// "--save-dir"). kInvalidArgument for a path that is not a folder, kNoSpace for too little space,
+// the errno's category for the rest.
+Status check_folder(std::string_view what, const std::string& dir, std::uint64_t needed_bytes = 0,
+                    bool create = true);
+
 // Checks, before any work, that `path` can be written as an output: its folder exists or can be
 // created, a file can be created in it (a probe file is created and removed), `path` is not a
 // folder, and it is none of `inputs` (the same file by device and inode, or by path when it does

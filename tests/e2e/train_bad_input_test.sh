@@ -52,10 +52,15 @@ expect steps_zero "--steps" --config "$work/stage0.json" --model "$model" --step
 expect eval_without_val "--eval-every needs --val-data" "${base[@]}" --data "$work/good.txt" --eval-every 2
 expect nvme_flag_no_offload "offloads nothing to nvme" "${base[@]}" --data "$work/good.txt" --nvme-path "$work"
 expect batch_contradicts_ranks "contradicts" --config "$work/contradict.json" --model "$model" --steps 1 --ranks 2 --data "$work/good.txt"
-expect nvme_not_writable "not writable" --config "$work/nvme.json" --model "$model" --steps 1 --data "$work/good.txt" --nvme-path "$work/notadir"
-expect nvme_too_small "needs about" --config "$work/nvme.json" --model "gpt2:layers=200,heads=16,embd=8192,vocab=256,seq=32" --steps 1 --data "$work/good.txt" --nvme-path "$work"
+expect nvme_not_a_folder "is a file, not a folder" --config "$work/nvme.json" --model "$model" --steps 1 --data "$work/good.txt" --nvme-path "$work/notadir"
+expect nvme_too_small "short by" --config "$work/nvme.json" --model "gpt2:layers=200,heads=16,embd=8192,vocab=256,seq=32" --steps 1 --data "$work/good.txt" --nvme-path "$work"
 expect device_budget_too_small "device" --config "$work/tiny_budget.json" --model "$model" --steps 1 --data "$work/good.txt"
 expect bad_config "stage" --config "$(dirname "$0")/../../configs/bad/stage4.json" --model "$model" --steps 1 --data "$work/good.txt"
+# Outputs are checked before the first step, not after the work.
+expect save_weights_unwritable "--save-weights" "${base[@]}" --data "$work/good.txt" --save-weights "$work/notadir/w.safetensors"
+expect trace_is_input "is also an input" "${base[@]}" --data "$work/good.txt" --trace-out "$work/good.txt"
+expect save_dir_unwritable "--save-dir" "${base[@]}" --data "$work/good.txt" --save-dir "$work/notadir/ck"
+[ "$(head -c 4 "$work/good.txt")" = "The " ] && ok "the input named as output is unchanged" || bad "good.txt changed"
 expect too_many_ranks "--ranks 200: at most" "${base[@]}" --data "$work/good.txt" --ranks 200
 printf '{"zero_optimizaton": {"stage": 3}}' > "$work/misspelled.json"
 expect misspelled_section "did you mean zero_optimization?" --config "$work/misspelled.json" --model "$model" --steps 1 --data "$work/good.txt"
