@@ -1,6 +1,8 @@
 // Entry point of the `tierzero` executable: builds the command tree from the registered
 // subcommands (command.h), parses the command line and returns the command's exit code.
 #include <cstdio>
+#include <string>
+#include <vector>
 
 #include "cli/command.h"
 #include "core/log.h"
@@ -26,6 +28,49 @@ int& exit_code() {
   return code;
 }
 
+namespace {
+
+// The deepest command the parser reached ("tierzero bench nvme") and its App.
+CLI::App* reached(CLI::App& app, std::string& path) {
+  path = "tierzero";
+  CLI::App* cur = &app;
+  for (std::vector<CLI::App*> subs = cur->get_subcommands(); !subs.empty();
+       subs = cur->get_subcommands()) {
+    cur = subs.front();
+    path += " " + cur->get_name();
+  }
+  return cur;
+}
+
+std::string subcommand_list(CLI::App* app) {
+  std::string out;
+  for (CLI::App* sub : app->get_subcommands([](CLI::App*) { return true; })) {
+    out += (out.empty() ? "" : ", ") + sub->get_name();
+  }
+  return out;
+}
+
+// A command-line mistake follows the one error convention (docs/cli.md): one line
+// "tierzero <command>: <what is wrong>" on stderr and exit 1, whatever CLI11's own code is; a
+// missing or unknown subcommand lists the valid ones.
+int report_parse_error(CLI::App& app, const CLI::ParseError& e) {
+  std::string path;
+  CLI::App* cur = reached(app, path);
+  std::string what = e.what();
+  const bool needs_sub = cur->get_require_subcommand_min() > 0 && cur->get_subcommands().empty();
+  if (needs_sub) {
+    const std::vector<std::string> extra = cur->remaining();
+    if (!extra.empty() && !extra.front().empty() && extra.front()[0] != '-') {
+      what = "unknown command '" + extra.front() + "' (one of: " + subcommand_list(cur) + ")";
+    } else {
+      what = "a command is required (one of: " + subcommand_list(cur) + ")";
+    }
+  }
+  std::fprintf(stderr, "%s: %s\n", path.c_str(), what.c_str());
+  return 1;
+}
+
+}  // namespace
 }  // namespace tz::cli
 
 int main(int argc, char** argv) {
@@ -40,6 +85,16 @@ int main(int argc, char** argv) {
   });
   tz::cli::CommandTree tree{&app};
   for (const auto& reg : tz::cli::CommandRegistry::all()) reg(tree);
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    return tz::cli::report_parse_error(app, e);
+  }
   return tz::cli::exit_code();
 }
