@@ -1,10 +1,9 @@
 // `tierzero bench zero`: a synthetic layered model on the real ZeRO engine, as `bench store` is
 // for the store. Unit l is a dense layer h' = tanh(W_l h) (the last without tanh) over --tokens
 // rows of --hidden features, with loss 0.5 * mean over rows of |h_L - t|^2, computed on the host
-// with OpenBLAS sgemm (the device must be host-accessible: HostDevice). --ranks N runs N ranks
+// with ops/gemm.h's sgemm (the device must be host-accessible: HostDevice). --ranks N runs N ranks
 // as threads (LocalComm, one HostDevice each). Prints one JSON object per step and a summary
 // (--json), or a table.
-#include <cblas.h>
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -27,6 +26,7 @@
 #include "core/config.h"
 #include "core/dtype.h"
 #include "core/units.h"
+#include "ops/gemm.h"
 #include "zero/engine.h"
 
 namespace tz::cli {
@@ -188,8 +188,7 @@ class LayeredModel {
       auto& in = acts[static_cast<std::size_t>(l)];
       auto& out = acts[static_cast<std::size_t>(l) + 1];
       // out[t x h] = in[t x h] * W^T
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, tokens_, hidden_, hidden_, 1.0f,
-                  in.data(), hidden_, w.data(), hidden_, 0.0f, out.data(), hidden_);
+      ops::cpu_sgemm(0, false, true, t, h, h, in.data(), h, w.data(), h, 0.0f, out.data(), h);
       if (l + 1 < layers_) {
         for (float& x : out) x = std::tanh(x);
       }
@@ -217,10 +216,8 @@ class LayeredModel {
         for (std::size_t i = 0; i < dh.size(); ++i) dh[i] *= 1.0f - out[i] * out[i];
       }
       // dW[h x h] = dz^T * in; din[t x h] = dz * W
-      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, hidden_, hidden_, tokens_, 1.0f,
-                  dh.data(), hidden_, in.data(), hidden_, 0.0f, dw.data(), hidden_);
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, tokens_, hidden_, hidden_, 1.0f,
-                  dh.data(), hidden_, w.data(), hidden_, 0.0f, din.data(), hidden_);
+      ops::cpu_sgemm(0, true, false, h, h, t, dh.data(), h, in.data(), h, 0.0f, dw.data(), h);
+      ops::cpu_sgemm(0, false, false, t, h, h, dh.data(), h, w.data(), h, 0.0f, din.data(), h);
       for (std::size_t i = 0; i < h * h; ++i) store_value(g[0], i, dw[i]);
       TZ_RETURN_IF_ERROR(e_.release(id));
       TZ_RETURN_IF_ERROR(e_.reduce(id));
