@@ -17,6 +17,7 @@
 #include <mutex>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -171,6 +172,9 @@ class LayeredModel {
   Result<double> micro_batch(std::uint64_t data_seed) {
     const auto h = static_cast<std::size_t>(hidden_);
     const auto t = static_cast<std::size_t>(tokens_);
+    // The ranks share this machine's cores (as threads, or as processes on one node).
+    const int gt = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) /
+                                   std::max(1, e_.world_size()));
     std::vector<std::vector<float>> acts(static_cast<std::size_t>(layers_) + 1,
                                          std::vector<float>(t * h));
     std::vector<float> target(t * h);
@@ -188,7 +192,7 @@ class LayeredModel {
       auto& in = acts[static_cast<std::size_t>(l)];
       auto& out = acts[static_cast<std::size_t>(l) + 1];
       // out[t x h] = in[t x h] * W^T
-      ops::cpu_sgemm(0, false, true, t, h, h, in.data(), h, w.data(), h, 0.0f, out.data(), h);
+      ops::cpu_sgemm(gt, false, true, t, h, h, in.data(), h, w.data(), h, 0.0f, out.data(), h);
       if (l + 1 < layers_) {
         for (float& x : out) x = std::tanh(x);
       }
@@ -216,8 +220,8 @@ class LayeredModel {
         for (std::size_t i = 0; i < dh.size(); ++i) dh[i] *= 1.0f - out[i] * out[i];
       }
       // dW[h x h] = dz^T * in; din[t x h] = dz * W
-      ops::cpu_sgemm(0, true, false, h, h, t, dh.data(), h, in.data(), h, 0.0f, dw.data(), h);
-      ops::cpu_sgemm(0, false, false, t, h, h, dh.data(), h, w.data(), h, 0.0f, din.data(), h);
+      ops::cpu_sgemm(gt, true, false, h, h, t, dh.data(), h, in.data(), h, 0.0f, dw.data(), h);
+      ops::cpu_sgemm(gt, false, false, t, h, h, dh.data(), h, w.data(), h, 0.0f, din.data(), h);
       for (std::size_t i = 0; i < h * h; ++i) store_value(g[0], i, dw[i]);
       TZ_RETURN_IF_ERROR(e_.release(id));
       TZ_RETURN_IF_ERROR(e_.reduce(id));
