@@ -295,7 +295,7 @@ std::string gemm_report_line(const GemmReport& r) {
            std::to_string(r.fp32_lanes) + " lanes x 2)";
     }
   }
-  if (r.below_cpu) s += " [BELOW THE CPU]";
+  for (const std::string& w : r.warnings) s += "; warning: " + w;
   return s;
 }
 

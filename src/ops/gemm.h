@@ -48,7 +48,8 @@ struct GemmReport {
 GemmReport cpu_gemm_report(int threads, bool measure);
 
 // One line for headers: "GEMM: oneDNN 2.6.3 (OpenMP), kernels avx2 (CPU allows avx2), sgemm
-// 1024x768 * 768x2304 on 2 threads 150.2 GFLOP/s = 0.81 of FMA peak 185.6 (...)".
+// 1024x768 * 768x2304 on 2 threads 150.2 GFLOP/s = 0.81 of FMA peak 185.6 (...)", then each
+// warning ("; warning: ...").
 std::string gemm_report_line(const GemmReport& r);
 
 // Rank of a oneDNN ISA name in the order sse41 < avx < avx2 < avx2_vnni < avx512_core <
