@@ -9,7 +9,8 @@ packages=(
   liburing-dev libaio-dev libtbb-dev libhwloc-dev hwloc
   libgtest-dev libgmock-dev libbenchmark-dev
   libopenmpi-dev openmpi-bin
-  nlohmann-json3-dev libcli11-dev libxxhash-dev libhwy-dev libopenblas-pthread-dev
+  nlohmann-json3-dev libcli11-dev libxxhash-dev libhwy-dev libdnnl-dev
+  libopenblas-pthread-dev libblis-dev libblis4-pthread
   fio util-linux e2fsprogs python3 python3-venv
   bible-kjv
 )

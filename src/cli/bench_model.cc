@@ -20,6 +20,7 @@
 #include "cli/command.h"
 #include "core/config.h"
 #include "model/gpt2.h"
+#include "ops/gemm.h"
 #include "zero/engine.h"
 
 namespace tz::cli {
@@ -106,6 +107,7 @@ Status run(const ModelBenchOptions& o) {
   result["seq"] = length;
   result["dtype"] = "fp32";
   result["threads"] = o.threads;
+  result["gemm"] = ops::gemm_report_line(ops::cpu_gemm_report(o.threads, /*measure=*/true));
   const Status ranks = zero::run_local_ranks(1, budget, [&](int, gpu::Device& dev,
                                                             comm::Comm& comm) -> Status {
     TZ_ASSIGN_OR_RETURN(std::unique_ptr<zero::Engine> engine, zero::Engine::create(eo, dev, comm));
@@ -161,6 +163,7 @@ Status run(const ModelBenchOptions& o) {
   if (o.json) {
     std::printf("%s\n", result.dump().c_str());
   } else {
+    std::printf("%s\n", result["gemm"].get<std::string>().c_str());
     std::printf("model %s  batch %d  seq %d  loss %.6f", shape.name.c_str(), batch, length,
                 result["loss"].get<double>());
     if (result.contains("fwd_bwd_s_median")) {

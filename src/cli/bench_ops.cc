@@ -17,6 +17,7 @@
 #include "cli/command.h"
 #include "core/dtype.h"
 #include "gpu/select.h"
+#include "ops/gemm.h"
 #include "ops/ops.h"
 
 namespace tz::cli {
@@ -287,6 +288,10 @@ int run(const OpsBenchOptions& opt) {
     if (Status st = dev.synchronize(); !st.is_ok()) return fail(st);
   }
   const std::string backend((*o)->name());
+  // The CPU GEMM's library, kernel target and quick sgemm against the FMA peak (as `info` prints).
+  const std::string gemm_line =
+      backend.rfind("cpu", 0) == 0 ? ops::gemm_report_line(ops::cpu_gemm_report(opt.threads, true))
+                                   : std::string();
   if (opt.json) {
     for (const BenchResult& r : results) {
       json j;
@@ -309,6 +314,7 @@ int run(const OpsBenchOptions& opt) {
         j["fraction_of_peak"] = r.c.flops / r.median_s / 1e9 / r.peak_gflops;
       }
       j["machine"] = machine_json();
+      if (!gemm_line.empty()) j["gemm"] = gemm_line;
       std::printf("%s\n", j.dump().c_str());
     }
     return 0;
@@ -316,6 +322,7 @@ int run(const OpsBenchOptions& opt) {
   std::printf("bench ops: %s, act %s, param %s, median of %d\n", backend.c_str(),
               std::string(dtype_name(*act)).c_str(), std::string(dtype_name(*param)).c_str(),
               opt.repeat);
+  if (!gemm_line.empty()) std::printf("%s\n", gemm_line.c_str());
   std::printf("%-20s %-4s %-22s %10s %9s %8s %9s %7s\n", "op", "pass", "shape", "median ms",
               "GFLOP/s", "GB/s", "GEMM pk", "of pk");
   for (const BenchResult& r : results) {

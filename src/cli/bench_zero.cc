@@ -1,10 +1,9 @@
 // `tierzero bench zero`: a synthetic layered model on the real ZeRO engine, as `bench store` is
 // for the store. Unit l is a dense layer h' = tanh(W_l h) (the last without tanh) over --tokens
 // rows of --hidden features, with loss 0.5 * mean over rows of |h_L - t|^2, computed on the host
-// with OpenBLAS sgemm (the device must be host-accessible: HostDevice). --ranks N runs N ranks
+// with ops/gemm.h's sgemm (the device must be host-accessible: HostDevice). --ranks N runs N ranks
 // as threads (LocalComm, one HostDevice each). Prints one JSON object per step and a summary
 // (--json), or a table.
-#include <cblas.h>
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -18,6 +17,7 @@
 #include <mutex>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -27,6 +27,7 @@
 #include "core/config.h"
 #include "core/dtype.h"
 #include "core/units.h"
+#include "ops/gemm.h"
 #include "zero/engine.h"
 
 namespace tz::cli {
@@ -171,6 +172,9 @@ class LayeredModel {
   Result<double> micro_batch(std::uint64_t data_seed) {
     const auto h = static_cast<std::size_t>(hidden_);
     const auto t = static_cast<std::size_t>(tokens_);
+    // The ranks share this machine's cores (as threads, or as processes on one node).
+    const int gt = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) /
+                                   std::max(1, e_.world_size()));
     std::vector<std::vector<float>> acts(static_cast<std::size_t>(layers_) + 1,
                                          std::vector<float>(t * h));
     std::vector<float> target(t * h);
@@ -188,8 +192,7 @@ class LayeredModel {
       auto& in = acts[static_cast<std::size_t>(l)];
       auto& out = acts[static_cast<std::size_t>(l) + 1];
       // out[t x h] = in[t x h] * W^T
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, tokens_, hidden_, hidden_, 1.0f,
-                  in.data(), hidden_, w.data(), hidden_, 0.0f, out.data(), hidden_);
+      ops::cpu_sgemm(gt, false, true, t, h, h, in.data(), h, w.data(), h, 0.0f, out.data(), h);
       if (l + 1 < layers_) {
         for (float& x : out) x = std::tanh(x);
       }
@@ -217,10 +220,8 @@ class LayeredModel {
         for (std::size_t i = 0; i < dh.size(); ++i) dh[i] *= 1.0f - out[i] * out[i];
       }
       // dW[h x h] = dz^T * in; din[t x h] = dz * W
-      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, hidden_, hidden_, tokens_, 1.0f,
-                  dh.data(), hidden_, in.data(), hidden_, 0.0f, dw.data(), hidden_);
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, tokens_, hidden_, hidden_, 1.0f,
-                  dh.data(), hidden_, w.data(), hidden_, 0.0f, din.data(), hidden_);
+      ops::cpu_sgemm(gt, true, false, h, h, t, dh.data(), h, in.data(), h, 0.0f, dw.data(), h);
+      ops::cpu_sgemm(gt, false, false, t, h, h, dh.data(), h, w.data(), h, 0.0f, din.data(), h);
       for (std::size_t i = 0; i < h * h; ++i) store_value(g[0], i, dw[i]);
       TZ_RETURN_IF_ERROR(e_.release(id));
       TZ_RETURN_IF_ERROR(e_.reduce(id));

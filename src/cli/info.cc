@@ -21,6 +21,7 @@
 #include "cpu/topology.h"
 #include "gpu/probe.h"
 #include "nvme/probe.h"
+#include "ops/gemm.h"
 
 namespace tz::cli {
 namespace {
@@ -104,6 +105,36 @@ json kernel_report() {
   return j;
 }
 
+// The CPU backend's GEMM (ops/gemm.h): library, kernel target against what the CPU allows, a quick
+// sgemm on every core against the cores' FMA peak, 16-bit support, and warnings naming the setting.
+json gemm_report() {
+  const ops::GemmReport r = ops::cpu_gemm_report(0, /*measure=*/true);
+  json j;
+  j["library"] = r.library;
+  j["kernel_target"] = r.kernel_target;
+  j["cpu_target"] = r.cpu_target;
+  j["below_cpu"] = r.below_cpu;
+  j["isa_setting"] = r.isa_setting;
+  j["environment"] = r.environment;
+  j["threads"] = r.threads;
+  j["sgemm_shape"] = r.sgemm_shape;
+  j["sgemm_gflops"] = r.sgemm_gflops;
+  j["peak_gflops"] = r.peak_gflops;
+  j["fraction_of_peak"] = r.peak_gflops > 0 ? r.sgemm_gflops / r.peak_gflops : 0.0;
+  j["peak_formula"] = "threads x clock_ghz x fma_units x fp32_lanes x 2";
+  j["clock_ghz"] = r.clock_ghz;
+  j["clock_source"] = r.clock_source;
+  j["fma_units"] = r.fma_units;
+  j["fma_units_source"] = r.fma_units_source;
+  j["fp32_lanes"] = r.fp32_lanes;
+  j["cpu_native_bf16"] = r.cpu_bf16;
+  j["cpu_native_fp16"] = r.cpu_fp16;
+  j["half_precision"] = r.half_precision;
+  j["summary"] = ops::gemm_report_line(r);
+  j["warnings"] = r.warnings;
+  return j;
+}
+
 struct InfoOptions {
   std::vector<std::string> paths;
   bool as_json = false;
@@ -137,6 +168,7 @@ json collect(const InfoOptions& o) {
   for (const std::string& w : dp.warnings) warnings.push_back(w);
   d["warnings"] = warnings;
   j["data_path"] = d;
+  j["gemm"] = gemm_report();
   return j;
 }
 
@@ -170,7 +202,8 @@ TZ_REGISTER_COMMAND([](CommandTree& tree) {
   CLI::App* info = tree.root->add_subcommand(
       "info", "Report CPU SIMD, NUMA, memory and memlock, GPUs, NCCL/MPI, per --path: "
               "filesystem, free space, O_DIRECT, io_uring and libaio support, and the data path "
-              "this host takes (optimizer SIMD target, huge pages for staging) with warnings");
+              "this host takes (optimizer SIMD target, huge pages for staging), the GEMM library, its "
+              "kernel target and a quick sgemm against the FMA peak, with warnings");
   info->add_option("--path", opts->paths, "Directory to probe for swap files (repeatable)");
   info->add_flag("--json", opts->as_json, "Print one JSON object");
   info->callback([opts] {
@@ -179,8 +212,10 @@ TZ_REGISTER_COMMAND([](CommandTree& tree) {
       std::printf("%s\n", j.dump(2).c_str());
     } else {
       print_human(j, "");
-      for (const auto& w : j["data_path"]["warnings"]) {
-        std::fprintf(stderr, "tierzero info: warning: %s\n", w.get<std::string>().c_str());
+      for (const char* section : {"data_path", "gemm"}) {
+        for (const auto& w : j[section]["warnings"]) {
+          std::fprintf(stderr, "tierzero info: warning: %s\n", w.get<std::string>().c_str());
+        }
       }
     }
     exit_code() = 0;

@@ -1,8 +1,7 @@
-// The CPU backend of ops/ops.h: matmuls through OpenBLAS's sgemm, everything else from the Highway
+// The CPU backend of ops/ops.h: matmuls through ops/gemm.h (oneDNN), the rest from the Highway
 // primitives of cpu_kernels.cc, parallel with one oneTBB arena. Each op is one host_callback on
 // the caller's HostDevice stream; it takes the backend's run lock (ops of one backend run one at
 // a time, each using every thread) and converts 16-bit tensors to fp32 on the way in and out.
-#include <cblas.h>
 #include <tbb/blocked_range.h>
 #include <tbb/info.h>
 #include <tbb/parallel_for.h>
@@ -23,6 +22,7 @@
 
 #include "core/assert.h"
 #include "cpu/simd.h"
+#include "ops/gemm.h"
 #include "ops/internal/backends.h"
 #include "ops/internal/check.h"
 #include "ops/internal/cpu_kernels.h"
@@ -37,13 +37,6 @@ using std::size_t;
 constexpr size_t kAttnBlock = 64;        // query and key rows per attention block
 constexpr size_t kRowsPerChunk = 32;     // layernorm backward's fixed row chunks (determinism)
 constexpr size_t kElemsPerTask = 16384;  // grain of element-wise loops
-
-// OpenBLAS keeps one process-wide thread pool; calls from two threads at once (two backends, e.g.
-// ranks as threads) are serialised here rather than trusting the build's locking.
-std::mutex& blas_mutex() {
-  static std::mutex mu;
-  return mu;
-}
 
 // Per-thread fp32 scratch: slot `slot` with room for `n` floats (grows, never shrinks).
 float* tls_scratch(int slot, size_t n) {
@@ -97,9 +90,9 @@ size_t sz(std::int64_t v) { return static_cast<size_t>(v); }
 class CpuOps final : public Ops {
  public:
   CpuOps(gpu::Device& device, int threads) : device_(device), threads_(threads), arena_(threads) {
-    openblas_set_num_threads(threads);
-    name_ = "cpu (" + std::string(openblas_get_config()) + "; " + std::to_string(threads) +
-            " threads; " + cpu::simd_dispatch_target() + ")";
+    const GemmReport gemm = cpu_gemm_report(threads, /*measure=*/false);
+    name_ = "cpu (" + gemm.library + " sgemm " + gemm.kernel_target + "; " +
+            std::to_string(threads) + " threads; " + cpu::simd_dispatch_target() + ")";
   }
 
   gpu::Device& device() override { return device_; }
@@ -684,14 +677,11 @@ class CpuOps final : public Ops {
     });
   }
 
-  // C (m, n) = op(A) op(B) + beta C, row-major, fp32.
-  static void sgemm(bool trans_a, bool trans_b, size_t m, size_t n, size_t k, const float* a,
-                    size_t lda, const float* b, size_t ldb, float beta, float* c, size_t ldc) {
-    std::lock_guard<std::mutex> lock(blas_mutex());
-    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
-                trans_b ? CblasTrans : CblasNoTrans, static_cast<int>(m), static_cast<int>(n),
-                static_cast<int>(k), 1.0f, a, static_cast<int>(lda), b, static_cast<int>(ldb), beta,
-                c, static_cast<int>(ldc));
+  // C (m, n) = op(A) op(B) + beta C, row-major, fp32, on this backend's threads. No process-wide
+  // lock: each backend (each rank as a thread) runs its matmuls at the same time as the others.
+  void sgemm(bool trans_a, bool trans_b, size_t m, size_t n, size_t k, const float* a, size_t lda,
+             const float* b, size_t ldb, float beta, float* c, size_t ldc) const {
+    cpu_sgemm(threads_, trans_a, trans_b, m, n, k, a, lda, b, ldb, beta, c, ldc);
   }
 
   // Keys kn rows from k0 of one head, transposed into kt (hd x kAttnBlock), and its values into

@@ -81,7 +81,7 @@ class Ops {
   Ops& operator=(const Ops&) = delete;
 
   virtual gpu::Device& device() = 0;
-  // "cpu (OpenBLAS, 2 threads, AVX2)" or "cuda (cuBLAS 13.0, NVIDIA H100 ...)".
+  // "cpu (oneDNN 2.6.3 (OpenMP) sgemm avx2; 2 threads; AVX2)" or "cuda (cuBLAS 13.0, H100 ...)".
   virtual std::string_view name() const = 0;
 
   // --- Embedding ----------------------------------------------------------------------------
@@ -175,8 +175,8 @@ class Ops {
                                         gpu::Stream& stream) = 0;
 
   // --- The same-run ceiling of `tierzero bench ops` ------------------------------------------
-  // The backend's GEMM alone, C (m, n) = A (m, k) B (k, n), row-major, fp32 accumulation: OpenBLAS
-  // sgemm on the CPU (always fp32 there: BLAS has no 16-bit storage; the CPU backend converts),
+  // The backend's GEMM alone, C (m, n) = A (m, k) B (k, n), row-major, fp32 accumulation: oneDNN
+  // sgemm on the CPU (always fp32 there: the CPU backend widens 16-bit tensors; ops/gemm.h),
   // cublasGemmEx with `dtype` storage on CUDA. Operands are allocated here and filled with a
   // constant; one warm-up, then the median seconds of `repeats` runs. Synchronizes `stream`.
   // kOutOfMemory when the operands do not fit; kInvalidArgument for a size <= 0 or repeats < 1.

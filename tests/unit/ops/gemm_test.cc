@@ -1,0 +1,183 @@
+// The CPU backend's GEMM (ops/gemm.h): its kernel target is not below what this CPU supports
+// (judged here from the compiler's own cpuid probe, not the library's), and two backends on two
+// threads run their matmuls at the same time (both inside the sgemm path at once, observed by a
+// rendezvous that a process-wide lock would never let the second caller reach), with results
+// equal to a float64 reference.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <iostream>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gpu/host_device.h"
+#include "ops/gemm.h"
+#include "ops/internal/gemm_hook.h"
+#include "ops/ops.h"
+#include "ops_harness.h"
+
+namespace tz::ops {
+namespace {
+
+using testing::DeviceArrays;
+using testing::expect_close;
+using testing::random_vector;
+using testing::tolerance_for;
+using Vec = std::vector<double>;
+
+bool starts_with(const std::string& s, const std::string& prefix) {
+  return s.rfind(prefix, 0) == 0;
+}
+
+// What this CPU supports, from GCC's cpuid probe (which also checks that the OS saves the wider
+// registers): AVX-512 F/BW/DQ/VL calls for AVX-512 kernels, AVX2+FMA for AVX2 (or wider) kernels.
+TEST(GemmKernelTarget, IsNotBelowWhatTheCpuSupports) {
+  __builtin_cpu_init();
+  const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                      __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
+  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  if (!avx512 && !avx2) {
+    GTEST_SKIP() << "this CPU has neither AVX-512 F/BW/DQ/VL nor AVX2+FMA: no kernel target to "
+                    "judge against";
+  }
+  const GemmReport r = cpu_gemm_report(1, /*measure=*/false);
+  std::cout << "[ gemm ] " << gemm_report_line(r) << "\n";
+  const std::string& k = r.kernel_target;
+  const std::string how = r.isa_setting.empty() ? "" : " (" + r.isa_setting + " is set)";
+  if (avx512) {
+    EXPECT_TRUE(starts_with(k, "avx512"))
+        << "this CPU supports AVX-512 but the GEMM runs " << k << " kernels" << how;
+  } else {
+    EXPECT_TRUE(starts_with(k, "avx2") || starts_with(k, "avx512"))
+        << "this CPU supports AVX2+FMA but the GEMM runs " << k << " kernels" << how;
+  }
+  // The report's own judgment (over the whole ISA ladder) agrees, and warns when below.
+  EXPECT_FALSE(r.below_cpu) << r.kernel_target << " below " << r.cpu_target;
+  EXPECT_EQ(r.warnings.empty(), !r.below_cpu);
+  EXPECT_GE(gemm_isa_rank(r.cpu_target), gemm_isa_rank(avx512 ? "avx512_core" : "avx2"))
+      << "the report's CPU probe says " << r.cpu_target;
+  EXPECT_EQ(r.fp32_lanes, avx512 ? 16 : 8);
+}
+
+TEST(GemmReport, PeakFollowsItsFormulaAndTheQuickSgemmIsReal) {
+  const GemmReport r = cpu_gemm_report(1, /*measure=*/true);
+  std::cout << "[ gemm ] " << gemm_report_line(r) << "\n";
+  ASSERT_GT(r.clock_ghz, 0.2);
+  EXPECT_LT(r.clock_ghz, 10.0);
+  EXPECT_DOUBLE_EQ(r.peak_gflops, 1 * r.clock_ghz * r.fma_units * r.fp32_lanes * 2.0);
+  EXPECT_GT(r.sgemm_gflops, 0.0);
+  EXPECT_FALSE(r.library.empty());
+  EXPECT_NE(gemm_isa_rank(r.kernel_target), -1) << r.kernel_target;
+}
+
+// Both callers must be inside the sgemm path at once: each waits here for the other, up to a
+// deadline far past any sgemm of this test. A lock anywhere on the path (the old process-wide BLAS
+// mutex) would keep the second caller out while the first waits, and the deadline would pass.
+struct Rendezvous {
+  std::mutex mu;
+  std::condition_variable cv;
+  int arrived = 0;
+  int timed_out = 0;
+  std::vector<std::thread::id> threads;
+};
+Rendezvous* g_rendezvous = nullptr;
+
+void meet_the_other_caller() {
+  Rendezvous& rv = *g_rendezvous;
+  std::unique_lock<std::mutex> lock(rv.mu);
+  ++rv.arrived;
+  rv.threads.push_back(std::this_thread::get_id());
+  rv.cv.notify_all();
+  if (!rv.cv.wait_for(lock, std::chrono::seconds(30), [&] { return rv.arrived >= 2; })) {
+    ++rv.timed_out;
+  }
+}
+
+// One backend on its own HostDevice (its own stream worker thread), as a rank as a thread has.
+struct Rank {
+  std::unique_ptr<gpu::HostDevice> device;
+  std::unique_ptr<Ops> ops;
+  std::unique_ptr<DeviceArrays> arrays;
+  Tensor x, w, out;
+  Vec xv, wv;
+};
+
+Rank make_rank(int threads, std::uint64_t seed, int rows, int in, int out) {
+  Rank r;
+  auto d = gpu::HostDevice::create(256ull << 20);
+  TZ_ASSERT(d.is_ok(), "HostDevice");
+  r.device = std::move(*d);
+  auto o = Ops::create(*r.device, OpsOptions{threads});
+  TZ_ASSERT(o.is_ok(), "Ops::create");
+  r.ops = std::move(*o);
+  r.arrays = std::make_unique<DeviceArrays>(*r.device, r.device->compute_stream());
+  std::cout << "[ seed ] " << seed << "\n";
+  std::mt19937_64 rng(seed);
+  r.xv = random_vector(rng, static_cast<std::size_t>(rows) * in, -1, 1);
+  r.wv = random_vector(rng, static_cast<std::size_t>(in) * out, -1, 1);
+  r.x = r.arrays->upload(r.xv, DType::kF32);
+  r.w = r.arrays->upload(r.wv, DType::kF32);
+  r.out = r.arrays->zeros(static_cast<std::size_t>(rows) * out, DType::kF32);
+  return r;
+}
+
+// out (rows, out) = x (rows, in) W (in, out), in float64.
+Vec matmul_ref(const Vec& x, const Vec& w, int rows, int in, int out) {
+  Vec y(static_cast<std::size_t>(rows) * out, 0.0);
+  for (int r = 0; r < rows; ++r) {
+    for (int k = 0; k < in; ++k) {
+      for (int c = 0; c < out; ++c) y[r * out + c] += x[r * in + k] * w[k * out + c];
+    }
+  }
+  return y;
+}
+
+void run_two_ranks_at_once(int threads, int rows, int in, int out) {
+  std::vector<Rank> ranks;
+  ranks.push_back(make_rank(threads, 20261203, rows, in, out));
+  ranks.push_back(make_rank(threads, 20261204, rows, in, out));
+  std::vector<std::thread> callers;
+  for (Rank& r : ranks) {
+    callers.emplace_back([&r, rows, in, out] {
+      gpu::Stream& s = r.device->compute_stream();
+      EXPECT_TRUE(r.ops->matmul_forward(r.out, r.x, r.w, WeightLayout::kInOut, Tensor{}, rows, in,
+                                        out, s)
+                      .is_ok());
+      EXPECT_TRUE(s.synchronize().is_ok());
+    });
+  }
+  for (std::thread& t : callers) t.join();
+  for (Rank& r : ranks) {
+    expect_close(r.arrays->download(r.out, static_cast<std::size_t>(rows) * out),
+                 matmul_ref(r.xv, r.wv, rows, in, out), tolerance_for(DType::kF32),
+                 "matmul forward on one of two concurrent ranks");
+  }
+}
+
+TEST(GemmConcurrency, TwoBackendsOnTwoThreadsAreInsideSgemmAtOnce) {
+  Rendezvous rv;
+  g_rendezvous = &rv;
+  internal::set_sgemm_entry_hook(&meet_the_other_caller);
+  run_two_ranks_at_once(/*threads=*/1, 37, 29, 41);
+  internal::set_sgemm_entry_hook(nullptr);
+  g_rendezvous = nullptr;
+  EXPECT_EQ(rv.arrived, 2);
+  EXPECT_EQ(rv.timed_out, 0) << "one sgemm waited 30 s for the other to enter: something on the "
+                                "path serialises backends";
+  ASSERT_EQ(rv.threads.size(), 2u);
+  EXPECT_NE(rv.threads[0], rv.threads[1]);
+}
+
+// Without the seam: two backends of two threads each, at GPT-2-like widths, at once; both exact.
+TEST(GemmConcurrency, TwoMultiThreadedBackendsAtOnceStayCorrect) {
+  run_two_ranks_at_once(/*threads=*/2, 256, 192, 320);
+}
+
+}  // namespace
+}  // namespace tz::ops
