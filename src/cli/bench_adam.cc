@@ -88,10 +88,7 @@ Result<cpu::OptimizerSpec> parse_optimizer(const std::string& name) {
                                   ": accepted adamw, adam, sgd, lion, adagrad");
 }
 
-int fail(const Status& st) {
-  std::fprintf(stderr, "bench adam: %s\n", st.to_string().c_str());
-  return st.code() == ErrorCode::kInvalidArgument ? 2 : 1;
-}
+int fail(const Status& st) { return report_failure("bench adam", st); }
 
 int run(const AdamBenchOptions& opts) {
   Result<std::uint64_t> params = parse_count(opts.params);

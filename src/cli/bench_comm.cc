@@ -149,10 +149,10 @@ int run(const CommOptions& opts) {
   auto dtype = parse_dtype(opts.dtype);
   if (!backend.is_ok() || !choice.is_ok() || !min_b.is_ok() || !max_b.is_ok() || !dtype ||
       *min_b == 0 || *min_b > *max_b || opts.factor < 2) {
-    std::fprintf(stderr,
-                 "bench comm: bad option (backend auto|local|mpi|nccl, device auto|host|cuda, "
-                 "0 < --min-bytes <= --max-bytes, --factor >= 2, dtype fp32|bf16|fp16)\n");
-    return 2;
+    return report_failure(
+        "bench comm", Status::invalid_argument(
+                          "bad option (backend auto|local|mpi|nccl, device auto|host|cuda, "
+                          "0 < --min-bytes <= --max-bytes, --factor >= 2, dtype fp32|bf16|fp16)"));
   }
   std::vector<comm::CollectiveOp> ops;
   {
@@ -165,8 +165,8 @@ int run(const CommOptions& opts) {
         if (comm::collective_op_name(op) == name) ops.push_back(op), found = true;
       }
       if (!found) {
-        std::fprintf(stderr, "bench comm: unknown op '%s'\n", name.c_str());
-        return 2;
+        return report_failure("bench comm",
+                              Status::invalid_argument("--ops: unknown op '" + name + "'"));
       }
     }
   }
@@ -180,8 +180,7 @@ int run(const CommOptions& opts) {
   dopts.choice = *choice;
   auto device = gpu::open_device(dopts);
   if (!device.is_ok()) {
-    std::fprintf(stderr, "bench comm: %s\n", device.status().to_string().c_str());
-    return 1;
+    return report_failure("bench comm", device.status());
   }
   gpu::Device& dev = **device;
 
@@ -194,13 +193,12 @@ int run(const CommOptions& opts) {
                       comm::detect_launch_env().world_size == 1);
   if (local) {
     if (opts.ranks < 1 || opts.ranks > 256) {
-      std::fprintf(stderr, "bench comm: --ranks must be in [1, 256]\n");
-      return 2;
+      return report_failure("bench comm",
+                            Status::invalid_argument("--ranks must be in [1, 256]"));
     }
     auto group = comm::LocalComm::create_group(opts.ranks);
     if (!group.is_ok()) {
-      std::fprintf(stderr, "bench comm: %s\n", group.status().to_string().c_str());
-      return 1;
+      return report_failure("bench comm", group.status());
     }
     world = opts.ranks;
     backend_name = "local";
@@ -227,23 +225,20 @@ int run(const CommOptions& opts) {
   } else {
     auto c = comm::open_comm(dev, *backend);
     if (!c.is_ok()) {
-      std::fprintf(stderr, "bench comm: %s\n", c.status().to_string().c_str());
-      return 1;
+      return report_failure("bench comm", c.status());
     }
     world = (*c)->world_size();
     backend_name = std::string((*c)->backend());
     auto stream = dev.create_stream("comm");
     if (!stream.is_ok()) {
-      std::fprintf(stderr, "bench comm: %s\n", stream.status().to_string().c_str());
-      return 1;
+      return report_failure("bench comm", stream.status());
     }
     auto out = run_rank(**c, dev, **stream, cases, *dtype, opts);
     if (out.is_ok()) rows = std::move(*out); else failure = std::move(out).take_status();
     if ((*c)->rank() != 0) return failure.is_ok() ? 0 : 1;
   }
   if (!failure.is_ok()) {
-    std::fprintf(stderr, "bench comm: %s\n", failure.to_string().c_str());
-    return 1;
+    return report_failure("bench comm", failure);
   }
   const double peer = dev.kind() == gpu::DeviceKind::kHost ? memcpy_gbps(*max_b) : 0;
   if (opts.json) {

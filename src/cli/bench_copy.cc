@@ -92,30 +92,27 @@ struct Result1 {
 int run(const CopyOptions& opts) {
   auto size = parse_size(opts.size);
   if (!size.is_ok() || *size == 0) {
-    std::fprintf(stderr, "bench copy: --size %s: %s\n", opts.size.c_str(),
-                 size.is_ok() ? "must be > 0" : size.status().message().c_str());
-    return 2;
+    return report_failure("bench copy",
+                          Status::invalid_argument("--size " + opts.size + ": " +
+                                                   (size.is_ok() ? std::string("must be > 0")
+                                                                 : size.status().message())));
   }
   auto choice = gpu::parse_device_choice(opts.device);
   if (!choice.is_ok()) {
-    std::fprintf(stderr, "bench copy: %s\n", choice.status().message().c_str());
-    return 2;
+    return report_failure("bench copy", choice.status());
   }
   const std::size_t bytes = *size;
   gpu::DeviceOptions dopts;
   dopts.choice = *choice;
   auto device = gpu::open_device(dopts);
   if (!device.is_ok()) {
-    std::fprintf(stderr, "bench copy: %s\n", device.status().to_string().c_str());
-    return 1;
+    return report_failure("bench copy", device.status());
   }
   gpu::Device& dev = **device;
   auto d_in = dev.allocate(bytes);
   auto d_out = dev.allocate(bytes);
   if (!d_in.is_ok() || !d_out.is_ok()) {
-    std::fprintf(stderr, "bench copy: %s\n",
-                 (d_in.is_ok() ? d_out.status() : d_in.status()).to_string().c_str());
-    return 1;
+    return report_failure("bench copy", (d_in.is_ok() ? d_out.status() : d_in.status()));
   }
   // Touch the device buffers once: an untouched HostDevice page reads as the shared zero page,
   // which would make device-to-host copies look twice as fast as memory allows.
@@ -123,8 +120,7 @@ int run(const CopyOptions& opts) {
   if (init.is_ok()) init = dev.memset_async(d_out->data(), 0xa5, bytes, dev.compute_stream());
   if (init.is_ok()) init = dev.compute_stream().synchronize();
   if (!init.is_ok()) {
-    std::fprintf(stderr, "bench copy: %s\n", init.to_string().c_str());
-    return 1;
+    return report_failure("bench copy", init);
   }
   std::vector<Result1> results;
   double peer_gbps = 0;
@@ -132,9 +128,7 @@ int run(const CopyOptions& opts) {
     auto src = HostBuffer::create(dev, bytes, pinned);
     auto dst = HostBuffer::create(dev, bytes, pinned);
     if (!src.is_ok() || !dst.is_ok()) {
-      std::fprintf(stderr, "bench copy: %s\n",
-                   (src.is_ok() ? dst.status() : src.status()).to_string().c_str());
-      return 1;
+      return report_failure("bench copy", (src.is_ok() ? dst.status() : src.status()));
     }
     if (pinned) peer_gbps = memcpy_gbps(*src, *dst, bytes, opts.repeats);
     for (const char* direction : {"h2d", "d2h", "bidir"}) {
@@ -149,8 +143,7 @@ int run(const CopyOptions& opts) {
         if (st.is_ok()) st = dev.h2d_stream().synchronize();
         if (st.is_ok()) st = dev.d2h_stream().synchronize();
         if (!st.is_ok()) {
-          std::fprintf(stderr, "bench copy: %s\n", st.to_string().c_str());
-          return 1;
+          return report_failure("bench copy", st);
         }
         const double moved = static_cast<double>(bytes) * ((h2d ? 1 : 0) + (d2h ? 1 : 0));
         if (rep >= 0) gbps.push_back(moved / seconds_since(t0) / 1e9);

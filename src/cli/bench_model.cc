@@ -208,10 +208,7 @@ TZ_REGISTER_COMMAND([](CommandTree& tree) {
   cmd->add_flag("--json", opts->json, "One JSON object");
   cmd->callback([opts] {
     const Status s = run(*opts);
-    if (!s.is_ok()) {
-      std::fprintf(stderr, "tierzero bench model: %s\n", s.to_string().c_str());
-      exit_code() = 1;
-    }
+    if (!s.is_ok()) exit_code() = report_failure("bench model", s);
   });
 });
 

@@ -235,19 +235,16 @@ Result<std::vector<BenchCase>> build_cases(ops::Ops& o, Buffers& buf, const OpsB
 }
 
 int run(const OpsBenchOptions& opt) {
-  auto fail = [](const Status& st) {
-    std::fprintf(stderr, "bench ops: %s\n", st.to_string().c_str());
-    return 1;
-  };
+  auto fail = [](const Status& st) { return report_failure("bench ops", st); };
   const auto act = parse_dtype(opt.dtype);
   const auto param = parse_dtype(opt.param_dtype.empty() ? opt.dtype : opt.param_dtype);
   if (!act || !param) {
-    std::fprintf(stderr, "bench ops: --dtype/--param-dtype accept fp32, bf16, fp16\n");
-    return 2;
+    return fail(Status::invalid_argument("--dtype/--param-dtype accept fp32, bf16, fp16"));
   }
   if (opt.embd % opt.heads != 0) {
-    std::fprintf(stderr, "bench ops: --embd %d does not divide by --heads %d\n", opt.embd, opt.heads);
-    return 2;
+    return fail(Status::invalid_argument("--embd " + std::to_string(opt.embd) +
+                                         " does not divide by --heads " +
+                                         std::to_string(opt.heads)));
   }
   auto choice = gpu::parse_device_choice(opt.device);
   if (!choice.is_ok()) return fail(choice.status());

@@ -6,7 +6,10 @@
 #include <CLI/CLI.hpp>
 #include <functional>
 #include <string>
+#include <string_view>
 #include <vector>
+
+#include "core/status.h"
 
 namespace tz::cli {
 
@@ -29,6 +32,11 @@ struct Registrar {
 
 // Set by a command's callback; main returns it.
 int& exit_code();
+
+// The one error line of docs/cli.md: prints "tierzero <command>: <what failed>" on stderr (the
+// status's message, without its internal code name) and returns 1, the exit status of a failed
+// command. `command` is the command's words after "tierzero" ("bench nvme").
+int report_failure(std::string_view command, const Status& status);
 
 }  // namespace tz::cli
 

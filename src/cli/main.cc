@@ -28,6 +28,12 @@ int& exit_code() {
   return code;
 }
 
+int report_failure(std::string_view command, const Status& status) {
+  std::fprintf(stderr, "tierzero %.*s: %s\n", static_cast<int>(command.size()), command.data(),
+               status.message().c_str());
+  return 1;
+}
+
 namespace {
 
 // The deepest command the parser reached ("tierzero bench nvme") and its App.
