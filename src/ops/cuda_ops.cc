@@ -291,6 +291,47 @@ class CudaOps final : public Ops {
     return times[times.size() / 2];
   }
 
+ protected:
+  Limits limits() const override { return Limits{false, ck::kMaxHeadDim, 65535}; }
+
+  // The Llama-family ops are declared (ops.h) ahead of their kernels, which follow.
+  static Status not_yet(std::string_view op) {
+    return Status::internal(std::string(op) + ": not implemented yet in the CUDA backend");
+  }
+  Status rmsnorm_forward_impl(Tensor, float*, ConstTensor, ConstTensor, float, std::int64_t,
+                              std::int64_t, gpu::Stream&) override {
+    return not_yet("rmsnorm_forward");
+  }
+  Status rmsnorm_backward_impl(Tensor, Accumulate, Tensor, ConstTensor, ConstTensor, ConstTensor,
+                               const float*, std::int64_t, std::int64_t, gpu::Stream&) override {
+    return not_yet("rmsnorm_backward");
+  }
+  Status rope_impl(Tensor, const float*, std::int64_t, std::int64_t, std::int64_t, std::int64_t,
+                   std::int64_t, std::int64_t, bool, gpu::Stream&) override {
+    return not_yet("rope");
+  }
+  Status swiglu_forward_impl(Tensor, ConstTensor, ConstTensor, std::int64_t, std::int64_t,
+                             std::int64_t, gpu::Stream&) override {
+    return not_yet("swiglu_forward");
+  }
+  Status swiglu_backward_impl(Tensor, Tensor, ConstTensor, ConstTensor, ConstTensor, std::int64_t,
+                              std::int64_t, std::int64_t, gpu::Stream&) override {
+    return not_yet("swiglu_backward");
+  }
+  Status gqa_attention_forward_impl(Tensor, float*, ConstTensor, ConstTensor, ConstTensor,
+                                    std::int64_t, std::int64_t, std::int64_t, std::int64_t,
+                                    std::int64_t, std::int64_t, std::int64_t, std::int64_t, float,
+                                    gpu::Stream&) override {
+    return not_yet("gqa_attention_forward");
+  }
+  Status gqa_attention_backward_impl(Tensor, Tensor, Tensor, Accumulate, float*, ConstTensor,
+                                     ConstTensor, ConstTensor, ConstTensor, ConstTensor,
+                                     const float*, std::int64_t, std::int64_t, std::int64_t,
+                                     std::int64_t, std::int64_t, std::int64_t, std::int64_t, float,
+                                     gpu::Stream&) override {
+    return not_yet("gqa_attention_backward");
+  }
+
  private:
   struct NamedTensor {
     std::string_view name;

@@ -1,6 +1,7 @@
 // The model's kernels behind one interface (DESIGN.md, "ops/"): forward and backward of the token
 // and position embedding, layernorm, matmul with bias, causal self-attention, gelu, residual add and
-// the fused softmax + cross-entropy. Two backends, chosen by the device's kind: the CPU backend
+// the fused softmax + cross-entropy (GPT-2), and RMSNorm, rotary embedding, SwiGLU and
+// grouped-query causal attention with a KV-cache offset (the Llama family). Two backends, chosen by the device's kind: the CPU backend
 // (kHost: BLAS for the matmuls, Highway + oneTBB for the rest) and the CUDA backend (kCuda: cuBLAS,
 // .cu kernels). The per-element math both share is ops/ops_math.h.
 //
@@ -87,7 +88,8 @@ class Ops {
   // --- Embedding ----------------------------------------------------------------------------
   // out[b,t,:] = wte[tokens[b,t],:] + wpe[t,:] for b < batch, t < seq.
   // out: act (batch*seq, embd); tokens: int32 (batch*seq); wte: param (vocab, embd);
-  // wpe: param (>= seq, embd) (only its first seq rows are read).
+  // wpe: param (>= seq, embd) (only its first seq rows are read), or null: no learned positions
+  // (the Llama family), out = wte[tokens].
   virtual Status embedding_forward(Tensor out, const std::int32_t* tokens, ConstTensor wte,
                                    ConstTensor wpe, std::int64_t batch, std::int64_t seq,
                                    std::int64_t embd, std::int64_t vocab, gpu::Stream& stream) = 0;
@@ -174,6 +176,76 @@ class Ops {
                                         std::int64_t vocab, float grad_scale,
                                         gpu::Stream& stream) = 0;
 
+  // --- RMSNorm (HF LlamaRMSNorm / Qwen3RMSNorm) ---------------------------------------------
+  // out = x * rstd * weight per row, rstd = 1 / sqrt(mean(x^2) + eps), fp32 math. out, x: act
+  // (rows, dim); weight: param (dim); rstd: fp32 (rows), written (saved for backward); eps finite
+  // and >= 0. out may alias x. Qwen3's q_norm / k_norm are this op over rows = tokens * heads,
+  // dim = head_dim.
+  Status rmsnorm_forward(Tensor out, float* rstd, ConstTensor x, ConstTensor weight, float eps,
+                         std::int64_t rows, std::int64_t dim, gpu::Stream& stream);
+  // From the forward's x and rstd: dx (overwrite or add), dweight += (null: not wanted).
+  // dx may not alias dout or x.
+  Status rmsnorm_backward(Tensor dx, Accumulate dx_mode, Tensor dweight, ConstTensor dout,
+                          ConstTensor x, ConstTensor weight, const float* rstd, std::int64_t rows,
+                          std::int64_t dim, gpu::Stream& stream);
+
+  // --- Rotary position embedding (HF rotate_half convention, not interleaved) ----------------
+  // In place on x: act rows (b, t) for b < batch, t < seq, `row_stride` elements apart
+  // (>= heads * head_dim), each holding `heads` heads of head_dim at the row's start (so q or k
+  // inside a fused qkv row: x = qkv + offset, row_stride = the qkv row's length). With position
+  // p = pos_offset + t and angle_i = p * inv_freq[i] (fp32 product, then cos/sin, as HF), for
+  // i < head_dim / 2: y[i] = x[i] cos - x[i + D/2] sin, y[i + D/2] = x[i + D/2] cos + x[i] sin.
+  // inv_freq: fp32 device array (head_dim / 2) from rope_theta and rope_scaling (the model's).
+  // head_dim must be even; pos_offset >= 0 (the KV cache's length when decoding).
+  Status rope_forward(Tensor x, const float* inv_freq, std::int64_t batch, std::int64_t seq,
+                      std::int64_t heads, std::int64_t head_dim, std::int64_t row_stride,
+                      std::int64_t pos_offset, gpu::Stream& stream);
+  // The gradient through the rotation: the inverse rotation (angle -> -angle), in place on dx
+  // (laid out as the forward's x).
+  Status rope_backward(Tensor dx, const float* inv_freq, std::int64_t batch, std::int64_t seq,
+                       std::int64_t heads, std::int64_t head_dim, std::int64_t row_stride,
+                       std::int64_t pos_offset, gpu::Stream& stream);
+
+  // --- SwiGLU: out = silu(gate) * up -----------------------------------------------------------
+  // out: act (rows, dim), contiguous; gate, up: act rows `in_stride` elements apart (>= dim), so
+  // a fused [gate | up] matmul output works (in_stride = 2 * dim, up = gate + dim).
+  Status swiglu_forward(Tensor out, ConstTensor gate, ConstTensor up, std::int64_t rows,
+                        std::int64_t dim, std::int64_t in_stride, gpu::Stream& stream);
+  // dgate = dout * up * silu'(gate), dup = dout * silu(gate), both OVERWRITTEN, laid out as gate
+  // and up (rows in_stride apart; they may point into one fused [dgate | dup] buffer). Neither
+  // may alias dout, gate or up.
+  Status swiglu_backward(Tensor dgate, Tensor dup, ConstTensor dout, ConstTensor gate,
+                         ConstTensor up, std::int64_t rows, std::int64_t dim,
+                         std::int64_t in_stride, gpu::Stream& stream);
+
+  // --- Grouped-query causal attention (MHA when kv_heads == q_heads) --------------------------
+  // q: act (batch, q_len) rows `q_stride` elements apart, q_heads * head_dim at each row's start;
+  // k, v: act (batch, kv_len) rows `kv_stride` elements apart, kv_heads * head_dim each. Query
+  // head h uses kv head h / (q_heads / kv_heads) (q_heads % kv_heads == 0). Query i sits at
+  // absolute position kv_len - q_len + i (kv_len >= q_len) and sees keys 0 .. that position, so
+  // q_len == kv_len is training and q_len == 1 with kv_len = cache length + 1 is one decode step
+  // over a KV cache. out_h[i] = sum_j softmax_j(scale * q_h[i].k[j]) v[j] with `scale` (finite,
+  // > 0; 1/sqrt(head_dim) for the family). out: act (batch, q_len, q_heads * head_dim),
+  // contiguous. lse: fp32 (batch, q_heads, q_len), written: each row's log-sum-exp of the scaled
+  // scores, saved for backward. Blocked online softmax: never a q_len x kv_len buffer. The CUDA
+  // backend takes head_dim <= 128 and batch * q_heads <= 65535.
+  Status gqa_attention_forward(Tensor out, float* lse, ConstTensor q, ConstTensor k,
+                               ConstTensor v, std::int64_t batch, std::int64_t q_len,
+                               std::int64_t kv_len, std::int64_t q_heads, std::int64_t kv_heads,
+                               std::int64_t head_dim, std::int64_t q_stride,
+                               std::int64_t kv_stride, float scale, gpu::Stream& stream);
+  // Backward of the training case (q_len == kv_len == seq): dq, dk, dv laid out as q, k, v (same
+  // strides; they may point into one fused dqkv buffer, since they never overlap), each written
+  // by d_mode (overwrite or add), from the forward's out and lse and dout (laid out as out).
+  // delta: fp32 scratch (batch, q_heads, seq), overwritten (rowsum(dout * out)). Deterministic:
+  // dk and dv of a kv head sum its query heads in head order, no atomics.
+  Status gqa_attention_backward(Tensor dq, Tensor dk, Tensor dv, Accumulate d_mode, float* delta,
+                                ConstTensor dout, ConstTensor q, ConstTensor k, ConstTensor v,
+                                ConstTensor out, const float* lse, std::int64_t batch,
+                                std::int64_t seq, std::int64_t q_heads, std::int64_t kv_heads,
+                                std::int64_t head_dim, std::int64_t q_stride,
+                                std::int64_t kv_stride, float scale, gpu::Stream& stream);
+
   // --- The same-run ceiling of `tierzero bench ops` ------------------------------------------
   // The backend's GEMM alone, C (m, n) = A (m, k) B (k, n), row-major, fp32 accumulation: OpenBLAS
   // sgemm on the CPU (always fp32 there: BLAS has no 16-bit storage; the CPU backend converts),
@@ -185,6 +257,51 @@ class Ops {
 
  protected:
   Ops() = default;
+
+  // What a backend cannot take, checked by the public methods with every other argument.
+  struct Limits {
+    bool mixed_dtypes = true;       // act and param dtypes may differ (false: CUDA)
+    std::int64_t max_head_dim = 0;  // attention's head_dim bound (0: none)
+    std::int64_t max_batch_heads = 0;  // attention's batch * heads bound (0: none)
+  };
+  virtual Limits limits() const = 0;
+
+  // The backends' implementations of the public methods of the same name without the suffix,
+  // called after those validated every argument (ops.cc): they only enqueue the work.
+  virtual Status rmsnorm_forward_impl(Tensor out, float* rstd, ConstTensor x, ConstTensor weight,
+                                      float eps, std::int64_t rows, std::int64_t dim,
+                                      gpu::Stream& stream) = 0;
+  virtual Status rmsnorm_backward_impl(Tensor dx, Accumulate dx_mode, Tensor dweight,
+                                       ConstTensor dout, ConstTensor x, ConstTensor weight,
+                                       const float* rstd, std::int64_t rows, std::int64_t dim,
+                                       gpu::Stream& stream) = 0;
+  // inverse: the backward's rotation by -angle.
+  virtual Status rope_impl(Tensor x, const float* inv_freq, std::int64_t batch, std::int64_t seq,
+                           std::int64_t heads, std::int64_t head_dim, std::int64_t row_stride,
+                           std::int64_t pos_offset, bool inverse, gpu::Stream& stream) = 0;
+  virtual Status swiglu_forward_impl(Tensor out, ConstTensor gate, ConstTensor up,
+                                     std::int64_t rows, std::int64_t dim, std::int64_t in_stride,
+                                     gpu::Stream& stream) = 0;
+  virtual Status swiglu_backward_impl(Tensor dgate, Tensor dup, ConstTensor dout,
+                                      ConstTensor gate, ConstTensor up, std::int64_t rows,
+                                      std::int64_t dim, std::int64_t in_stride,
+                                      gpu::Stream& stream) = 0;
+  virtual Status gqa_attention_forward_impl(Tensor out, float* lse, ConstTensor q, ConstTensor k,
+                                            ConstTensor v, std::int64_t batch, std::int64_t q_len,
+                                            std::int64_t kv_len, std::int64_t q_heads,
+                                            std::int64_t kv_heads, std::int64_t head_dim,
+                                            std::int64_t q_stride, std::int64_t kv_stride,
+                                            float scale, gpu::Stream& stream) = 0;
+  virtual Status gqa_attention_backward_impl(
+      Tensor dq, Tensor dk, Tensor dv, Accumulate d_mode, float* delta, ConstTensor dout,
+      ConstTensor q, ConstTensor k, ConstTensor v, ConstTensor out, const float* lse,
+      std::int64_t batch, std::int64_t seq, std::int64_t q_heads, std::int64_t kv_heads,
+      std::int64_t head_dim, std::int64_t q_stride, std::int64_t kv_stride, float scale,
+      gpu::Stream& stream) = 0;
+
+ private:
+  // Every argument check of the public methods, written once for both backends (ops.cc).
+  Status check_stream(gpu::Stream& stream);
 };
 
 }  // namespace tz::ops
