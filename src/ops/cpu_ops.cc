@@ -14,7 +14,6 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
-#include <initializer_list>
 #include <memory>
 #include <mutex>
 #include <numeric>
@@ -24,7 +23,6 @@
 #include "core/assert.h"
 #include "cpu/simd.h"
 #include "ops/internal/backends.h"
-#include "ops/internal/check.h"
 #include "ops/internal/cpu_kernels.h"
 #include "ops/ops_math.h"
 
@@ -105,16 +103,14 @@ class CpuOps final : public Ops {
   gpu::Device& device() override { return device_; }
   std::string_view name() const override { return name_; }
 
-  Status embedding_forward(Tensor out, const std::int32_t* tokens, ConstTensor wte,
-                           ConstTensor wpe, std::int64_t batch, std::int64_t seq,
-                           std::int64_t embd, std::int64_t vocab, gpu::Stream& stream) override {
-    constexpr std::string_view op = "embedding_forward";
-    TZ_RETURN_IF_ERROR(check_sizes(op, {{"batch", batch}, {"seq", seq}, {"embd", embd},
-                                        {"vocab", vocab}}));
-    TZ_RETURN_IF_ERROR(check_tensor(op, "out", out));
-    TZ_RETURN_IF_ERROR(check_present(op, "tokens", tokens));
-    TZ_RETURN_IF_ERROR(check_tensor(op, "wte", wte));
-    TZ_RETURN_IF_ERROR(check_optional(op, "wpe", wpe, wte.dtype));
+ protected:
+  // The ops of ops.h, their arguments already checked by the public methods (ops.cc).
+  Limits limits() const override { return Limits{}; }
+
+  Status embedding_forward_impl(Tensor out, const std::int32_t* tokens, ConstTensor wte,
+                                ConstTensor wpe, std::int64_t batch, std::int64_t seq,
+                                std::int64_t embd, std::int64_t vocab,
+                                gpu::Stream& stream) override {
     return enqueue(stream, [=] {
       const size_t rows = sz(batch * seq);
       const size_t c = sz(embd);
@@ -135,16 +131,10 @@ class CpuOps final : public Ops {
     });
   }
 
-  Status embedding_backward(Tensor dwte, Tensor dwpe, ConstTensor dout,
-                            const std::int32_t* tokens, std::int64_t batch, std::int64_t seq,
-                            std::int64_t embd, std::int64_t vocab, gpu::Stream& stream) override {
-    constexpr std::string_view op = "embedding_backward";
-    TZ_RETURN_IF_ERROR(check_sizes(op, {{"batch", batch}, {"seq", seq}, {"embd", embd},
-                                        {"vocab", vocab}}));
-    TZ_RETURN_IF_ERROR(check_tensor(op, "dout", dout));
-    TZ_RETURN_IF_ERROR(check_present(op, "tokens", tokens));
-    if (dwte.data != nullptr) TZ_RETURN_IF_ERROR(check_tensor(op, "dwte", dwte));
-    if (dwpe.data != nullptr) TZ_RETURN_IF_ERROR(check_tensor(op, "dwpe", dwpe));
+  Status embedding_backward_impl(Tensor dwte, Tensor dwpe, ConstTensor dout,
+                                 const std::int32_t* tokens, std::int64_t batch, std::int64_t seq,
+                                 std::int64_t embd, std::int64_t vocab,
+                                 gpu::Stream& stream) override {
     return enqueue(stream, [=] {
       const size_t rows = sz(batch * seq);
       const size_t c = sz(embd);
@@ -184,19 +174,9 @@ class CpuOps final : public Ops {
     });
   }
 
-  Status layernorm_forward(Tensor out, float* mean, float* rstd, ConstTensor x, ConstTensor weight,
-                           ConstTensor bias, std::int64_t rows, std::int64_t dim,
-                           gpu::Stream& stream) override {
-    constexpr std::string_view op = "layernorm_forward";
-    TZ_RETURN_IF_ERROR(check_sizes(op, {{"rows", rows}, {"dim", dim}}));
-    TZ_RETURN_IF_ERROR(check_tensor(op, "out", out));
-    TZ_RETURN_IF_ERROR(check_tensor(op, "x", x));
-    TZ_RETURN_IF_ERROR(check_dtype(op, "x", x, out.dtype));
-    TZ_RETURN_IF_ERROR(check_tensor(op, "weight", weight));
-    TZ_RETURN_IF_ERROR(check_tensor(op, "bias", bias));
-    TZ_RETURN_IF_ERROR(check_dtype(op, "bias", bias, weight.dtype));
-    TZ_RETURN_IF_ERROR(check_present(op, "mean", mean));
-    TZ_RETURN_IF_ERROR(check_present(op, "rstd", rstd));
+  Status layernorm_forward_impl(Tensor out, float* mean, float* rstd, ConstTensor x,
+                                ConstTensor weight, ConstTensor bias, std::int64_t rows,
+                                std::int64_t dim, gpu::Stream& stream) override {
     return enqueue(stream, [=, this] {
       const size_t c = sz(dim);
       const float* w = whole(kSlotW, weight, c);
@@ -211,22 +191,10 @@ class CpuOps final : public Ops {
     });
   }
 
-  Status layernorm_backward(Tensor dx, Accumulate dx_mode, Tensor dweight, Tensor dbias,
-                            ConstTensor dout, ConstTensor x, ConstTensor weight, const float* mean,
-                            const float* rstd, std::int64_t rows, std::int64_t dim,
-                            gpu::Stream& stream) override {
-    constexpr std::string_view op = "layernorm_backward";
-    TZ_RETURN_IF_ERROR(check_sizes(op, {{"rows", rows}, {"dim", dim}}));
-    TZ_RETURN_IF_ERROR(check_tensor(op, "dx", dx));
-    TZ_RETURN_IF_ERROR(check_tensor(op, "dout", dout));
-    TZ_RETURN_IF_ERROR(check_dtype(op, "dout", dout, dx.dtype));
-    TZ_RETURN_IF_ERROR(check_tensor(op, "x", x));
-    TZ_RETURN_IF_ERROR(check_dtype(op, "x", x, dx.dtype));
-    TZ_RETURN_IF_ERROR(check_tensor(op, "weight", weight));
-    TZ_RETURN_IF_ERROR(check_optional(op, "dweight", dweight, weight.dtype));
-    TZ_RETURN_IF_ERROR(check_optional(op, "dbias", dbias, weight.dtype));
-    TZ_RETURN_IF_ERROR(check_present(op, "mean", mean));
-    TZ_RETURN_IF_ERROR(check_present(op, "rstd", rstd));
+  Status layernorm_backward_impl(Tensor dx, Accumulate dx_mode, Tensor dweight, Tensor dbias,
+                                 ConstTensor dout, ConstTensor x, ConstTensor weight,
+                                 const float* mean, const float* rstd, std::int64_t rows,
+                                 std::int64_t dim, gpu::Stream& stream) override {
     return enqueue(stream, [=, this] {
       const size_t c = sz(dim);
       const size_t n = sz(rows);
@@ -255,17 +223,9 @@ class CpuOps final : public Ops {
     });
   }
 
-  Status matmul_forward(Tensor out, ConstTensor x, ConstTensor weight, WeightLayout layout,
-                        ConstTensor bias, std::int64_t rows, std::int64_t in_dim,
-                        std::int64_t out_dim, gpu::Stream& stream) override {
-    constexpr std::string_view op = "matmul_forward";
-    TZ_RETURN_IF_ERROR(check_sizes(op, {{"rows", rows}, {"in_dim", in_dim},
-                                        {"out_dim", out_dim}}));
-    TZ_RETURN_IF_ERROR(check_tensor(op, "out", out));
-    TZ_RETURN_IF_ERROR(check_tensor(op, "x", x));
-    TZ_RETURN_IF_ERROR(check_dtype(op, "x", x, out.dtype));
-    TZ_RETURN_IF_ERROR(check_tensor(op, "weight", weight));
-    TZ_RETURN_IF_ERROR(check_optional(op, "bias", bias, weight.dtype));
+  Status matmul_forward_impl(Tensor out, ConstTensor x, ConstTensor weight, WeightLayout layout,
+                             ConstTensor bias, std::int64_t rows, std::int64_t in_dim,
+                             std::int64_t out_dim, gpu::Stream& stream) override {
     return enqueue(stream, [=, this] {
       const size_t m = sz(rows);
       const size_t k = sz(in_dim);
@@ -285,20 +245,10 @@ class CpuOps final : public Ops {
     });
   }
 
-  Status matmul_backward(Tensor dx, Accumulate dx_mode, Tensor dweight, Tensor dbias,
-                         ConstTensor dout, ConstTensor x, ConstTensor weight, WeightLayout layout,
-                         std::int64_t rows, std::int64_t in_dim, std::int64_t out_dim,
-                         gpu::Stream& stream) override {
-    constexpr std::string_view op = "matmul_backward";
-    TZ_RETURN_IF_ERROR(check_sizes(op, {{"rows", rows}, {"in_dim", in_dim},
-                                        {"out_dim", out_dim}}));
-    TZ_RETURN_IF_ERROR(check_tensor(op, "dout", dout));
-    TZ_RETURN_IF_ERROR(check_tensor(op, "x", x));
-    TZ_RETURN_IF_ERROR(check_dtype(op, "x", x, dout.dtype));
-    TZ_RETURN_IF_ERROR(check_tensor(op, "weight", weight));
-    TZ_RETURN_IF_ERROR(check_optional(op, "dx", dx, dout.dtype));
-    TZ_RETURN_IF_ERROR(check_optional(op, "dweight", dweight, weight.dtype));
-    TZ_RETURN_IF_ERROR(check_optional(op, "dbias", dbias, weight.dtype));
+  Status matmul_backward_impl(Tensor dx, Accumulate dx_mode, Tensor dweight, Tensor dbias,
+                              ConstTensor dout, ConstTensor x, ConstTensor weight,
+                              WeightLayout layout, std::int64_t rows, std::int64_t in_dim,
+                              std::int64_t out_dim, gpu::Stream& stream) override {
     return enqueue(stream, [=, this] {
       const size_t m = sz(rows);
       const size_t k = sz(in_dim);
@@ -342,15 +292,9 @@ class CpuOps final : public Ops {
     });
   }
 
-  Status attention_forward(Tensor out, float* lse, ConstTensor qkv, std::int64_t batch,
-                           std::int64_t seq, std::int64_t embd, std::int64_t heads,
-                           gpu::Stream& stream) override {
-    constexpr std::string_view op = "attention_forward";
-    TZ_RETURN_IF_ERROR(check_attention(op, batch, seq, embd, heads));
-    TZ_RETURN_IF_ERROR(check_tensor(op, "out", out));
-    TZ_RETURN_IF_ERROR(check_tensor(op, "qkv", qkv));
-    TZ_RETURN_IF_ERROR(check_dtype(op, "qkv", qkv, out.dtype));
-    TZ_RETURN_IF_ERROR(check_present(op, "lse", lse));
+  Status attention_forward_impl(Tensor out, float* lse, ConstTensor qkv, std::int64_t batch,
+                                std::int64_t seq, std::int64_t embd, std::int64_t heads,
+                                gpu::Stream& stream) override {
     return enqueue(stream, [=] {
       const size_t t_len = sz(seq);
       const size_t hd = sz(embd / heads);
@@ -406,21 +350,10 @@ class CpuOps final : public Ops {
     });
   }
 
-  Status attention_backward(Tensor dqkv, Accumulate dqkv_mode, float* delta, ConstTensor dout,
-                            ConstTensor qkv, ConstTensor out, const float* lse, std::int64_t batch,
-                            std::int64_t seq, std::int64_t embd, std::int64_t heads,
-                            gpu::Stream& stream) override {
-    constexpr std::string_view op = "attention_backward";
-    TZ_RETURN_IF_ERROR(check_attention(op, batch, seq, embd, heads));
-    TZ_RETURN_IF_ERROR(check_tensor(op, "dqkv", dqkv));
-    TZ_RETURN_IF_ERROR(check_tensor(op, "dout", dout));
-    TZ_RETURN_IF_ERROR(check_dtype(op, "dout", dout, dqkv.dtype));
-    TZ_RETURN_IF_ERROR(check_tensor(op, "qkv", qkv));
-    TZ_RETURN_IF_ERROR(check_dtype(op, "qkv", qkv, dqkv.dtype));
-    TZ_RETURN_IF_ERROR(check_tensor(op, "out", out));
-    TZ_RETURN_IF_ERROR(check_dtype(op, "out", out, dqkv.dtype));
-    TZ_RETURN_IF_ERROR(check_present(op, "lse", lse));
-    TZ_RETURN_IF_ERROR(check_present(op, "delta", delta));
+  Status attention_backward_impl(Tensor dqkv, Accumulate dqkv_mode, float* delta, ConstTensor dout,
+                                 ConstTensor qkv, ConstTensor out, const float* lse,
+                                 std::int64_t batch, std::int64_t seq, std::int64_t embd,
+                                 std::int64_t heads, gpu::Stream& stream) override {
     return enqueue(stream, [=] {
       const size_t t_len = sz(seq);
       const size_t hd = sz(embd / heads);
@@ -504,32 +437,21 @@ class CpuOps final : public Ops {
     });
   }
 
-  Status gelu_forward(Tensor out, ConstTensor x, std::int64_t n, gpu::Stream& stream) override {
-    constexpr std::string_view op = "gelu_forward";
-    TZ_RETURN_IF_ERROR(check_positive(op, "n", n));
-    TZ_RETURN_IF_ERROR(check_tensor(op, "out", out));
-    TZ_RETURN_IF_ERROR(check_tensor(op, "x", x));
-    TZ_RETURN_IF_ERROR(check_dtype(op, "x", x, out.dtype));
+  Status gelu_forward_impl(Tensor out, ConstTensor x, std::int64_t n,
+                           gpu::Stream& stream) override {
     return enqueue(stream, [=] {
       chunks(sz(n), [&](size_t off, size_t len) {
         const float* xi = load(x, off, len, tls_scratch(0, len));
-        float* o = out.dtype == DType::kF32 ? static_cast<float*>(out.data) + off
-                                            : tls_scratch(1, len);
+        float* o =
+            out.dtype == DType::kF32 ? static_cast<float*>(out.data) + off : tls_scratch(1, len);
         ck::gelu_forward(xi, o, len);
         store(out, off, o, len, false, nullptr);
       });
     });
   }
 
-  Status gelu_backward(Tensor dx, Accumulate dx_mode, ConstTensor dout, ConstTensor x,
-                       std::int64_t n, gpu::Stream& stream) override {
-    constexpr std::string_view op = "gelu_backward";
-    TZ_RETURN_IF_ERROR(check_positive(op, "n", n));
-    TZ_RETURN_IF_ERROR(check_tensor(op, "dx", dx));
-    TZ_RETURN_IF_ERROR(check_tensor(op, "dout", dout));
-    TZ_RETURN_IF_ERROR(check_dtype(op, "dout", dout, dx.dtype));
-    TZ_RETURN_IF_ERROR(check_tensor(op, "x", x));
-    TZ_RETURN_IF_ERROR(check_dtype(op, "x", x, dx.dtype));
+  Status gelu_backward_impl(Tensor dx, Accumulate dx_mode, ConstTensor dout, ConstTensor x,
+                            std::int64_t n, gpu::Stream& stream) override {
     return enqueue(stream, [=] {
       const bool add = dx_mode == Accumulate::kAdd;
       chunks(sz(n), [&](size_t off, size_t len) {
@@ -543,15 +465,8 @@ class CpuOps final : public Ops {
     });
   }
 
-  Status residual_forward(Tensor out, ConstTensor a, ConstTensor b, std::int64_t n,
-                          gpu::Stream& stream) override {
-    constexpr std::string_view op = "residual_forward";
-    TZ_RETURN_IF_ERROR(check_positive(op, "n", n));
-    TZ_RETURN_IF_ERROR(check_tensor(op, "out", out));
-    TZ_RETURN_IF_ERROR(check_tensor(op, "a", a));
-    TZ_RETURN_IF_ERROR(check_dtype(op, "a", a, out.dtype));
-    TZ_RETURN_IF_ERROR(check_tensor(op, "b", b));
-    TZ_RETURN_IF_ERROR(check_dtype(op, "b", b, out.dtype));
+  Status residual_forward_impl(Tensor out, ConstTensor a, ConstTensor b, std::int64_t n,
+                               gpu::Stream& stream) override {
     return enqueue(stream, [=] {
       chunks(sz(n), [&](size_t off, size_t len) {
         const float* ai = load(a, off, len, tls_scratch(0, len));
@@ -564,44 +479,34 @@ class CpuOps final : public Ops {
     });
   }
 
-  Status residual_backward(Tensor da, Accumulate da_mode, Tensor db, Accumulate db_mode,
-                           ConstTensor dout, std::int64_t n, gpu::Stream& stream) override {
-    constexpr std::string_view op = "residual_backward";
-    TZ_RETURN_IF_ERROR(check_positive(op, "n", n));
-    TZ_RETURN_IF_ERROR(check_tensor(op, "dout", dout));
-    TZ_RETURN_IF_ERROR(check_optional(op, "da", da, dout.dtype));
-    TZ_RETURN_IF_ERROR(check_optional(op, "db", db, dout.dtype));
+  Status residual_backward_impl(Tensor da, Accumulate da_mode, Tensor db, Accumulate db_mode,
+                                ConstTensor dout, std::int64_t n, gpu::Stream& stream) override {
     return enqueue(stream, [=] {
       chunks(sz(n), [&](size_t off, size_t len) {
         const float* g = load(dout, off, len, tls_scratch(0, len));
-        if (da.data != nullptr) store(da, off, g, len, da_mode == Accumulate::kAdd,
-                                      tls_scratch(1, len));
-        if (db.data != nullptr) store(db, off, g, len, db_mode == Accumulate::kAdd,
-                                      tls_scratch(1, len));
+        if (da.data != nullptr)
+          store(da, off, g, len, da_mode == Accumulate::kAdd, tls_scratch(1, len));
+        if (db.data != nullptr)
+          store(db, off, g, len, db_mode == Accumulate::kAdd, tls_scratch(1, len));
       });
     });
   }
 
-  Status cross_entropy_forward(float* losses, ConstTensor logits, const std::int32_t* targets,
-                               std::int64_t rows, std::int64_t vocab,
-                               gpu::Stream& stream) override {
-    return cross_entropy(Tensor{}, losses, logits, targets, rows, vocab, 0.0f, stream,
-                         "cross_entropy_forward");
+  Status cross_entropy_forward_impl(float* losses, ConstTensor logits, const std::int32_t* targets,
+                                    std::int64_t rows, std::int64_t vocab,
+                                    gpu::Stream& stream) override {
+    return cross_entropy(Tensor{}, losses, logits, targets, rows, vocab, 0.0f, stream);
   }
 
-  Status cross_entropy_backward(Tensor dlogits, float* losses, ConstTensor logits,
-                                const std::int32_t* targets, std::int64_t rows,
-                                std::int64_t vocab, float grad_scale,
-                                gpu::Stream& stream) override {
-    return cross_entropy(dlogits, losses, logits, targets, rows, vocab, grad_scale, stream,
-                         "cross_entropy_backward");
+  Status cross_entropy_backward_impl(Tensor dlogits, float* losses, ConstTensor logits,
+                                     const std::int32_t* targets, std::int64_t rows,
+                                     std::int64_t vocab, float grad_scale,
+                                     gpu::Stream& stream) override {
+    return cross_entropy(dlogits, losses, logits, targets, rows, vocab, grad_scale, stream);
   }
 
-  Result<double> gemm_seconds(std::int64_t m, std::int64_t n, std::int64_t k, DType /*dtype*/,
-                              int repeats, gpu::Stream& stream) override {
-    constexpr std::string_view op = "gemm_seconds";
-    TZ_RETURN_IF_ERROR(check_sizes(op, {{"m", m}, {"n", n}, {"k", k}, {"repeats", repeats}}));
-    TZ_RETURN_IF_ERROR(check_stream(stream));
+  Result<double> gemm_seconds_impl(std::int64_t m, std::int64_t n, std::int64_t k, DType /*dtype*/,
+                                   int repeats, gpu::Stream& stream) override {
     TZ_RETURN_IF_ERROR(stream.synchronize());
     std::vector<float> a(sz(m * k), 0.5f);
     std::vector<float> b(sz(k * n), 0.25f);
@@ -618,9 +523,6 @@ class CpuOps final : public Ops {
     std::sort(times.begin(), times.end());
     return times[times.size() / 2];
   }
-
- protected:
-  Limits limits() const override { return Limits{}; }
 
   Status rmsnorm_forward_impl(Tensor out, float* rstd, ConstTensor x, ConstTensor weight,
                               float eps, std::int64_t rows, std::int64_t dim,
@@ -897,16 +799,9 @@ class CpuOps final : public Ops {
   // Backend-owned whole-tensor fp32 buffers, used under run_mu_ only.
   enum Slot { kSlotX, kSlotW, kSlotB, kSlotY, kSlotCount };
 
-  Status check_stream(gpu::Stream& stream) {
-    if (&stream.device() == &device_) return Status::ok();
-    return Status::invalid_argument("ops: the stream '" + stream.name() +
-                                    "' belongs to another device than the Ops object's");
-  }
-
   // Enqueues `fn` on `stream`: it runs on the stream's worker, under the run lock, inside the
   // arena (so its parallel loops use this backend's threads).
   Status enqueue(gpu::Stream& stream, std::function<void()> fn) {
-    TZ_RETURN_IF_ERROR(check_stream(stream));
     return device_.host_callback(stream, [this, fn = std::move(fn)] {
       std::lock_guard<std::mutex> lock(run_mu_);
       arena_.execute(fn);
@@ -995,19 +890,11 @@ class CpuOps final : public Ops {
       load_into(v, row(k0 + j), hd, vs + j * hd);
     }
   }
+  // Losses (when `losses` is not null) and, when dlogits is present, the gradient.
   Status cross_entropy(Tensor dlogits, float* losses, ConstTensor logits,
                        const std::int32_t* targets, std::int64_t rows, std::int64_t vocab,
-                       float grad_scale, gpu::Stream& stream, std::string_view op) {
-    TZ_RETURN_IF_ERROR(check_sizes(op, {{"rows", rows}, {"vocab", vocab}}));
-    TZ_RETURN_IF_ERROR(check_tensor(op, "logits", logits));
-    TZ_RETURN_IF_ERROR(check_present(op, "targets", targets));
-    const bool grad = op == "cross_entropy_backward";
-    if (grad) {
-      TZ_RETURN_IF_ERROR(check_tensor(op, "dlogits", dlogits));
-      TZ_RETURN_IF_ERROR(check_dtype(op, "dlogits", dlogits, logits.dtype));
-    } else {
-      TZ_RETURN_IF_ERROR(check_present(op, "losses", losses));
-    }
+                       float grad_scale, gpu::Stream& stream) {
+    const bool grad = dlogits.data != nullptr;
     return enqueue(stream, [=] {
       const size_t v = sz(vocab);
       parallel(sz(rows), 1, [&](size_t r) {

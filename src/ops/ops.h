@@ -1,9 +1,10 @@
 // The model's kernels behind one interface (DESIGN.md, "ops/"): forward and backward of the token
-// and position embedding, layernorm, matmul with bias, causal self-attention, gelu, residual add and
-// the fused softmax + cross-entropy (GPT-2), and RMSNorm, rotary embedding, SwiGLU and
-// grouped-query causal attention with a KV-cache offset (the Llama family). Two backends, chosen by the device's kind: the CPU backend
-// (kHost: BLAS for the matmuls, Highway + oneTBB for the rest) and the CUDA backend (kCuda: cuBLAS,
-// .cu kernels). The per-element math both share is ops/ops_math.h.
+// and position embedding, layernorm, matmul with bias, causal self-attention, gelu, residual add
+// and the fused softmax + cross-entropy (GPT-2), and RMSNorm, rotary embedding, SwiGLU and
+// grouped-query causal attention with a KV-cache offset (the Llama family). Two backends, chosen
+// by the device's kind: the CPU backend (kHost: BLAS for the matmuls, Highway + oneTBB for the
+// rest) and the CUDA backend (kCuda: cuBLAS, .cu kernels). The per-element math both share is
+// ops/ops_math.h.
 //
 // Contract common to every op:
 // - Pointers are device pointers of the Ops object's device; tensors are dense and row-major.
@@ -16,8 +17,10 @@
 //   thread count) for its parallel parts, so a CPU op never blocks the caller.
 // - Errors: every argument is checked when the op is enqueued; a null pointer where a tensor is
 //   required, a zero or negative size, an unsupported dtype or a shape that does not fit returns
-//   kInvalidArgument naming the op and the argument, and nothing is enqueued. Once enqueued an op
-//   cannot fail on the CPU backend; the CUDA backend returns kDeviceError when a launch fails.
+//   kInvalidArgument naming the op and the argument, and nothing is enqueued. These checks are
+//   the public methods' (ops.cc), one set for both backends; what one backend cannot take comes
+//   from its limits() and is named in the message. Once enqueued an op cannot fail on the CPU
+//   backend; the CUDA backend returns kDeviceError when a launch fails.
 //   Token ids and targets are data, not arguments: each must lie in [0, vocab) (the CPU backend
 //   asserts it; the caller checks user input before it reaches the device).
 // - Dtypes: activations (`act`: inputs, outputs and their gradients) and parameters (`param`:
@@ -90,41 +93,41 @@ class Ops {
   // out: act (batch*seq, embd); tokens: int32 (batch*seq); wte: param (vocab, embd);
   // wpe: param (>= seq, embd) (only its first seq rows are read), or null: no learned positions
   // (the Llama family), out = wte[tokens].
-  virtual Status embedding_forward(Tensor out, const std::int32_t* tokens, ConstTensor wte,
+  Status embedding_forward(Tensor out, const std::int32_t* tokens, ConstTensor wte,
                                    ConstTensor wpe, std::int64_t batch, std::int64_t seq,
-                                   std::int64_t embd, std::int64_t vocab, gpu::Stream& stream) = 0;
+                                   std::int64_t embd, std::int64_t vocab, gpu::Stream& stream);
   // dwte[tokens[b,t],:] += dout[b,t,:]; dwpe[t,:] += sum over b of dout[b,t,:]. Either gradient
   // may be null (not wanted). Deterministic: the same inputs give the same bits (no atomics).
-  virtual Status embedding_backward(Tensor dwte, Tensor dwpe, ConstTensor dout,
+  Status embedding_backward(Tensor dwte, Tensor dwpe, ConstTensor dout,
                                     const std::int32_t* tokens, std::int64_t batch,
                                     std::int64_t seq, std::int64_t embd, std::int64_t vocab,
-                                    gpu::Stream& stream) = 0;
+                                    gpu::Stream& stream);
 
   // --- LayerNorm (eps 1e-5, biased variance, as torch.nn.LayerNorm) -------------------------
   // out = (x - mean) * rstd * weight + bias, per row. out, x: act (rows, dim); weight, bias:
   // param (dim); mean, rstd: fp32 (rows), written (saved for backward). out may not alias x.
-  virtual Status layernorm_forward(Tensor out, float* mean, float* rstd, ConstTensor x,
+  Status layernorm_forward(Tensor out, float* mean, float* rstd, ConstTensor x,
                                    ConstTensor weight, ConstTensor bias, std::int64_t rows,
-                                   std::int64_t dim, gpu::Stream& stream) = 0;
+                                   std::int64_t dim, gpu::Stream& stream);
   // From the forward's x, mean and rstd: dx (overwrite or add), dweight += , dbias += .
   // dweight or dbias may be null; dx may not alias dout.
-  virtual Status layernorm_backward(Tensor dx, Accumulate dx_mode, Tensor dweight, Tensor dbias,
+  Status layernorm_backward(Tensor dx, Accumulate dx_mode, Tensor dweight, Tensor dbias,
                                     ConstTensor dout, ConstTensor x, ConstTensor weight,
                                     const float* mean, const float* rstd, std::int64_t rows,
-                                    std::int64_t dim, gpu::Stream& stream) = 0;
+                                    std::int64_t dim, gpu::Stream& stream);
 
   // --- Matmul with bias -----------------------------------------------------------------------
   // out = x W + b. out: act (rows, out_dim); x: act (rows, in_dim); weight: param (in_dim, out_dim)
   // for kInOut or (out_dim, in_dim) for kOutIn; bias: param (out_dim) or null (no bias).
-  virtual Status matmul_forward(Tensor out, ConstTensor x, ConstTensor weight, WeightLayout layout,
+  Status matmul_forward(Tensor out, ConstTensor x, ConstTensor weight, WeightLayout layout,
                                 ConstTensor bias, std::int64_t rows, std::int64_t in_dim,
-                                std::int64_t out_dim, gpu::Stream& stream) = 0;
+                                std::int64_t out_dim, gpu::Stream& stream);
   // dx = dout W^T (overwrite or add; null: not wanted), dweight += x^T dout (in the weight's own
   // layout; null: not wanted), dbias += column sums of dout (null: not wanted).
-  virtual Status matmul_backward(Tensor dx, Accumulate dx_mode, Tensor dweight, Tensor dbias,
+  Status matmul_backward(Tensor dx, Accumulate dx_mode, Tensor dweight, Tensor dbias,
                                  ConstTensor dout, ConstTensor x, ConstTensor weight,
                                  WeightLayout layout, std::int64_t rows, std::int64_t in_dim,
-                                 std::int64_t out_dim, gpu::Stream& stream) = 0;
+                                 std::int64_t out_dim, gpu::Stream& stream);
 
   // --- Causal self-attention over fused qkv ---------------------------------------------------
   // qkv: act (batch, seq, 3*embd), each row [q | k | v], each of those split into `heads` heads of
@@ -133,48 +136,48 @@ class Ops {
   // lse: fp32 (batch, heads, seq), written: the log-sum-exp of each row's scaled scores, saved for
   // backward. Blocked online softmax: memory beyond the tensors is O(block * head_dim) per thread,
   // never seq x seq. embd % heads must be 0.
-  virtual Status attention_forward(Tensor out, float* lse, ConstTensor qkv, std::int64_t batch,
+  Status attention_forward(Tensor out, float* lse, ConstTensor qkv, std::int64_t batch,
                                    std::int64_t seq, std::int64_t embd, std::int64_t heads,
-                                   gpu::Stream& stream) = 0;
+                                   gpu::Stream& stream);
   // dqkv: act (batch, seq, 3*embd), overwrite or add. From the forward's qkv, out and lse and the
   // gradient dout of out. delta: fp32 scratch (batch, heads, seq), overwritten (rowsum(dout*out)).
-  virtual Status attention_backward(Tensor dqkv, Accumulate dqkv_mode, float* delta,
+  Status attention_backward(Tensor dqkv, Accumulate dqkv_mode, float* delta,
                                     ConstTensor dout, ConstTensor qkv, ConstTensor out,
                                     const float* lse, std::int64_t batch, std::int64_t seq,
-                                    std::int64_t embd, std::int64_t heads, gpu::Stream& stream) = 0;
+                                    std::int64_t embd, std::int64_t heads, gpu::Stream& stream);
 
   // --- GELU, tanh approximation (HF "gelu_new") -----------------------------------------------
   // out = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), n elements of act. out may alias x.
-  virtual Status gelu_forward(Tensor out, ConstTensor x, std::int64_t n, gpu::Stream& stream) = 0;
+  Status gelu_forward(Tensor out, ConstTensor x, std::int64_t n, gpu::Stream& stream);
   // dx = dout * gelu'(x) (overwrite or add). dx may alias dout when dx_mode is kOverwrite.
-  virtual Status gelu_backward(Tensor dx, Accumulate dx_mode, ConstTensor dout, ConstTensor x,
-                               std::int64_t n, gpu::Stream& stream) = 0;
+  Status gelu_backward(Tensor dx, Accumulate dx_mode, ConstTensor dout, ConstTensor x,
+                               std::int64_t n, gpu::Stream& stream);
 
   // --- Residual add ----------------------------------------------------------------------------
   // out = a + b, n elements of act. out may alias a or b.
-  virtual Status residual_forward(Tensor out, ConstTensor a, ConstTensor b, std::int64_t n,
-                                  gpu::Stream& stream) = 0;
+  Status residual_forward(Tensor out, ConstTensor a, ConstTensor b, std::int64_t n,
+                                  gpu::Stream& stream);
   // The gradient of a + b reaches both: da and db each receive dout (overwrite or add, each by
   // its mode); either may be null; neither may alias dout. (The skip path of a pre-LN block needs
   // no call: the residual stream's gradient already is dout.)
-  virtual Status residual_backward(Tensor da, Accumulate da_mode, Tensor db, Accumulate db_mode,
-                                   ConstTensor dout, std::int64_t n, gpu::Stream& stream) = 0;
+  Status residual_backward(Tensor da, Accumulate da_mode, Tensor db, Accumulate db_mode,
+                                   ConstTensor dout, std::int64_t n, gpu::Stream& stream);
 
   // --- Fused softmax + cross-entropy ----------------------------------------------------------
   // losses[i] = logsumexp(logits[i,:]) - logits[i, targets[i]] for i < rows. logits: act
   // (rows, vocab); targets: int32 (rows); losses: fp32 (rows), written. The mean loss is the sum
   // of losses over the positions divided by their count (the caller's reduction).
-  virtual Status cross_entropy_forward(float* losses, ConstTensor logits,
+  Status cross_entropy_forward(float* losses, ConstTensor logits,
                                        const std::int32_t* targets, std::int64_t rows,
-                                       std::int64_t vocab, gpu::Stream& stream) = 0;
+                                       std::int64_t vocab, gpu::Stream& stream);
   // dlogits[i,:] = (softmax(logits[i,:]) - onehot(targets[i])) * grad_scale, with grad_scale =
   // dloss / N for a mean over N positions (times the loss scale under fp16). One pass over each
   // row's logits; dlogits may alias logits (in place, so only one micro-batch's logits ever
   // exist). losses: as the forward's, written in the same pass when non-null (the fused path).
-  virtual Status cross_entropy_backward(Tensor dlogits, float* losses, ConstTensor logits,
+  Status cross_entropy_backward(Tensor dlogits, float* losses, ConstTensor logits,
                                         const std::int32_t* targets, std::int64_t rows,
                                         std::int64_t vocab, float grad_scale,
-                                        gpu::Stream& stream) = 0;
+                                        gpu::Stream& stream);
 
   // --- RMSNorm (HF LlamaRMSNorm / Qwen3RMSNorm) ---------------------------------------------
   // out = x * rstd * weight per row, rstd = 1 / sqrt(mean(x^2) + eps), fp32 math. out, x: act
@@ -252,8 +255,8 @@ class Ops {
   // cublasGemmEx with `dtype` storage on CUDA. Operands are allocated here and filled with a
   // constant; one warm-up, then the median seconds of `repeats` runs. Synchronizes `stream`.
   // kOutOfMemory when the operands do not fit; kInvalidArgument for a size <= 0 or repeats < 1.
-  virtual Result<double> gemm_seconds(std::int64_t m, std::int64_t n, std::int64_t k, DType dtype,
-                                      int repeats, gpu::Stream& stream) = 0;
+  Result<double> gemm_seconds(std::int64_t m, std::int64_t n, std::int64_t k, DType dtype,
+                                      int repeats, gpu::Stream& stream);
 
  protected:
   Ops() = default;
@@ -268,6 +271,56 @@ class Ops {
 
   // The backends' implementations of the public methods of the same name without the suffix,
   // called after those validated every argument (ops.cc): they only enqueue the work.
+  virtual Status embedding_forward_impl(Tensor out, const std::int32_t* tokens, ConstTensor wte,
+                                        ConstTensor wpe, std::int64_t batch, std::int64_t seq,
+                                        std::int64_t embd, std::int64_t vocab,
+                                        gpu::Stream& stream) = 0;
+  virtual Status embedding_backward_impl(Tensor dwte, Tensor dwpe, ConstTensor dout,
+                                         const std::int32_t* tokens, std::int64_t batch,
+                                         std::int64_t seq, std::int64_t embd, std::int64_t vocab,
+                                         gpu::Stream& stream) = 0;
+  virtual Status layernorm_forward_impl(Tensor out, float* mean, float* rstd, ConstTensor x,
+                                        ConstTensor weight, ConstTensor bias, std::int64_t rows,
+                                        std::int64_t dim, gpu::Stream& stream) = 0;
+  virtual Status layernorm_backward_impl(Tensor dx, Accumulate dx_mode, Tensor dweight,
+                                         Tensor dbias, ConstTensor dout, ConstTensor x,
+                                         ConstTensor weight, const float* mean, const float* rstd,
+                                         std::int64_t rows, std::int64_t dim,
+                                         gpu::Stream& stream) = 0;
+  virtual Status matmul_forward_impl(Tensor out, ConstTensor x, ConstTensor weight,
+                                     WeightLayout layout, ConstTensor bias, std::int64_t rows,
+                                     std::int64_t in_dim, std::int64_t out_dim,
+                                     gpu::Stream& stream) = 0;
+  virtual Status matmul_backward_impl(Tensor dx, Accumulate dx_mode, Tensor dweight, Tensor dbias,
+                                      ConstTensor dout, ConstTensor x, ConstTensor weight,
+                                      WeightLayout layout, std::int64_t rows, std::int64_t in_dim,
+                                      std::int64_t out_dim, gpu::Stream& stream) = 0;
+  virtual Status attention_forward_impl(Tensor out, float* lse, ConstTensor qkv,
+                                        std::int64_t batch, std::int64_t seq, std::int64_t embd,
+                                        std::int64_t heads, gpu::Stream& stream) = 0;
+  virtual Status attention_backward_impl(Tensor dqkv, Accumulate dqkv_mode, float* delta,
+                                         ConstTensor dout, ConstTensor qkv, ConstTensor out,
+                                         const float* lse, std::int64_t batch, std::int64_t seq,
+                                         std::int64_t embd, std::int64_t heads,
+                                         gpu::Stream& stream) = 0;
+  virtual Status gelu_forward_impl(Tensor out, ConstTensor x, std::int64_t n,
+                                   gpu::Stream& stream) = 0;
+  virtual Status gelu_backward_impl(Tensor dx, Accumulate dx_mode, ConstTensor dout, ConstTensor x,
+                                    std::int64_t n, gpu::Stream& stream) = 0;
+  virtual Status residual_forward_impl(Tensor out, ConstTensor a, ConstTensor b, std::int64_t n,
+                                       gpu::Stream& stream) = 0;
+  virtual Status residual_backward_impl(Tensor da, Accumulate da_mode, Tensor db,
+                                        Accumulate db_mode, ConstTensor dout, std::int64_t n,
+                                        gpu::Stream& stream) = 0;
+  virtual Status cross_entropy_forward_impl(float* losses, ConstTensor logits,
+                                            const std::int32_t* targets, std::int64_t rows,
+                                            std::int64_t vocab, gpu::Stream& stream) = 0;
+  virtual Status cross_entropy_backward_impl(Tensor dlogits, float* losses, ConstTensor logits,
+                                             const std::int32_t* targets, std::int64_t rows,
+                                             std::int64_t vocab, float grad_scale,
+                                             gpu::Stream& stream) = 0;
+  virtual Result<double> gemm_seconds_impl(std::int64_t m, std::int64_t n, std::int64_t k,
+                                           DType dtype, int repeats, gpu::Stream& stream) = 0;
   virtual Status rmsnorm_forward_impl(Tensor out, float* rstd, ConstTensor x, ConstTensor weight,
                                       float eps, std::int64_t rows, std::int64_t dim,
                                       gpu::Stream& stream) = 0;

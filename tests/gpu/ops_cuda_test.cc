@@ -361,5 +361,29 @@ INSTANTIATE_TEST_SUITE_P(Dtypes, OpsCudaTest, ::testing::Values(DType::kF32, DTy
                            return std::string(dtype_name(p.param));
                          });
 
+// The CUDA backend's own bounds come through the same checks as every other argument.
+TEST(OpsCudaErrors, RejectsWhatTheKernelsCannotTakeNamingIt) {
+  auto cuda = gpu::create_cuda_device(0, 1ull << 30);
+  if (!cuda.is_ok()) GTEST_SKIP() << "skipped: " << cuda.status().message();
+  auto o = Ops::create(**cuda);
+  ASSERT_TRUE(o.is_ok()) << o.status().message();
+  Ops& ops = **o;
+  gpu::Stream& s = (*cuda)->compute_stream();
+  auto buf = (*cuda)->allocate(1 << 20);
+  ASSERT_TRUE(buf.is_ok());
+  const Tensor t{buf->data(), DType::kF32};
+  float* f = static_cast<float*>(buf->data());
+  Status st = ops.gqa_attention_forward(t, f, t, t, t, 1, 2, 2, 2, 1, 256, 512, 256, 0.1f, s);
+  EXPECT_EQ(st.code(), ErrorCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("head_dim 256 exceeds this backend's 128"), std::string::npos)
+      << st.message();
+  st = ops.rmsnorm_forward(t, f, t, Tensor{buf->data(), DType::kBF16}, 1e-6f, 2, 4, s);
+  EXPECT_NE(st.message().find("rmsnorm_forward: weight is bf16 but must be fp32"),
+            std::string::npos) << st.message();
+  st = ops.attention_forward(t, f, t, 1, 4, 512, 2, s);
+  EXPECT_NE(st.message().find("head_dim 256 exceeds"), std::string::npos) << st.message();
+  EXPECT_TRUE((*cuda)->synchronize().is_ok());
+}
+
 }  // namespace
 }  // namespace tz::ops
