@@ -541,6 +541,69 @@ INSTANTIATE_TEST_SUITE_P(Dtypes, LlamaOpsCpuTest,
                                            Dtypes{DType::kF16, DType::kF16}),
                          dtypes_name);
 
+// ---- determinism -----------------------------------------------------------------------------------
+
+// The backward sums (RMSNorm's dweight over rows, attention's dk/dv over a group's query heads)
+// run in a fixed order: one thread and three give the same bits.
+TEST(LlamaOpsDeterminism, BackwardBitsDoNotDependOnTheThreadCount) {
+  auto d = gpu::HostDevice::create(256 << 20);
+  ASSERT_TRUE(d.is_ok());
+  gpu::Stream& s = (*d)->compute_stream();
+  const std::uint64_t seed = 20261203 + 77;
+  std::cout << "[ seed ] " << seed << "\n";
+  const int rows = 100, dim = 40;
+  const int b = 2, t = 80, qh = 6, kvh = 2, hd = 8, stride = (qh + 2 * kvh) * hd;
+  std::vector<std::vector<double>> results[2];
+  for (int run = 0; run < 2; ++run) {
+    auto o = Ops::create(**d, OpsOptions{run == 0 ? 1 : 3});
+    ASSERT_TRUE(o.is_ok());
+    Ops& ops = **o;
+    DeviceArrays a(**d, s);
+    std::mt19937_64 g(seed);
+    Vec x = random_vector(g, static_cast<size_t>(rows) * dim, -2, 2);
+    Vec w = random_vector(g, dim, 0.5, 1.5);
+    Vec r = random_vector(g, x.size(), -1, 1);
+    Tensor tx = a.upload(x, DType::kF32), tw = a.upload(w, DType::kF32);
+    Tensor dout = a.upload(r, DType::kF32);
+    Tensor out = a.zeros(x.size(), DType::kF32), dx = a.zeros(x.size(), DType::kF32);
+    Tensor dw = a.zeros(dim, DType::kF32);
+    float* rstd = a.zeros_f32(rows);
+    ASSERT_TRUE(ops.rmsnorm_forward(out, rstd, tx, tw, 1e-6f, rows, dim, s).is_ok());
+    ASSERT_TRUE(
+        ops.rmsnorm_backward(dx, Accumulate::kOverwrite, dw, dout, tx, tw, rstd, rows, dim, s)
+            .is_ok());
+    results[run].push_back(a.download(dx, x.size()));
+    results[run].push_back(a.download(dw, dim));
+
+    const size_t n_qkv = static_cast<size_t>(b) * t * stride;
+    const size_t n_out = static_cast<size_t>(b) * t * qh * hd;
+    Vec qkv = random_vector(g, n_qkv, -2, 2);
+    Vec go = random_vector(g, n_out, -1, 1);
+    Tensor tq = a.upload(qkv, DType::kF32), tg = a.upload(go, DType::kF32);
+    const Tensor tk{static_cast<float*>(tq.data) + qh * hd, DType::kF32};
+    const Tensor tv{static_cast<float*>(tq.data) + (qh + kvh) * hd, DType::kF32};
+    Tensor ao = a.zeros(n_out, DType::kF32), dqkv = a.zeros(n_qkv, DType::kF32);
+    float* lse = a.zeros_f32(static_cast<size_t>(b) * qh * t);
+    float* delta = a.zeros_f32(static_cast<size_t>(b) * qh * t);
+    ASSERT_TRUE(ops.gqa_attention_forward(ao, lse, tq, tk, tv, b, t, t, qh, kvh, hd, stride,
+                                          stride, 0.35f, s).is_ok());
+    const Tensor dk{static_cast<float*>(dqkv.data) + qh * hd, DType::kF32};
+    const Tensor dv{static_cast<float*>(dqkv.data) + (qh + kvh) * hd, DType::kF32};
+    ASSERT_TRUE(ops.gqa_attention_backward(dqkv, dk, dv, Accumulate::kOverwrite, delta, tg, tq,
+                                           tk, tv, ao, lse, b, t, qh, kvh, hd, stride, stride,
+                                           0.35f, s).is_ok());
+    results[run].push_back(a.download(ao, n_out));
+    results[run].push_back(a.download(dqkv, n_qkv));
+    ASSERT_TRUE((*d)->synchronize().is_ok());
+  }
+  for (size_t i = 0; i < results[0].size(); ++i) {
+    ASSERT_EQ(results[0][i].size(), results[1][i].size());
+    for (size_t e = 0; e < results[0][i].size(); ++e) {
+      ASSERT_EQ(results[0][i][e], results[1][i][e]) << "result " << i << " element " << e;
+    }
+  }
+}
+
 // ---- argument errors -------------------------------------------------------------------------------
 
 TEST(LlamaOpsErrors, RejectsBadArgumentsNamingThem) {
