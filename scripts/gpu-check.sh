@@ -43,7 +43,7 @@ cmake -S . -B "$BUILD_DIR" "${GEN[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTZ_CU
 grep "tierzero: TZ_CUDA" "$RESULTS/configure.log"
 
 step "build (-j$JOBS): gpu tests, then tierzero"
-if timeout "$(budget 300)" cmake --build "$BUILD_DIR" -j"$JOBS" --target tz_gpu_cuda_tests \
+if timeout "$(budget 300)" cmake --build "$BUILD_DIR" -j"$JOBS" --target tz_gpu_cuda_tests tz_ops_cuda_tests \
      > "$RESULTS/build-tests.log" 2>&1; then
   status_build=ok
 else

@@ -1,4 +1,4 @@
-// Argument checks of ops/ops.h shared by both backends (see internal/check.h).
+// Argument checks of ops/ops.h's public methods (see internal/check.h).
 #include "ops/internal/check.h"
 
 #include <string>

@@ -10,14 +10,12 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
-#include <initializer_list>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "gpu/cuda_check.h"
 #include "ops/internal/backends.h"
-#include "ops/internal/check.h"
 #include "ops/internal/cuda_kernels.h"
 
 namespace tz::ops::internal {
@@ -49,72 +47,55 @@ class CudaOps final : public Ops {
   gpu::Device& device() override { return device_; }
   std::string_view name() const override { return name_; }
 
-  Status embedding_forward(Tensor out, const std::int32_t* tokens, ConstTensor wte,
-                           ConstTensor wpe, std::int64_t batch, std::int64_t seq,
-                           std::int64_t embd, std::int64_t vocab, gpu::Stream& stream) override {
+ protected:
+  // The ops of ops.h, their arguments already checked by the public methods (ops.cc); cuBLAS
+  // multiplies like with like, so act and param dtypes must be equal.
+  Limits limits() const override { return Limits{false, ck::kMaxHeadDim, 65535}; }
+
+  Status embedding_forward_impl(Tensor out, const std::int32_t* tokens, ConstTensor wte,
+                                ConstTensor wpe, std::int64_t batch, std::int64_t seq,
+                                std::int64_t embd, std::int64_t /*vocab*/,
+                                gpu::Stream& stream) override {
     constexpr std::string_view op = "embedding_forward";
-    TZ_RETURN_IF_ERROR(check_sizes(op, {{"batch", batch}, {"seq", seq}, {"embd", embd},
-                                        {"vocab", vocab}}));
-    TZ_RETURN_IF_ERROR(check_present(op, "tokens", tokens));
-    TZ_RETURN_IF_ERROR(same_dtype(op, out, {{"wte", wte}, {"wpe", wpe}}));
     TZ_RETURN_IF_ERROR(prepare(stream));
     return launched(op, ck::embedding_forward(out.data, tokens, wte.data, wpe.data, batch, seq,
                                               embd, out.dtype, raw(stream)));
   }
 
-  Status embedding_backward(Tensor dwte, Tensor dwpe, ConstTensor dout,
-                            const std::int32_t* tokens, std::int64_t batch, std::int64_t seq,
-                            std::int64_t embd, std::int64_t vocab, gpu::Stream& stream) override {
+  Status embedding_backward_impl(Tensor dwte, Tensor dwpe, ConstTensor dout,
+                                 const std::int32_t* tokens, std::int64_t batch, std::int64_t seq,
+                                 std::int64_t embd, std::int64_t /*vocab*/,
+                                 gpu::Stream& stream) override {
     constexpr std::string_view op = "embedding_backward";
-    TZ_RETURN_IF_ERROR(check_sizes(op, {{"batch", batch}, {"seq", seq}, {"embd", embd},
-                                        {"vocab", vocab}}));
-    TZ_RETURN_IF_ERROR(check_present(op, "tokens", tokens));
-    TZ_RETURN_IF_ERROR(check_tensor(op, "dout", dout));
-    TZ_RETURN_IF_ERROR(check_optional(op, "dwte", dwte, dout.dtype));
-    TZ_RETURN_IF_ERROR(check_optional(op, "dwpe", dwpe, dout.dtype));
     TZ_RETURN_IF_ERROR(prepare(stream));
     return launched(op, ck::embedding_backward(dwte.data, dwpe.data, dout.data, tokens, batch, seq,
                                                embd, dout.dtype, raw(stream)));
   }
 
-  Status layernorm_forward(Tensor out, float* mean, float* rstd, ConstTensor x, ConstTensor weight,
-                           ConstTensor bias, std::int64_t rows, std::int64_t dim,
-                           gpu::Stream& stream) override {
+  Status layernorm_forward_impl(Tensor out, float* mean, float* rstd, ConstTensor x,
+                                ConstTensor weight, ConstTensor bias, std::int64_t rows,
+                                std::int64_t dim, gpu::Stream& stream) override {
     constexpr std::string_view op = "layernorm_forward";
-    TZ_RETURN_IF_ERROR(check_sizes(op, {{"rows", rows}, {"dim", dim}}));
-    TZ_RETURN_IF_ERROR(same_dtype(op, out, {{"x", x}, {"weight", weight}, {"bias", bias}}));
-    TZ_RETURN_IF_ERROR(check_present(op, "mean", mean));
-    TZ_RETURN_IF_ERROR(check_present(op, "rstd", rstd));
     TZ_RETURN_IF_ERROR(prepare(stream));
     return launched(op, ck::layernorm_forward(out.data, mean, rstd, x.data, weight.data, bias.data,
                                               rows, dim, out.dtype, raw(stream)));
   }
 
-  Status layernorm_backward(Tensor dx, Accumulate dx_mode, Tensor dweight, Tensor dbias,
-                            ConstTensor dout, ConstTensor x, ConstTensor weight, const float* mean,
-                            const float* rstd, std::int64_t rows, std::int64_t dim,
-                            gpu::Stream& stream) override {
+  Status layernorm_backward_impl(Tensor dx, Accumulate dx_mode, Tensor dweight, Tensor dbias,
+                                 ConstTensor dout, ConstTensor x, ConstTensor weight,
+                                 const float* mean, const float* rstd, std::int64_t rows,
+                                 std::int64_t dim, gpu::Stream& stream) override {
     constexpr std::string_view op = "layernorm_backward";
-    TZ_RETURN_IF_ERROR(check_sizes(op, {{"rows", rows}, {"dim", dim}}));
-    TZ_RETURN_IF_ERROR(same_dtype(op, dx, {{"dout", dout}, {"x", x}, {"weight", weight}}));
-    TZ_RETURN_IF_ERROR(check_optional(op, "dweight", dweight, dx.dtype));
-    TZ_RETURN_IF_ERROR(check_optional(op, "dbias", dbias, dx.dtype));
-    TZ_RETURN_IF_ERROR(check_present(op, "mean", mean));
-    TZ_RETURN_IF_ERROR(check_present(op, "rstd", rstd));
     TZ_RETURN_IF_ERROR(prepare(stream));
     return launched(op, ck::layernorm_backward(dx.data, dx_mode == Accumulate::kAdd, dweight.data,
                                                dbias.data, dout.data, x.data, weight.data, mean,
                                                rstd, rows, dim, dx.dtype, raw(stream)));
   }
 
-  Status matmul_forward(Tensor out, ConstTensor x, ConstTensor weight, WeightLayout layout,
-                        ConstTensor bias, std::int64_t rows, std::int64_t in_dim,
-                        std::int64_t out_dim, gpu::Stream& stream) override {
+  Status matmul_forward_impl(Tensor out, ConstTensor x, ConstTensor weight, WeightLayout layout,
+                             ConstTensor bias, std::int64_t rows, std::int64_t in_dim,
+                             std::int64_t out_dim, gpu::Stream& stream) override {
     constexpr std::string_view op = "matmul_forward";
-    TZ_RETURN_IF_ERROR(check_sizes(op, {{"rows", rows}, {"in_dim", in_dim},
-                                        {"out_dim", out_dim}}));
-    TZ_RETURN_IF_ERROR(same_dtype(op, out, {{"x", x}, {"weight", weight}}));
-    TZ_RETURN_IF_ERROR(check_optional(op, "bias", bias, out.dtype));
     TZ_RETURN_IF_ERROR(prepare(stream));
     float beta = 0.0f;
     if (bias.data != nullptr) {
@@ -129,17 +110,11 @@ class CudaOps final : public Ops {
                 x.data, in_dim, beta, out.data, out_dim, out.dtype);
   }
 
-  Status matmul_backward(Tensor dx, Accumulate dx_mode, Tensor dweight, Tensor dbias,
-                         ConstTensor dout, ConstTensor x, ConstTensor weight, WeightLayout layout,
-                         std::int64_t rows, std::int64_t in_dim, std::int64_t out_dim,
-                         gpu::Stream& stream) override {
+  Status matmul_backward_impl(Tensor dx, Accumulate dx_mode, Tensor dweight, Tensor dbias,
+                              ConstTensor dout, ConstTensor x, ConstTensor weight,
+                              WeightLayout layout, std::int64_t rows, std::int64_t in_dim,
+                              std::int64_t out_dim, gpu::Stream& stream) override {
     constexpr std::string_view op = "matmul_backward";
-    TZ_RETURN_IF_ERROR(check_sizes(op, {{"rows", rows}, {"in_dim", in_dim},
-                                        {"out_dim", out_dim}}));
-    TZ_RETURN_IF_ERROR(same_dtype(op, dout, {{"x", x}, {"weight", weight}}));
-    TZ_RETURN_IF_ERROR(check_optional(op, "dx", dx, dout.dtype));
-    TZ_RETURN_IF_ERROR(check_optional(op, "dweight", dweight, dout.dtype));
-    TZ_RETURN_IF_ERROR(check_optional(op, "dbias", dbias, dout.dtype));
     TZ_RETURN_IF_ERROR(prepare(stream));
     const bool in_out = layout == WeightLayout::kInOut;
     const DType dt = dout.dtype;
@@ -166,67 +141,51 @@ class CudaOps final : public Ops {
     return Status::ok();
   }
 
-  Status attention_forward(Tensor out, float* lse, ConstTensor qkv, std::int64_t batch,
-                           std::int64_t seq, std::int64_t embd, std::int64_t heads,
-                           gpu::Stream& stream) override {
+  Status attention_forward_impl(Tensor out, float* lse, ConstTensor qkv, std::int64_t batch,
+                                std::int64_t seq, std::int64_t embd, std::int64_t heads,
+                                gpu::Stream& stream) override {
     constexpr std::string_view op = "attention_forward";
-    TZ_RETURN_IF_ERROR(check_cuda_attention(op, batch, seq, embd, heads));
-    TZ_RETURN_IF_ERROR(same_dtype(op, out, {{"qkv", qkv}}));
-    TZ_RETURN_IF_ERROR(check_present(op, "lse", lse));
     TZ_RETURN_IF_ERROR(prepare(stream));
     return launched(op, ck::attention_forward(out.data, lse, qkv.data, batch, seq, embd, heads,
                                               out.dtype, raw(stream)));
   }
 
-  Status attention_backward(Tensor dqkv, Accumulate dqkv_mode, float* delta, ConstTensor dout,
-                            ConstTensor qkv, ConstTensor out, const float* lse, std::int64_t batch,
-                            std::int64_t seq, std::int64_t embd, std::int64_t heads,
-                            gpu::Stream& stream) override {
+  Status attention_backward_impl(Tensor dqkv, Accumulate dqkv_mode, float* delta, ConstTensor dout,
+                                 ConstTensor qkv, ConstTensor out, const float* lse,
+                                 std::int64_t batch, std::int64_t seq, std::int64_t embd,
+                                 std::int64_t heads, gpu::Stream& stream) override {
     constexpr std::string_view op = "attention_backward";
-    TZ_RETURN_IF_ERROR(check_cuda_attention(op, batch, seq, embd, heads));
-    TZ_RETURN_IF_ERROR(same_dtype(op, dqkv, {{"dout", dout}, {"qkv", qkv}, {"out", out}}));
-    TZ_RETURN_IF_ERROR(check_present(op, "lse", lse));
-    TZ_RETURN_IF_ERROR(check_present(op, "delta", delta));
     TZ_RETURN_IF_ERROR(prepare(stream));
     return launched(op, ck::attention_backward(dqkv.data, dqkv_mode == Accumulate::kAdd, delta,
                                                dout.data, qkv.data, out.data, lse, batch, seq,
                                                embd, heads, dqkv.dtype, raw(stream)));
   }
 
-  Status gelu_forward(Tensor out, ConstTensor x, std::int64_t n, gpu::Stream& stream) override {
+  Status gelu_forward_impl(Tensor out, ConstTensor x, std::int64_t n,
+                           gpu::Stream& stream) override {
     constexpr std::string_view op = "gelu_forward";
-    TZ_RETURN_IF_ERROR(check_positive(op, "n", n));
-    TZ_RETURN_IF_ERROR(same_dtype(op, out, {{"x", x}}));
     TZ_RETURN_IF_ERROR(prepare(stream));
     return launched(op, ck::gelu_forward(out.data, x.data, n, out.dtype, raw(stream)));
   }
 
-  Status gelu_backward(Tensor dx, Accumulate dx_mode, ConstTensor dout, ConstTensor x,
-                       std::int64_t n, gpu::Stream& stream) override {
+  Status gelu_backward_impl(Tensor dx, Accumulate dx_mode, ConstTensor dout, ConstTensor x,
+                            std::int64_t n, gpu::Stream& stream) override {
     constexpr std::string_view op = "gelu_backward";
-    TZ_RETURN_IF_ERROR(check_positive(op, "n", n));
-    TZ_RETURN_IF_ERROR(same_dtype(op, dx, {{"dout", dout}, {"x", x}}));
     TZ_RETURN_IF_ERROR(prepare(stream));
     return launched(op, ck::gelu_backward(dx.data, dx_mode == Accumulate::kAdd, dout.data, x.data,
                                           n, dx.dtype, raw(stream)));
   }
 
-  Status residual_forward(Tensor out, ConstTensor a, ConstTensor b, std::int64_t n,
-                          gpu::Stream& stream) override {
+  Status residual_forward_impl(Tensor out, ConstTensor a, ConstTensor b, std::int64_t n,
+                               gpu::Stream& stream) override {
     constexpr std::string_view op = "residual_forward";
-    TZ_RETURN_IF_ERROR(check_positive(op, "n", n));
-    TZ_RETURN_IF_ERROR(same_dtype(op, out, {{"a", a}, {"b", b}}));
     TZ_RETURN_IF_ERROR(prepare(stream));
     return launched(op, ck::residual_forward(out.data, a.data, b.data, n, out.dtype, raw(stream)));
   }
 
-  Status residual_backward(Tensor da, Accumulate da_mode, Tensor db, Accumulate db_mode,
-                           ConstTensor dout, std::int64_t n, gpu::Stream& stream) override {
+  Status residual_backward_impl(Tensor da, Accumulate da_mode, Tensor db, Accumulate db_mode,
+                                ConstTensor dout, std::int64_t n, gpu::Stream& stream) override {
     constexpr std::string_view op = "residual_backward";
-    TZ_RETURN_IF_ERROR(check_positive(op, "n", n));
-    TZ_RETURN_IF_ERROR(check_tensor(op, "dout", dout));
-    TZ_RETURN_IF_ERROR(check_optional(op, "da", da, dout.dtype));
-    TZ_RETURN_IF_ERROR(check_optional(op, "db", db, dout.dtype));
     TZ_RETURN_IF_ERROR(prepare(stream));
     if (da.data != nullptr) {
       TZ_RETURN_IF_ERROR(launched(op, ck::accumulate(da.data, da_mode == Accumulate::kAdd,
@@ -239,36 +198,28 @@ class CudaOps final : public Ops {
     return Status::ok();
   }
 
-  Status cross_entropy_forward(float* losses, ConstTensor logits, const std::int32_t* targets,
-                               std::int64_t rows, std::int64_t vocab,
-                               gpu::Stream& stream) override {
+  Status cross_entropy_forward_impl(float* losses, ConstTensor logits, const std::int32_t* targets,
+                                    std::int64_t rows, std::int64_t vocab,
+                                    gpu::Stream& stream) override {
     constexpr std::string_view op = "cross_entropy_forward";
-    TZ_RETURN_IF_ERROR(check_sizes(op, {{"rows", rows}, {"vocab", vocab}}));
-    TZ_RETURN_IF_ERROR(check_tensor(op, "logits", logits));
-    TZ_RETURN_IF_ERROR(check_present(op, "targets", targets));
-    TZ_RETURN_IF_ERROR(check_present(op, "losses", losses));
     TZ_RETURN_IF_ERROR(prepare(stream));
     return launched(op, ck::cross_entropy(nullptr, losses, logits.data, targets, rows, vocab, 0.0f,
                                           logits.dtype, raw(stream)));
   }
 
-  Status cross_entropy_backward(Tensor dlogits, float* losses, ConstTensor logits,
-                                const std::int32_t* targets, std::int64_t rows,
-                                std::int64_t vocab, float grad_scale,
-                                gpu::Stream& stream) override {
+  Status cross_entropy_backward_impl(Tensor dlogits, float* losses, ConstTensor logits,
+                                     const std::int32_t* targets, std::int64_t rows,
+                                     std::int64_t vocab, float grad_scale,
+                                     gpu::Stream& stream) override {
     constexpr std::string_view op = "cross_entropy_backward";
-    TZ_RETURN_IF_ERROR(check_sizes(op, {{"rows", rows}, {"vocab", vocab}}));
-    TZ_RETURN_IF_ERROR(same_dtype(op, dlogits, {{"logits", logits}}));
-    TZ_RETURN_IF_ERROR(check_present(op, "targets", targets));
     TZ_RETURN_IF_ERROR(prepare(stream));
     return launched(op, ck::cross_entropy(dlogits.data, losses, logits.data, targets, rows, vocab,
                                           grad_scale, logits.dtype, raw(stream)));
   }
 
-  Result<double> gemm_seconds(std::int64_t m, std::int64_t n, std::int64_t k, DType dtype,
-                              int repeats, gpu::Stream& stream) override {
+  Result<double> gemm_seconds_impl(std::int64_t m, std::int64_t n, std::int64_t k, DType dtype,
+                                   int repeats, gpu::Stream& stream) override {
     constexpr std::string_view op = "gemm_seconds";
-    TZ_RETURN_IF_ERROR(check_sizes(op, {{"m", m}, {"n", n}, {"k", k}, {"repeats", repeats}}));
     TZ_RETURN_IF_ERROR(prepare(stream));
     const std::size_t es = dtype_size(dtype);
     TZ_ASSIGN_OR_RETURN(gpu::DeviceBuffer a, device_.allocate(static_cast<std::size_t>(m * k) * es));
@@ -291,44 +242,89 @@ class CudaOps final : public Ops {
     return times[times.size() / 2];
   }
 
- private:
-  struct NamedTensor {
-    std::string_view name;
-    ConstTensor t;
-  };
-  // `first` and every tensor of `rest` are present and share first's dtype (cuBLAS multiplies
-  // like with like, so this backend keeps act == param).
-  static Status same_dtype(std::string_view op, ConstTensor first,
-                           std::initializer_list<NamedTensor> rest) {
-    TZ_RETURN_IF_ERROR(check_tensor(op, "output", first));
-    for (const NamedTensor& n : rest) {
-      TZ_RETURN_IF_ERROR(check_tensor(op, n.name, n.t));
-      TZ_RETURN_IF_ERROR(check_dtype(op, n.name, n.t, first.dtype));
-    }
-    return Status::ok();
-  }
-  static Status check_cuda_attention(std::string_view op, std::int64_t batch, std::int64_t seq,
-                                     std::int64_t embd, std::int64_t heads) {
-    TZ_RETURN_IF_ERROR(check_attention(op, batch, seq, embd, heads));
-    if (embd / heads > ck::kMaxHeadDim) {
-      return Status::invalid_argument(std::string(op) + ": head_dim " +
-                                      std::to_string(embd / heads) + " exceeds the CUDA kernels' " +
-                                      std::to_string(ck::kMaxHeadDim));
-    }
-    if (batch * heads > 65535) {
-      return Status::invalid_argument(std::string(op) + ": batch*heads " +
-                                      std::to_string(batch * heads) + " exceeds 65535");
-    }
-    return Status::ok();
+  Status rmsnorm_forward_impl(Tensor out, float* rstd, ConstTensor x, ConstTensor weight,
+                              float eps, std::int64_t rows, std::int64_t dim,
+                              gpu::Stream& stream) override {
+    TZ_RETURN_IF_ERROR(prepare(stream));
+    return launched("rmsnorm_forward",
+                    ck::rmsnorm_forward(out.data, rstd, x.data, weight.data, eps, rows, dim,
+                                        out.dtype, raw(stream)));
   }
 
+  Status rmsnorm_backward_impl(Tensor dx, Accumulate dx_mode, Tensor dweight, ConstTensor dout,
+                               ConstTensor x, ConstTensor weight, const float* rstd,
+                               std::int64_t rows, std::int64_t dim,
+                               gpu::Stream& stream) override {
+    TZ_RETURN_IF_ERROR(prepare(stream));
+    return launched("rmsnorm_backward",
+                    ck::rmsnorm_backward(dx.data, dx_mode == Accumulate::kAdd, dweight.data,
+                                         dout.data, x.data, weight.data, rstd, rows, dim,
+                                         dx.dtype, raw(stream)));
+  }
+
+  Status rope_impl(Tensor x, const float* inv_freq, std::int64_t batch, std::int64_t seq,
+                   std::int64_t heads, std::int64_t head_dim, std::int64_t row_stride,
+                   std::int64_t pos_offset, bool inverse, gpu::Stream& stream) override {
+    TZ_RETURN_IF_ERROR(prepare(stream));
+    return launched(inverse ? "rope_backward" : "rope_forward",
+                    ck::rope(x.data, inv_freq, batch, seq, heads, head_dim, row_stride,
+                             pos_offset, inverse, x.dtype, raw(stream)));
+  }
+
+  Status swiglu_forward_impl(Tensor out, ConstTensor gate, ConstTensor up, std::int64_t rows,
+                             std::int64_t dim, std::int64_t in_stride,
+                             gpu::Stream& stream) override {
+    TZ_RETURN_IF_ERROR(prepare(stream));
+    return launched("swiglu_forward", ck::swiglu_forward(out.data, gate.data, up.data, rows, dim,
+                                                         in_stride, out.dtype, raw(stream)));
+  }
+
+  Status swiglu_backward_impl(Tensor dgate, Tensor dup, ConstTensor dout, ConstTensor gate,
+                              ConstTensor up, std::int64_t rows, std::int64_t dim,
+                              std::int64_t in_stride, gpu::Stream& stream) override {
+    TZ_RETURN_IF_ERROR(prepare(stream));
+    return launched("swiglu_backward",
+                    ck::swiglu_backward(dgate.data, dup.data, dout.data, gate.data, up.data, rows,
+                                        dim, in_stride, dgate.dtype, raw(stream)));
+  }
+
+  Status gqa_attention_forward_impl(Tensor out, float* lse, ConstTensor q, ConstTensor k,
+                                    ConstTensor v, std::int64_t batch, std::int64_t q_len,
+                                    std::int64_t kv_len, std::int64_t q_heads,
+                                    std::int64_t kv_heads, std::int64_t head_dim,
+                                    std::int64_t q_stride, std::int64_t kv_stride, float scale,
+                                    gpu::Stream& stream) override {
+    TZ_RETURN_IF_ERROR(prepare(stream));
+    const ck::GqaArgs a{batch,    q_len,    kv_len,    q_heads, kv_heads,
+                        head_dim, q_stride, kv_stride, scale};
+    return launched("gqa_attention_forward",
+                    ck::gqa_attention_forward(out.data, lse, q.data, k.data, v.data, a, out.dtype,
+                                              raw(stream)));
+  }
+
+  Status gqa_attention_backward_impl(Tensor dq, Tensor dk, Tensor dv, Accumulate d_mode,
+                                     float* delta, ConstTensor dout, ConstTensor q,
+                                     ConstTensor k, ConstTensor v, ConstTensor out,
+                                     const float* lse, std::int64_t batch, std::int64_t seq,
+                                     std::int64_t q_heads, std::int64_t kv_heads,
+                                     std::int64_t head_dim, std::int64_t q_stride,
+                                     std::int64_t kv_stride, float scale,
+                                     gpu::Stream& stream) override {
+    TZ_RETURN_IF_ERROR(prepare(stream));
+    const ck::GqaArgs a{batch, seq, seq, q_heads, kv_heads, head_dim, q_stride, kv_stride, scale};
+    return launched("gqa_attention_backward",
+                    ck::gqa_attention_backward(dq.data, dk.data, dv.data,
+                                               d_mode == Accumulate::kAdd, delta, dout.data,
+                                               q.data, k.data, v.data, out.data, lse, a, dq.dtype,
+                                               raw(stream)));
+  }
+
+ private:
   static void* raw(gpu::Stream& stream) { return stream.native_handle(); }
 
+  // Makes the device current and points cuBLAS at `stream` (the public method checked that it
+  // is this device's).
   Status prepare(gpu::Stream& stream) {
-    if (&stream.device() != &device_) {
-      return Status::invalid_argument("ops: the stream '" + stream.name() +
-                                      "' belongs to another device than the Ops object's");
-    }
     TZ_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_.cuda_ordinal()));
     return cublas_status(cublasSetStream(handle_, static_cast<cudaStream_t>(raw(stream))),
                          "cublasSetStream");

@@ -1,5 +1,6 @@
-// Argument checks shared by both backends of ops/ops.h: each returns kInvalidArgument naming the
-// op and the argument, so the CPU and the CUDA backend reject exactly the same calls.
+// Argument checks of ops/ops.h's public methods (ops.cc), which validate every call once for both
+// backends: each returns kInvalidArgument naming the op and the argument, so the CPU and the CUDA
+// backend reject exactly the same calls.
 #pragma once
 
 #include <cstdint>
