@@ -1,4 +1,4 @@
-// `tierzero train`: trains a GPT-2 model end to end on the ZeRO engine (zero/engine.h) with the
+// `tierzero train`: trains a model (model/factory.h) end to end on the ZeRO engine (zero/engine.h) with the
 // DeepSpeed config's stage, offload, precision and optimizer, on N rank threads of one process
 // (--ranks) or one rank per process under mpirun/srun. Everything a run can get wrong up front
 // (model, data, flags against the config, NVMe space) is checked before the first step; every
@@ -37,7 +37,7 @@
 #include "core/units.h"
 #include "gpu/select.h"
 #include "model/data.h"
-#include "model/gpt2.h"
+#include "model/factory.h"
 #include "zero/checkpoint.h"
 #include "zero/engine.h"
 
@@ -83,8 +83,8 @@ extern "C" void on_sigint(int) {
 struct RunSetup {
   TrainFlags flags;
   Config config;
-  model::Gpt2Shape shape;
-  model::Gpt2Options model_options;
+  model::ModelDesc shape;
+  model::ModelOptions model_options;
   DType compute = DType::kF32;
   std::uint64_t seed = 1234;
   int world = 1;
@@ -152,7 +152,7 @@ Result<RunSetup> prepare(const TrainFlags& f) {
   RunSetup s;
   s.flags = f;
   TZ_ASSIGN_OR_RETURN(s.config, load_run_config(f.config_path, f.nvme_path));
-  TZ_ASSIGN_OR_RETURN(s.shape, model::parse_model(f.model));
+  TZ_ASSIGN_OR_RETURN(s.shape, model::resolve_model(f.model));
   const int seq = f.seq > 0 ? f.seq : s.shape.seq;
   if (f.seq < 0) return Status::invalid_argument("--seq must be positive");
   if (seq > s.shape.seq) {
@@ -320,14 +320,14 @@ std::string tier_text(const zero::TierBytes& b) {
 }
 
 // The mean validation loss over the fixed set (every rank its share; collective).
-Result<double> evaluate(model::Gpt2& gpt, const model::ValidationSet& val, RankScalars& scalars,
+Result<double> evaluate(model::Model& net, const model::ValidationSet& val, RankScalars& scalars,
                         gpu::Stream& stream) {
   const auto bt = static_cast<std::size_t>(val.loader.tokens_per_micro_batch());
   std::vector<std::int32_t> tok(bt), tgt(bt);
   double sum = 0;
   for (int i = 0; i < val.batches_per_rank; ++i) {
     val.loader.batch(i, tok, tgt);
-    TZ_ASSIGN_OR_RETURN(double l, gpt.eval_loss(tok, tgt));
+    TZ_ASSIGN_OR_RETURN(double l, net.eval_loss(tok, tgt));
     sum += l;
   }
   TZ_ASSIGN_OR_RETURN(auto total,
@@ -411,15 +411,17 @@ Status run_rank(const RunSetup& s, int rank, gpu::Device& device, comm::Comm& co
   const zero::EngineOptions eo =
       engine_options_for(s.config, s.shape, s.model_options, f.nvme_path, s.seed);
   TZ_ASSIGN_OR_RETURN(std::unique_ptr<zero::Engine> engine, zero::Engine::create(eo, device, comm));
-  TZ_ASSIGN_OR_RETURN(std::unique_ptr<model::Gpt2> gpt,
-                      model::Gpt2::create(s.shape, s.model_options, *engine));
+  TZ_ASSIGN_OR_RETURN(std::unique_ptr<model::Model> net,
+                      model::create_model(s.shape, s.model_options, *engine));
   TZ_RETURN_IF_ERROR(engine->finalize());
   if (!f.init.empty()) {
-    TZ_RETURN_IF_ERROR(gpt->load_safetensors(f.init));
+    TZ_RETURN_IF_ERROR(net->load_weights(f.init));
+  } else if (!s.shape.folder.empty()) {
+    TZ_RETURN_IF_ERROR(net->load_weights(s.shape.folder));
   } else {
-    TZ_RETURN_IF_ERROR(gpt->init_weights(s.seed));
+    TZ_RETURN_IF_ERROR(net->init_weights(s.seed));
   }
-  const int seq = gpt->options().seq;
+  const int seq = net->options().seq;
   model::LoaderOptions lo{.micro_batch = s.model_options.micro_batch,
                           .seq = seq,
                           .rank = rank,
@@ -439,7 +441,7 @@ Status run_rank(const RunSetup& s, int rank, gpu::Device& device, comm::Comm& co
   if (rank == 0) reporter.emplace(s, metrics);
 
   if (val && f.eval_every > 0) {
-    TZ_ASSIGN_OR_RETURN(double v0, evaluate(*gpt, *val, scalars, stream));
+    TZ_ASSIGN_OR_RETURN(double v0, evaluate(*net, *val, scalars, stream));
     if (reporter) reporter->line("step 0 | val loss " + std::to_string(v0));
   }
 
@@ -475,7 +477,7 @@ Status run_rank(const RunSetup& s, int rank, gpu::Device& device, comm::Comm& co
     double loss_sum = 0;
     for (int m = 0; m < k; ++m) {
       loader.next(tok, tgt);
-      TZ_ASSIGN_OR_RETURN(double l, gpt->train_micro_batch(tok, tgt));
+      TZ_ASSIGN_OR_RETURN(double l, net->train_micro_batch(tok, tgt));
       loss_sum += l;
     }
     TZ_ASSIGN_OR_RETURN(zero::StepReport rep, engine->step());
@@ -487,7 +489,7 @@ Status run_rank(const RunSetup& s, int rank, gpu::Device& device, comm::Comm& co
     const bool eval_now =
         val && !stop && ((f.eval_every > 0 && step % f.eval_every == 0) || step == f.steps);
     if (eval_now) {
-      TZ_ASSIGN_OR_RETURN(double v, evaluate(*gpt, *val, scalars, stream));
+      TZ_ASSIGN_OR_RETURN(double v, evaluate(*net, *val, scalars, stream));
       val_loss = v;
     }
     if (summary != nullptr) {
@@ -515,7 +517,7 @@ Status run_rank(const RunSetup& s, int rank, gpu::Device& device, comm::Comm& co
     }
   }
   if (reporter) reporter->finish();
-  if (!f.save_weights.empty()) TZ_RETURN_IF_ERROR(gpt->save_safetensors(f.save_weights));
+  if (!f.save_weights.empty()) TZ_RETURN_IF_ERROR(net->save_weights(f.save_weights));
   TZ_ASSIGN_OR_RETURN(std::uint64_t xxh3, engine->params_xxh3());
   if (summary != nullptr) {
     summary->params = engine->param_count();
@@ -651,12 +653,14 @@ TZ_REGISTER_COMMAND([](CommandTree& tree) {
   auto f = std::make_shared<TrainFlags>();
   auto seed = std::make_shared<std::uint64_t>(0);
   CLI::App* cmd = tree.root->add_subcommand("train",
-                                            "Train a GPT-2 model with ZeRO and tiered offload as a "
-                                            "DeepSpeed config says (docs/train.md)");
+                                            "Train a model (GPT-2 or the Llama family) with ZeRO and "
+                                            "tiered offload as a DeepSpeed config says (docs/train.md)");
   cmd->add_option("--config", f->config_path, "DeepSpeed-style JSON config")->required();
   cmd->add_option("--model", f->model,
-                  "gpt2-124m|gpt2-350m|gpt2-774m|gpt2-1.5b or gpt2:layers=L,heads=H,embd=E,"
-                  "vocab=V,seq=S")
+                  "A preset (gpt2-124m|350m|774m|1.5b, llama-3.2-1b|3b, llama-3.1-8b, "
+                  "qwen3-0.6b|4b, mistral-7b), gpt2:layers=L,heads=H,embd=E,vocab=V,seq=S, "
+                  "llama:layers=L,heads=H,kv_heads=K,embd=E,ffn=F,vocab=V,seq=S, or a Hugging "
+                  "Face folder (config.json + safetensors; its weights are the start)")
       ->required();
   cmd->add_option("--data", f->data,
                   "llm.c token file (.bin) or plain text read as bytes (vocab 256); default: "
@@ -677,7 +681,7 @@ TZ_REGISTER_COMMAND([](CommandTree& tree) {
                   "Activation checkpointing: 1 on, 0 off (default: on for presets above gpt2-124m)")
       ->check(CLI::Range(0, 1));
   cmd->add_option("--nvme-path", f->nvme_path, "Directory for both offloads' swap files");
-  cmd->add_option("--init", f->init, "Initial weights (HF GPT-2 safetensors) instead of HF's init");
+  cmd->add_option("--init", f->init, "Initial weights (HF safetensors file or folder) instead of HF's init");
   cmd->add_option("--save-dir", f->save_dir,
                   "Write checkpoints into DIR/step-N (after every --save-every steps, the last step "
                   "and Ctrl-C); crash-consistent, by parameter (docs/checkpoints.md)");
@@ -688,7 +692,8 @@ TZ_REGISTER_COMMAND([](CommandTree& tree) {
                   "Continue from a checkpoint (DIR/step-N) or the latest in DIR; any rank count, "
                   "stage or offload (a reshard)");
   cmd->add_option("--save-weights", f->save_weights,
-                  "Write the final weights as HF safetensors (+ config.json beside them)");
+                  "Write the final weights as HF safetensors: GPT-2 a file (+ config.json beside it), the "
+                  "Llama family a folder transformers loads");
   cmd->add_option("--metrics", f->metrics, "One JSON object per step to this file (JSONL)");
   cmd->add_option("--trace-out", f->trace_out, "Chrome trace of the run (open in Perfetto)");
   CLI::Option* seed_opt = cmd->add_option("--seed", *seed,
