@@ -292,6 +292,108 @@ void LayerNormRowBackwardImpl(const float* x, const float* w, const float* dout,
   }
 }
 
+float RmsNormRowImpl(const float* x, const float* w, float* out, std::size_t n, float eps) {
+  const D d;
+  const std::size_t lanes = hn::Lanes(d);
+  const float rstd = math::rmsnorm_rstd(DotImpl(x, x, n), static_cast<int>(n), eps);
+  const V vr = hn::Set(d, rstd);
+  std::size_t i = 0;
+  for (; i + lanes <= n; i += lanes) {
+    hn::StoreU(hn::Mul(hn::Mul(hn::LoadU(d, x + i), vr), hn::LoadU(d, w + i)), d, out + i);
+  }
+  for (; i < n; ++i) out[i] = x[i] * rstd * w[i];
+  return rstd;
+}
+
+void RmsNormRowBackwardImpl(const float* x, const float* w, const float* dout, float rstd,
+                            float* dx, bool accumulate, float* dw, std::size_t n) {
+  const D d;
+  const std::size_t lanes = hn::Lanes(d);
+  const V vr = hn::Set(d, rstd);
+  V s = hn::Zero(d);
+  std::size_t i = 0;
+  for (; i + lanes <= n; i += lanes) {
+    const V xv = hn::LoadU(d, x + i);
+    const V g = hn::LoadU(d, dout + i);
+    s = hn::MulAdd(hn::Mul(g, hn::LoadU(d, w + i)), xv, s);
+    if (dw != nullptr) hn::StoreU(hn::MulAdd(g, hn::Mul(xv, vr), hn::LoadU(d, dw + i)), d, dw + i);
+  }
+  float sum_dxhat_x = reduce_sum(d, s);
+  for (; i < n; ++i) {
+    sum_dxhat_x += dout[i] * w[i] * x[i];
+    if (dw != nullptr) dw[i] += dout[i] * (x[i] * rstd);
+  }
+  const float m = sum_dxhat_x / static_cast<float>(n);
+  const V vk = hn::Set(d, rstd * rstd * m);
+  for (i = 0; i + lanes <= n; i += lanes) {
+    const V dxhat = hn::Mul(hn::LoadU(d, dout + i), hn::LoadU(d, w + i));
+    V g = hn::Mul(vr, hn::NegMulAdd(hn::LoadU(d, x + i), vk, dxhat));
+    if (accumulate) g = hn::Add(g, hn::LoadU(d, dx + i));
+    hn::StoreU(g, d, dx + i);
+  }
+  for (; i < n; ++i) {
+    const float g = math::rmsnorm_dx(dout[i] * w[i], x[i], rstd, m);
+    dx[i] = accumulate ? dx[i] + g : g;
+  }
+}
+
+// math::sigmoid lane-wise: exp(-|x|) never overflows.
+HWY_INLINE V sigmoid_vec(D d, V x) {
+  const V e = hn::Exp(d, hn::Neg(hn::Abs(x)));
+  const V r = hn::Div(hn::Set(d, 1.0f), hn::Add(hn::Set(d, 1.0f), e));
+  return hn::IfThenElse(hn::Ge(x, hn::Zero(d)), r, hn::Mul(e, r));
+}
+
+void SwigluForwardImpl(const float* gate, const float* up, float* out, std::size_t n) {
+  const D d;
+  const std::size_t lanes = hn::Lanes(d);
+  std::size_t i = 0;
+  for (; i + lanes <= n; i += lanes) {
+    const V g = hn::LoadU(d, gate + i);
+    hn::StoreU(hn::Mul(hn::Mul(g, sigmoid_vec(d, g)), hn::LoadU(d, up + i)), d, out + i);
+  }
+  for (; i < n; ++i) out[i] = math::swiglu_forward(gate[i], up[i]);
+}
+
+void SwigluBackwardImpl(const float* gate, const float* up, const float* dout, float* dgate,
+                        float* dup, std::size_t n) {
+  const D d;
+  const std::size_t lanes = hn::Lanes(d);
+  const V one = hn::Set(d, 1.0f);
+  std::size_t i = 0;
+  for (; i + lanes <= n; i += lanes) {
+    const V g = hn::LoadU(d, gate + i);
+    const V u = hn::LoadU(d, up + i);
+    const V go = hn::LoadU(d, dout + i);
+    const V sig = sigmoid_vec(d, g);
+    // dgate = dout * up * sig * (1 + g * (1 - sig)); dup = dout * g * sig.
+    const V inner = hn::MulAdd(g, hn::Sub(one, sig), one);
+    hn::StoreU(hn::Mul(hn::Mul(hn::Mul(go, u), sig), inner), d, dgate + i);
+    hn::StoreU(hn::Mul(hn::Mul(go, g), sig), d, dup + i);
+  }
+  for (; i < n; ++i) math::swiglu_backward(gate[i], up[i], dout[i], dgate + i, dup + i);
+}
+
+void RopeRotateImpl(float* x, const float* cos_a, const float* sin_a, std::size_t half,
+                    bool inverse) {
+  const D d;
+  const std::size_t lanes = hn::Lanes(d);
+  float* x1 = x + half;
+  std::size_t i = 0;
+  for (; i + lanes <= half; i += lanes) {
+    const V a = hn::LoadU(d, x + i);
+    const V b = hn::LoadU(d, x1 + i);
+    const V c = hn::LoadU(d, cos_a + i);
+    V s = hn::LoadU(d, sin_a + i);
+    if (inverse) s = hn::Neg(s);
+    hn::StoreU(hn::NegMulAdd(b, s, hn::Mul(a, c)), d, x + i);  // a c - b s
+    hn::StoreU(hn::MulAdd(a, s, hn::Mul(b, c)), d, x1 + i);    // b c + a s
+  }
+  for (; i < half; ++i) {
+    math::rope_rotate(x[i], x1[i], cos_a[i], inverse ? -sin_a[i] : sin_a[i], x + i, x1 + i);
+  }
+}
+
 float CrossEntropyRowImpl(const float* logits, float* grad, std::size_t n, std::size_t target,
                           float grad_scale) {
   const float m = MaxImpl(logits, n);
@@ -337,6 +439,11 @@ HWY_EXPORT(GeluBackwardImpl);
 HWY_EXPORT(LayerNormRowImpl);
 HWY_EXPORT(LayerNormRowBackwardImpl);
 HWY_EXPORT(CrossEntropyRowImpl);
+HWY_EXPORT(RmsNormRowImpl);
+HWY_EXPORT(RmsNormRowBackwardImpl);
+HWY_EXPORT(SwigluForwardImpl);
+HWY_EXPORT(SwigluBackwardImpl);
+HWY_EXPORT(RopeRotateImpl);
 
 float dot(const float* a, const float* b, std::size_t n) {
   return HWY_DYNAMIC_DISPATCH(DotImpl)(a, b, n);
@@ -376,6 +483,25 @@ void layernorm_row_backward(const float* x, const float* w, const float* dout, f
 float cross_entropy_row(const float* logits, float* grad, std::size_t n, std::size_t target,
                         float grad_scale) {
   return HWY_DYNAMIC_DISPATCH(CrossEntropyRowImpl)(logits, grad, n, target, grad_scale);
+}
+
+float rmsnorm_row(const float* x, const float* w, float* out, std::size_t n, float eps) {
+  return HWY_DYNAMIC_DISPATCH(RmsNormRowImpl)(x, w, out, n, eps);
+}
+void rmsnorm_row_backward(const float* x, const float* w, const float* dout, float rstd, float* dx,
+                          bool accumulate, float* dw, std::size_t n) {
+  HWY_DYNAMIC_DISPATCH(RmsNormRowBackwardImpl)(x, w, dout, rstd, dx, accumulate, dw, n);
+}
+void swiglu_forward(const float* gate, const float* up, float* out, std::size_t n) {
+  HWY_DYNAMIC_DISPATCH(SwigluForwardImpl)(gate, up, out, n);
+}
+void swiglu_backward(const float* gate, const float* up, const float* dout, float* dgate,
+                     float* dup, std::size_t n) {
+  HWY_DYNAMIC_DISPATCH(SwigluBackwardImpl)(gate, up, dout, dgate, dup, n);
+}
+void rope_rotate(float* x, const float* cos_a, const float* sin_a, std::size_t half,
+                 bool inverse) {
+  HWY_DYNAMIC_DISPATCH(RopeRotateImpl)(x, cos_a, sin_a, half, inverse);
 }
 
 }  // namespace tz::ops::cpu_kernels

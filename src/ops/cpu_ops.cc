@@ -114,8 +114,7 @@ class CpuOps final : public Ops {
     TZ_RETURN_IF_ERROR(check_tensor(op, "out", out));
     TZ_RETURN_IF_ERROR(check_present(op, "tokens", tokens));
     TZ_RETURN_IF_ERROR(check_tensor(op, "wte", wte));
-    TZ_RETURN_IF_ERROR(check_tensor(op, "wpe", wpe));
-    TZ_RETURN_IF_ERROR(check_dtype(op, "wpe", wpe, wte.dtype));
+    TZ_RETURN_IF_ERROR(check_optional(op, "wpe", wpe, wte.dtype));
     return enqueue(stream, [=] {
       const size_t rows = sz(batch * seq);
       const size_t c = sz(embd);
@@ -123,6 +122,10 @@ class CpuOps final : public Ops {
         const std::int32_t tok = tokens[r];
         TZ_ASSERT(tok >= 0 && tok < vocab, "embedding_forward: token out of [0, vocab)");
         const float* w = load(wte, sz(tok) * c, c, tls_scratch(0, c));
+        if (wpe.data == nullptr) {  // no learned positions
+          store(out, r * c, w, c, false, nullptr);
+          return;
+        }
         const float* p = load(wpe, (r % sz(seq)) * c, c, tls_scratch(1, c));
         float* o = out.dtype == DType::kF32 ? static_cast<float*>(out.data) + r * c
                                             : tls_scratch(2, c);
@@ -619,42 +622,275 @@ class CpuOps final : public Ops {
  protected:
   Limits limits() const override { return Limits{}; }
 
-  // The Llama-family ops are declared (ops.h) ahead of their kernels, which follow.
-  static Status not_yet(std::string_view op) {
-    return Status::internal(std::string(op) + ": not implemented yet in the CPU backend");
+  Status rmsnorm_forward_impl(Tensor out, float* rstd, ConstTensor x, ConstTensor weight,
+                              float eps, std::int64_t rows, std::int64_t dim,
+                              gpu::Stream& stream) override {
+    return enqueue(stream, [=, this] {
+      const size_t c = sz(dim);
+      const float* w = whole(kSlotW, weight, c);
+      parallel(sz(rows), 4, [&](size_t r) {
+        const float* xr = load(x, r * c, c, tls_scratch(0, c));
+        float* o = out.dtype == DType::kF32 ? static_cast<float*>(out.data) + r * c
+                                            : tls_scratch(1, c);
+        rstd[r] = ck::rmsnorm_row(xr, w, o, c, eps);
+        store(out, r * c, o, c, false, nullptr);
+      });
+    });
   }
-  Status rmsnorm_forward_impl(Tensor, float*, ConstTensor, ConstTensor, float, std::int64_t,
-                              std::int64_t, gpu::Stream&) override {
-    return not_yet("rmsnorm_forward");
+
+  Status rmsnorm_backward_impl(Tensor dx, Accumulate dx_mode, Tensor dweight, ConstTensor dout,
+                               ConstTensor x, ConstTensor weight, const float* rstd,
+                               std::int64_t rows, std::int64_t dim,
+                               gpu::Stream& stream) override {
+    return enqueue(stream, [=, this] {
+      const size_t c = sz(dim);
+      const size_t n = sz(rows);
+      const float* w = whole(kSlotW, weight, c);
+      // Fixed chunks of rows with their own partial dweight, summed in chunk order (as
+      // layernorm_backward): the bits do not depend on the thread count.
+      const size_t chunks = (n + kRowsPerChunk - 1) / kRowsPerChunk;
+      const bool want_dw = dweight.data != nullptr;
+      float* part_w = want_dw ? scratch(kSlotX, chunks * c) : nullptr;
+      if (want_dw) std::fill(part_w, part_w + chunks * c, 0.0f);
+      const bool add = dx_mode == Accumulate::kAdd;
+      parallel(chunks, 1, [&](size_t k) {
+        for (size_t r = k * kRowsPerChunk; r < std::min(n, (k + 1) * kRowsPerChunk); ++r) {
+          const float* xr = load(x, r * c, c, tls_scratch(0, c));
+          const float* gr = load(dout, r * c, c, tls_scratch(1, c));
+          const bool direct = dx.dtype == DType::kF32;
+          float* d = direct ? static_cast<float*>(dx.data) + r * c : tls_scratch(2, c);
+          ck::rmsnorm_row_backward(xr, w, gr, rstd[r], d, direct && add,
+                                   want_dw ? part_w + k * c : nullptr, c);
+          if (!direct) store(dx, r * c, d, c, add, tls_scratch(3, c));
+        }
+      });
+      reduce_partials(dweight, part_w, chunks, c);
+    });
   }
-  Status rmsnorm_backward_impl(Tensor, Accumulate, Tensor, ConstTensor, ConstTensor, ConstTensor,
-                               const float*, std::int64_t, std::int64_t, gpu::Stream&) override {
-    return not_yet("rmsnorm_backward");
+
+  Status rope_impl(Tensor x, const float* inv_freq, std::int64_t batch, std::int64_t seq,
+                   std::int64_t heads, std::int64_t head_dim, std::int64_t row_stride,
+                   std::int64_t pos_offset, bool inverse, gpu::Stream& stream) override {
+    return enqueue(stream, [=] {
+      const size_t hd = sz(head_dim);
+      const size_t half = hd / 2;
+      parallel(sz(batch * seq), 4, [&](size_t r) {
+        // The row's angles once, shared by its heads.
+        const long long pos = pos_offset + static_cast<long long>(r % sz(seq));
+        float* cs = tls_scratch(0, hd);
+        for (size_t i = 0; i < half; ++i) {
+          const float a = math::rope_angle(pos, inv_freq[i]);
+          cs[i] = std::cos(a);
+          cs[half + i] = std::sin(a);
+        }
+        for (size_t h = 0; h < sz(heads); ++h) {
+          const size_t off = r * sz(row_stride) + h * hd;
+          float* xh = x.dtype == DType::kF32 ? static_cast<float*>(x.data) + off
+                                             : tls_scratch(1, hd);
+          if (x.dtype != DType::kF32) load_into(x, off, hd, xh);
+          ck::rope_rotate(xh, cs, cs + half, half, inverse);
+          store(x, off, xh, hd, false, nullptr);
+        }
+      });
+    });
   }
-  Status rope_impl(Tensor, const float*, std::int64_t, std::int64_t, std::int64_t, std::int64_t,
-                   std::int64_t, std::int64_t, bool, gpu::Stream&) override {
-    return not_yet("rope");
+
+  Status swiglu_forward_impl(Tensor out, ConstTensor gate, ConstTensor up, std::int64_t rows,
+                             std::int64_t dim, std::int64_t in_stride,
+                             gpu::Stream& stream) override {
+    return enqueue(stream, [=] {
+      const size_t c = sz(dim);
+      const size_t stride = sz(in_stride);
+      parallel(sz(rows), 4, [&](size_t r) {
+        const float* g = load(gate, r * stride, c, tls_scratch(0, c));
+        const float* u = load(up, r * stride, c, tls_scratch(1, c));
+        float* o = out.dtype == DType::kF32 ? static_cast<float*>(out.data) + r * c
+                                            : tls_scratch(2, c);
+        ck::swiglu_forward(g, u, o, c);
+        store(out, r * c, o, c, false, nullptr);
+      });
+    });
   }
-  Status swiglu_forward_impl(Tensor, ConstTensor, ConstTensor, std::int64_t, std::int64_t,
-                             std::int64_t, gpu::Stream&) override {
-    return not_yet("swiglu_forward");
+
+  Status swiglu_backward_impl(Tensor dgate, Tensor dup, ConstTensor dout, ConstTensor gate,
+                              ConstTensor up, std::int64_t rows, std::int64_t dim,
+                              std::int64_t in_stride, gpu::Stream& stream) override {
+    return enqueue(stream, [=] {
+      const size_t c = sz(dim);
+      const size_t stride = sz(in_stride);
+      parallel(sz(rows), 4, [&](size_t r) {
+        const float* g = load(gate, r * stride, c, tls_scratch(0, c));
+        const float* u = load(up, r * stride, c, tls_scratch(1, c));
+        const float* go = load(dout, r * c, c, tls_scratch(2, c));
+        const bool direct = dgate.dtype == DType::kF32;
+        float* dg = direct ? static_cast<float*>(dgate.data) + r * stride : tls_scratch(3, c);
+        float* du = direct ? static_cast<float*>(dup.data) + r * stride : tls_scratch(4, c);
+        ck::swiglu_backward(g, u, go, dg, du, c);
+        if (!direct) {
+          store(dgate, r * stride, dg, c, false, nullptr);
+          store(dup, r * stride, du, c, false, nullptr);
+        }
+      });
+    });
   }
-  Status swiglu_backward_impl(Tensor, Tensor, ConstTensor, ConstTensor, ConstTensor, std::int64_t,
-                              std::int64_t, std::int64_t, gpu::Stream&) override {
-    return not_yet("swiglu_backward");
+
+  Status gqa_attention_forward_impl(Tensor out, float* lse, ConstTensor q, ConstTensor k,
+                                    ConstTensor v, std::int64_t batch, std::int64_t q_len,
+                                    std::int64_t kv_len, std::int64_t q_heads,
+                                    std::int64_t kv_heads, std::int64_t head_dim,
+                                    std::int64_t q_stride, std::int64_t kv_stride, float scale,
+                                    gpu::Stream& stream) override {
+    return enqueue(stream, [=] {
+      const size_t tq = sz(q_len);
+      const size_t tk = sz(kv_len);
+      const size_t off = tk - tq;  // absolute position of query 0
+      const size_t hd = sz(head_dim);
+      const size_t group = sz(q_heads / kv_heads);
+      const size_t c_out = sz(q_heads) * hd;
+      const size_t q_blocks = (tq + kAttnBlock - 1) / kAttnBlock;
+      parallel(sz(batch * q_heads) * q_blocks, 1, [&](size_t task) {
+        const size_t qb = task % q_blocks;
+        const size_t bh = task / q_blocks;
+        const size_t b = bh / sz(q_heads);
+        const size_t h = bh % sz(q_heads);
+        const size_t kvh = h / group;
+        const size_t q0 = qb * kAttnBlock;
+        const size_t qn = std::min(kAttnBlock, tq - q0);
+        auto q_row = [&](size_t t) { return (b * tq + t) * sz(q_stride) + h * hd; };
+        auto kv_row = [&](size_t j) { return (b * tk + j) * sz(kv_stride) + kvh * hd; };
+        float* qs = tls_scratch(0, kAttnBlock * hd);
+        float* kt = tls_scratch(1, hd * kAttnBlock);
+        float* vs = tls_scratch(2, kAttnBlock * hd);
+        float* acc = tls_scratch(3, kAttnBlock * hd);
+        float* s = tls_scratch(4, kAttnBlock * kAttnBlock);  // scores, then probabilities
+        math::OnlineSoftmax norm[kAttnBlock];
+        for (size_t i = 0; i < qn; ++i) {
+          load_into(q, q_row(q0 + i), hd, qs + i * hd);
+          ck::scale(scale, qs + i * hd, hd);
+        }
+        std::fill(acc, acc + qn * hd, 0.0f);
+        const size_t keys = off + q0 + qn;  // the last query of the block sees keys < keys
+        for (size_t k0 = 0; k0 < keys; k0 += kAttnBlock) {
+          const size_t kn = std::min(kAttnBlock, keys - k0);
+          load_kv_block(k, v, kv_row, k0, kn, hd, kt, vs);
+          ck::matmul_acc(qs, hd, kt, kAttnBlock, s, kAttnBlock, qn, hd, kn, 0.0f);
+          for (size_t i = 0; i < qn; ++i) {
+            float* si = s + i * kAttnBlock;
+            const size_t seen = off + q0 + i + 1;  // keys this query sees
+            const size_t valid = std::min(kn, seen - std::min(seen, k0));
+            std::fill(si + valid, si + kn, 0.0f);  // causal: probability 0 past the query
+            if (valid == 0) continue;
+            const float new_max = std::max(norm[i].max, ck::max(si, valid));
+            const float corr = norm[i].rescale(new_max);
+            const float block_sum = ck::exp_shifted(si, 1.0f, new_max, si, valid);
+            norm[i].sum = norm[i].sum * corr + block_sum;
+            norm[i].max = new_max;
+            ck::scale(corr, acc + i * hd, hd);
+          }
+          ck::matmul_acc(s, kAttnBlock, vs, hd, acc, hd, qn, kn, hd, 1.0f);
+        }
+        for (size_t i = 0; i < qn; ++i) {
+          float* a = acc + i * hd;
+          ck::scale(1.0f / norm[i].sum, a, hd);
+          store(out, (b * tq + q0 + i) * c_out + h * hd, a, hd, false, nullptr);
+          lse[bh * tq + q0 + i] = norm[i].log_sum_exp();
+        }
+      });
+    });
   }
-  Status gqa_attention_forward_impl(Tensor, float*, ConstTensor, ConstTensor, ConstTensor,
-                                    std::int64_t, std::int64_t, std::int64_t, std::int64_t,
-                                    std::int64_t, std::int64_t, std::int64_t, std::int64_t, float,
-                                    gpu::Stream&) override {
-    return not_yet("gqa_attention_forward");
-  }
-  Status gqa_attention_backward_impl(Tensor, Tensor, Tensor, Accumulate, float*, ConstTensor,
-                                     ConstTensor, ConstTensor, ConstTensor, ConstTensor,
-                                     const float*, std::int64_t, std::int64_t, std::int64_t,
-                                     std::int64_t, std::int64_t, std::int64_t, std::int64_t, float,
-                                     gpu::Stream&) override {
-    return not_yet("gqa_attention_backward");
+
+  Status gqa_attention_backward_impl(Tensor dq, Tensor dk, Tensor dv, Accumulate d_mode,
+                                     float* delta, ConstTensor dout, ConstTensor q,
+                                     ConstTensor k, ConstTensor v, ConstTensor out,
+                                     const float* lse, std::int64_t batch, std::int64_t seq,
+                                     std::int64_t q_heads, std::int64_t kv_heads,
+                                     std::int64_t head_dim, std::int64_t q_stride,
+                                     std::int64_t kv_stride, float scale,
+                                     gpu::Stream& stream) override {
+    return enqueue(stream, [=] {
+      const size_t t_len = sz(seq);
+      const size_t hd = sz(head_dim);
+      const size_t group = sz(q_heads / kv_heads);
+      const size_t c_out = sz(q_heads) * hd;
+      const bool add = d_mode == Accumulate::kAdd;
+      // One task per (batch, kv head): it owns that head's dK and dV and the dQ of its query
+      // heads, which it visits in head order, so no two tasks write one element and every sum
+      // runs in a fixed order.
+      parallel(sz(batch * kv_heads), 1, [&](size_t bkv) {
+        const size_t b = bkv / sz(kv_heads);
+        const size_t kvh = bkv % sz(kv_heads);
+        auto kv_row = [&](size_t j) { return (b * t_len + j) * sz(kv_stride) + kvh * hd; };
+        float* dkacc = tls_scratch(0, t_len * hd);
+        float* dvacc = tls_scratch(1, t_len * hd);
+        float* kt = tls_scratch(2, hd * kAttnBlock);  // one key block's k, transposed
+        float* vt = tls_scratch(3, hd * kAttnBlock);  // and its v, transposed
+        float* blk = tls_scratch(4, 5 * kAttnBlock * hd + hd);
+        float* qs = blk;                           // the query block's q rows
+        float* g = qs + kAttnBlock * hd;           // its dout rows
+        float* dqacc = g + kAttnBlock * hd;        // its dq accumulators
+        float* krows = dqacc + kAttnBlock * hd;    // the key block's k rows
+        float* vrows = krows + kAttnBlock * hd;    // and v rows
+        float* tmp = vrows + kAttnBlock * hd;      // one row of hd
+        float* tiles = tls_scratch(5, 4 * kAttnBlock * kAttnBlock);
+        float* p = tiles;                          // probabilities of the block pair
+        float* ds = p + kAttnBlock * kAttnBlock;   // their score gradients
+        float* pt = ds + kAttnBlock * kAttnBlock;  // P transposed
+        float* dst = pt + kAttnBlock * kAttnBlock; // dS transposed
+        std::fill(dkacc, dkacc + t_len * hd, 0.0f);
+        std::fill(dvacc, dvacc + t_len * hd, 0.0f);
+        for (size_t h = kvh * group; h < (kvh + 1) * group; ++h) {
+          const size_t bh = b * sz(q_heads) + h;
+          auto q_row = [&](size_t t) { return (b * t_len + t) * sz(q_stride) + h * hd; };
+          auto out_row = [&](size_t t) { return (b * t_len + t) * c_out + h * hd; };
+          for (size_t q0 = 0; q0 < t_len; q0 += kAttnBlock) {
+            const size_t qn = std::min(kAttnBlock, t_len - q0);
+            for (size_t i = 0; i < qn; ++i) {
+              load_into(q, q_row(q0 + i), hd, qs + i * hd);
+              load_into(dout, out_row(q0 + i), hd, g + i * hd);
+              const float* o = load(out, out_row(q0 + i), hd, tmp);
+              delta[bh * t_len + q0 + i] = ck::dot(g + i * hd, o, hd);
+            }
+            std::fill(dqacc, dqacc + qn * hd, 0.0f);
+            for (size_t k0 = 0; k0 < q0 + qn; k0 += kAttnBlock) {
+              const size_t kn = std::min(kAttnBlock, q0 + qn - k0);
+              for (size_t j = 0; j < kn; ++j) {
+                load_into(k, kv_row(k0 + j), hd, krows + j * hd);
+                load_into(v, kv_row(k0 + j), hd, vrows + j * hd);
+                for (size_t d = 0; d < hd; ++d) {
+                  kt[d * kAttnBlock + j] = krows[j * hd + d];
+                  vt[d * kAttnBlock + j] = vrows[j * hd + d];
+                }
+              }
+              constexpr size_t B = kAttnBlock;
+              ck::matmul_acc(qs, hd, kt, B, p, B, qn, hd, kn, 0.0f);  // S = Q K^T
+              ck::matmul_acc(g, hd, vt, B, ds, B, qn, hd, kn, 0.0f);  // dP = dO V^T
+              for (size_t i = 0; i < qn; ++i) {
+                const size_t t = q0 + i;
+                const size_t valid = std::min(kn, t + 1 - std::min(t + 1, k0));
+                float* pi = p + i * B;
+                float* dsi = ds + i * B;
+                if (valid > 0) ck::exp_shifted(pi, scale, lse[bh * t_len + t], pi, valid);
+                std::fill(pi + valid, pi + kn, 0.0f);  // causal: no probability past the query
+                const float di = delta[bh * t_len + t];
+                for (size_t j = 0; j < kn; ++j) {
+                  dsi[j] = pi[j] * (dsi[j] - di) * scale;  // through the scale too
+                  pt[j * B + i] = pi[j];
+                  dst[j * B + i] = dsi[j];
+                }
+              }
+              ck::matmul_acc(pt, B, g, hd, dvacc + k0 * hd, hd, kn, qn, hd, 1.0f);   // dV += P^T dO
+              ck::matmul_acc(ds, B, krows, hd, dqacc, hd, qn, kn, hd, 1.0f);         // dQ += dS K
+              ck::matmul_acc(dst, B, qs, hd, dkacc + k0 * hd, hd, kn, qn, hd, 1.0f);  // dK += dS^T Q
+            }
+            for (size_t i = 0; i < qn; ++i) store(dq, q_row(q0 + i), dqacc + i * hd, hd, add, tmp);
+          }
+        }
+        for (size_t t = 0; t < t_len; ++t) {
+          store(dk, kv_row(t), dkacc + t * hd, hd, add, tmp);
+          store(dv, kv_row(t), dvacc + t * hd, hd, add, tmp);
+        }
+      });
+    });
   }
 
  private:
@@ -745,6 +981,18 @@ class CpuOps final : public Ops {
       const float* k = load(qkv, row(k0 + j, 1), hd, tmp);
       for (size_t d = 0; d < hd; ++d) kt[d * kAttnBlock + j] = k[d];
       load_into(qkv, row(k0 + j, 2), hd, v + j * hd);
+    }
+  }
+  // Keys kn rows from k0 (row(j): element offset of key j's head), k transposed into kt
+  // (hd x kAttnBlock) and v into vs (kn x hd).
+  template <typename RowFn>
+  static void load_kv_block(ConstTensor k, ConstTensor v, const RowFn& row, size_t k0, size_t kn,
+                            size_t hd, float* kt, float* vs) {
+    float* tmp = tls_scratch(5, hd);
+    for (size_t j = 0; j < kn; ++j) {
+      const float* kr = load(k, row(k0 + j), hd, tmp);
+      for (size_t d = 0; d < hd; ++d) kt[d * kAttnBlock + j] = kr[d];
+      load_into(v, row(k0 + j), hd, vs + j * hd);
     }
   }
   Status cross_entropy(Tensor dlogits, float* losses, ConstTensor logits,

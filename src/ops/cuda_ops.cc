@@ -56,7 +56,8 @@ class CudaOps final : public Ops {
     TZ_RETURN_IF_ERROR(check_sizes(op, {{"batch", batch}, {"seq", seq}, {"embd", embd},
                                         {"vocab", vocab}}));
     TZ_RETURN_IF_ERROR(check_present(op, "tokens", tokens));
-    TZ_RETURN_IF_ERROR(same_dtype(op, out, {{"wte", wte}, {"wpe", wpe}}));
+    TZ_RETURN_IF_ERROR(same_dtype(op, out, {{"wte", wte}}));
+    TZ_RETURN_IF_ERROR(check_optional(op, "wpe", wpe, out.dtype));
     TZ_RETURN_IF_ERROR(prepare(stream));
     return launched(op, ck::embedding_forward(out.data, tokens, wte.data, wpe.data, batch, seq,
                                               embd, out.dtype, raw(stream)));
@@ -294,42 +295,81 @@ class CudaOps final : public Ops {
  protected:
   Limits limits() const override { return Limits{false, ck::kMaxHeadDim, 65535}; }
 
-  // The Llama-family ops are declared (ops.h) ahead of their kernels, which follow.
-  static Status not_yet(std::string_view op) {
-    return Status::internal(std::string(op) + ": not implemented yet in the CUDA backend");
+  Status rmsnorm_forward_impl(Tensor out, float* rstd, ConstTensor x, ConstTensor weight,
+                              float eps, std::int64_t rows, std::int64_t dim,
+                              gpu::Stream& stream) override {
+    TZ_RETURN_IF_ERROR(prepare(stream));
+    return launched("rmsnorm_forward",
+                    ck::rmsnorm_forward(out.data, rstd, x.data, weight.data, eps, rows, dim,
+                                        out.dtype, raw(stream)));
   }
-  Status rmsnorm_forward_impl(Tensor, float*, ConstTensor, ConstTensor, float, std::int64_t,
-                              std::int64_t, gpu::Stream&) override {
-    return not_yet("rmsnorm_forward");
+
+  Status rmsnorm_backward_impl(Tensor dx, Accumulate dx_mode, Tensor dweight, ConstTensor dout,
+                               ConstTensor x, ConstTensor weight, const float* rstd,
+                               std::int64_t rows, std::int64_t dim,
+                               gpu::Stream& stream) override {
+    TZ_RETURN_IF_ERROR(prepare(stream));
+    return launched("rmsnorm_backward",
+                    ck::rmsnorm_backward(dx.data, dx_mode == Accumulate::kAdd, dweight.data,
+                                         dout.data, x.data, weight.data, rstd, rows, dim,
+                                         dx.dtype, raw(stream)));
   }
-  Status rmsnorm_backward_impl(Tensor, Accumulate, Tensor, ConstTensor, ConstTensor, ConstTensor,
-                               const float*, std::int64_t, std::int64_t, gpu::Stream&) override {
-    return not_yet("rmsnorm_backward");
+
+  Status rope_impl(Tensor x, const float* inv_freq, std::int64_t batch, std::int64_t seq,
+                   std::int64_t heads, std::int64_t head_dim, std::int64_t row_stride,
+                   std::int64_t pos_offset, bool inverse, gpu::Stream& stream) override {
+    TZ_RETURN_IF_ERROR(prepare(stream));
+    return launched(inverse ? "rope_backward" : "rope_forward",
+                    ck::rope(x.data, inv_freq, batch, seq, heads, head_dim, row_stride,
+                             pos_offset, inverse, x.dtype, raw(stream)));
   }
-  Status rope_impl(Tensor, const float*, std::int64_t, std::int64_t, std::int64_t, std::int64_t,
-                   std::int64_t, std::int64_t, bool, gpu::Stream&) override {
-    return not_yet("rope");
+
+  Status swiglu_forward_impl(Tensor out, ConstTensor gate, ConstTensor up, std::int64_t rows,
+                             std::int64_t dim, std::int64_t in_stride,
+                             gpu::Stream& stream) override {
+    TZ_RETURN_IF_ERROR(prepare(stream));
+    return launched("swiglu_forward", ck::swiglu_forward(out.data, gate.data, up.data, rows, dim,
+                                                         in_stride, out.dtype, raw(stream)));
   }
-  Status swiglu_forward_impl(Tensor, ConstTensor, ConstTensor, std::int64_t, std::int64_t,
-                             std::int64_t, gpu::Stream&) override {
-    return not_yet("swiglu_forward");
+
+  Status swiglu_backward_impl(Tensor dgate, Tensor dup, ConstTensor dout, ConstTensor gate,
+                              ConstTensor up, std::int64_t rows, std::int64_t dim,
+                              std::int64_t in_stride, gpu::Stream& stream) override {
+    TZ_RETURN_IF_ERROR(prepare(stream));
+    return launched("swiglu_backward",
+                    ck::swiglu_backward(dgate.data, dup.data, dout.data, gate.data, up.data, rows,
+                                        dim, in_stride, dgate.dtype, raw(stream)));
   }
-  Status swiglu_backward_impl(Tensor, Tensor, ConstTensor, ConstTensor, ConstTensor, std::int64_t,
-                              std::int64_t, std::int64_t, gpu::Stream&) override {
-    return not_yet("swiglu_backward");
+
+  Status gqa_attention_forward_impl(Tensor out, float* lse, ConstTensor q, ConstTensor k,
+                                    ConstTensor v, std::int64_t batch, std::int64_t q_len,
+                                    std::int64_t kv_len, std::int64_t q_heads,
+                                    std::int64_t kv_heads, std::int64_t head_dim,
+                                    std::int64_t q_stride, std::int64_t kv_stride, float scale,
+                                    gpu::Stream& stream) override {
+    TZ_RETURN_IF_ERROR(prepare(stream));
+    const ck::GqaArgs a{batch,    q_len,    kv_len,    q_heads, kv_heads,
+                        head_dim, q_stride, kv_stride, scale};
+    return launched("gqa_attention_forward",
+                    ck::gqa_attention_forward(out.data, lse, q.data, k.data, v.data, a, out.dtype,
+                                              raw(stream)));
   }
-  Status gqa_attention_forward_impl(Tensor, float*, ConstTensor, ConstTensor, ConstTensor,
-                                    std::int64_t, std::int64_t, std::int64_t, std::int64_t,
-                                    std::int64_t, std::int64_t, std::int64_t, std::int64_t, float,
-                                    gpu::Stream&) override {
-    return not_yet("gqa_attention_forward");
-  }
-  Status gqa_attention_backward_impl(Tensor, Tensor, Tensor, Accumulate, float*, ConstTensor,
-                                     ConstTensor, ConstTensor, ConstTensor, ConstTensor,
-                                     const float*, std::int64_t, std::int64_t, std::int64_t,
-                                     std::int64_t, std::int64_t, std::int64_t, std::int64_t, float,
-                                     gpu::Stream&) override {
-    return not_yet("gqa_attention_backward");
+
+  Status gqa_attention_backward_impl(Tensor dq, Tensor dk, Tensor dv, Accumulate d_mode,
+                                     float* delta, ConstTensor dout, ConstTensor q,
+                                     ConstTensor k, ConstTensor v, ConstTensor out,
+                                     const float* lse, std::int64_t batch, std::int64_t seq,
+                                     std::int64_t q_heads, std::int64_t kv_heads,
+                                     std::int64_t head_dim, std::int64_t q_stride,
+                                     std::int64_t kv_stride, float scale,
+                                     gpu::Stream& stream) override {
+    TZ_RETURN_IF_ERROR(prepare(stream));
+    const ck::GqaArgs a{batch, seq, seq, q_heads, kv_heads, head_dim, q_stride, kv_stride, scale};
+    return launched("gqa_attention_backward",
+                    ck::gqa_attention_backward(dq.data, dk.data, dv.data,
+                                               d_mode == Accumulate::kAdd, delta, dout.data,
+                                               q.data, k.data, v.data, out.data, lse, a, dq.dtype,
+                                               raw(stream)));
   }
 
  private:

@@ -44,6 +44,47 @@ TZ_HOST_DEVICE inline float layernorm_dx(float dxhat, float xhat, float mean_dxh
   return (dxhat - mean_dxhat - xhat * mean_dxhat_xhat) * rstd;
 }
 
+// RMSNorm (HF LlamaRMSNorm): rstd = 1 / sqrt(mean(x^2) + eps) from a row's sum of squares.
+TZ_HOST_DEVICE inline float rmsnorm_rstd(float sum_sq, int dim, float eps) {
+  return 1.0f / sqrtf(sum_sq / static_cast<float>(dim) + eps);
+}
+// The input gradient of one element of out = x * rstd * w, given dxhat = dout * w and the row's
+// mean of dxhat * x: dx = rstd * (dxhat - x * rstd^2 * mean(dxhat * x)).
+TZ_HOST_DEVICE inline float rmsnorm_dx(float dxhat, float x, float rstd, float mean_dxhat_x) {
+  return rstd * (dxhat - x * (rstd * rstd * mean_dxhat_x));
+}
+
+// The logistic sigmoid through exp(-|x|) (in (0, 1], never overflows), both signs exact.
+TZ_HOST_DEVICE inline float sigmoid(float x) {
+  const float e = expf(-fabsf(x));
+  const float r = 1.0f / (1.0f + e);
+  return x >= 0.0f ? r : e * r;
+}
+// SwiGLU (HF LlamaMLP with hidden_act silu): silu(gate) * up, silu(g) = g * sigmoid(g).
+TZ_HOST_DEVICE inline float swiglu_forward(float gate, float up) {
+  return gate * sigmoid(gate) * up;
+}
+// Its gradients: d/dgate = dout * up * sig * (1 + gate * (1 - sig)), d/dup = dout * silu(gate).
+TZ_HOST_DEVICE inline void swiglu_backward(float gate, float up, float dout, float* dgate,
+                                           float* dup) {
+  const float sig = sigmoid(gate);
+  *dgate = dout * up * sig * (1.0f + gate * (1.0f - sig));
+  *dup = dout * gate * sig;
+}
+
+// Rotary embedding: the angle of frequency inv_freq at position pos, in fp32 as HF computes it
+// (position times inv_freq rounded to fp32, then cos and sin of that).
+TZ_HOST_DEVICE inline float rope_angle(long long pos, float inv_freq) {
+  return static_cast<float>(pos) * inv_freq;
+}
+// Rotates the pair (x[i], x[i + D/2]) by the angle of (cos, sin) (rotate_half convention); the
+// backward passes -sin.
+TZ_HOST_DEVICE inline void rope_rotate(float x0, float x1, float cos_a, float sin_a, float* y0,
+                                       float* y1) {
+  *y0 = x0 * cos_a - x1 * sin_a;
+  *y1 = x1 * cos_a + x0 * sin_a;
+}
+
 // A running softmax normaliser over a stream of scores (the online softmax of blocked
 // attention): `max` so far and `sum` of exp(score - max). Merging another block's (max, sum)
 // rescales the smaller side, so the result does not depend on how the stream was split.

@@ -1,15 +1,19 @@
 // The CUDA backend of ops/ops.h against the CPU backend (itself tested against float64 references
 // and finite differences in tests/unit/ops): every op's forward and backward on the same seeded,
 // pre-rounded inputs, fp32 and bf16 storage, odd shapes and GPT-2-small-like ones (head_dim 64,
-// vocab 50257, T past several attention tiles). Skips with the reason when no GPU can be used.
+// vocab 50257, T past several attention tiles), and the Llama family's ops (RMSNorm, rotary
+// embedding, SwiGLU, grouped-query attention with a decode step) at Llama-3.2-1B-like and
+// Qwen3-like shapes. Skips with the reason when no GPU can be used.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdint>
 #include <functional>
 #include <iostream>
 #include <memory>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "gpu/host_device.h"
@@ -213,6 +217,142 @@ TEST_P(OpsCudaTest, CrossEntropy) {
       return {{"losses", a.download_f32(losses, rows)}, {"fused losses", a.download_f32(losses2, rows)},
               {"dlogits in place", a.download(tl, n)}};
     }, static_cast<std::uint64_t>(600 + rows));
+  }
+}
+
+// ---- the Llama family's ops ----
+
+TEST_P(OpsCudaTest, EmbeddingWithoutPositions) {
+  const DType d = dt();
+  for (auto [b, t, c, v] : {std::tuple{2, 7, 13, 11}, std::tuple{2, 256, 2048, 32000}}) {
+    compare([=](Ops& ops, DeviceArrays& a, std::mt19937_64& g) -> Outputs {
+      gpu::Stream& s = ops.device().compute_stream();
+      std::vector<std::int32_t> tok(static_cast<std::size_t>(b) * t);
+      for (auto& x : tok) x = static_cast<std::int32_t>(g() % static_cast<std::uint64_t>(v / 3 + 1));
+      Vec wte = random_vector(g, static_cast<std::size_t>(v) * c, -1, 1);
+      Vec r = random_vector(g, tok.size() * c, -1, 1);
+      auto* dtok = a.upload_i32(tok);
+      Tensor twte = a.upload(wte, d), dout = a.upload(r, d), dwte = a.upload(wte, d);
+      Tensor out = a.zeros(tok.size() * c, d);
+      EXPECT_TRUE(ops.embedding_forward(out, dtok, twte, Tensor{nullptr, d}, b, t, c, v, s).is_ok());
+      EXPECT_TRUE(
+          ops.embedding_backward(dwte, Tensor{nullptr, d}, dout, dtok, b, t, c, v, s).is_ok());
+      return {{"out", a.download(out, tok.size() * c)}, {"dwte", a.download(dwte, wte.size())}};
+    }, static_cast<std::uint64_t>(700 + t));
+  }
+}
+
+TEST_P(OpsCudaTest, RmsNorm) {
+  const DType d = dt();
+  for (auto [rows, dim] : {std::pair{7, 37}, std::pair{1024, 2048}, std::pair{4096, 128}}) {
+    compare([=](Ops& ops, DeviceArrays& a, std::mt19937_64& g) -> Outputs {
+      gpu::Stream& s = ops.device().compute_stream();
+      const std::size_t n = static_cast<std::size_t>(rows) * dim;
+      Vec x = random_vector(g, n, -2, 2), w = random_vector(g, dim, 0.5, 1.5);
+      Vec r = random_vector(g, n, -1, 1), dx0 = random_vector(g, n, -1, 1);
+      Tensor tx = a.upload(x, d), tw = a.upload(w, d), dout = a.upload(r, d);
+      Tensor dx = a.upload(dx0, d), dw = a.upload(w, d);
+      Tensor out = a.zeros(n, d);
+      float* rstd = a.zeros_f32(rows);
+      EXPECT_TRUE(ops.rmsnorm_forward(out, rstd, tx, tw, 1e-6f, rows, dim, s).is_ok());
+      EXPECT_TRUE(ops.rmsnorm_backward(dx, Accumulate::kAdd, dw, dout, tx, tw, rstd, rows, dim, s)
+                      .is_ok());
+      return {{"out", a.download(out, n)}, {"rstd", a.download_f32(rstd, rows)},
+              {"dx", a.download(dx, n)}, {"dweight", a.download(dw, dim)}};
+    }, static_cast<std::uint64_t>(800 + rows));
+  }
+}
+
+TEST_P(OpsCudaTest, RopeInsideFusedQkv) {
+  const DType d = dt();
+  // (batch, seq, q heads, kv heads, head_dim, pos_offset): Llama-3.2-1B-like rows; a decode row.
+  for (auto [b, t, qh, kvh, hd, pos0] : {std::tuple{2, 9, 3, 1, 8, 5},
+                                         std::tuple{2, 256, 32, 8, 64, 0},
+                                         std::tuple{4, 1, 16, 8, 128, 4000}}) {
+    compare([=](Ops& ops, DeviceArrays& a, std::mt19937_64& g) -> Outputs {
+      gpu::Stream& s = ops.device().compute_stream();
+      const int stride = (qh + 2 * kvh) * hd;
+      const std::size_t n = static_cast<std::size_t>(b) * t * stride;
+      Vec inv(hd / 2);
+      for (int i = 0; i < hd / 2; ++i) inv[i] = std::pow(500000.0, -2.0 * i / hd);
+      float* dinv = a.upload_f32(inv);
+      Vec x = random_vector(g, n, -2, 2), r = random_vector(g, n, -1, 1);
+      Tensor tx = a.upload(x, d), dx = a.upload(r, d);
+      const std::size_t es = dtype_size(d);
+      auto at = [&](Tensor base, std::size_t elems) {
+        return Tensor{static_cast<char*>(base.data) + elems * es, d};
+      };
+      EXPECT_TRUE(ops.rope_forward(tx, dinv, b, t, qh, hd, stride, pos0, s).is_ok());
+      EXPECT_TRUE(ops.rope_forward(at(tx, qh * hd), dinv, b, t, kvh, hd, stride, pos0, s).is_ok());
+      EXPECT_TRUE(ops.rope_backward(dx, dinv, b, t, qh, hd, stride, pos0, s).is_ok());
+      EXPECT_TRUE(
+          ops.rope_backward(at(dx, qh * hd), dinv, b, t, kvh, hd, stride, pos0, s).is_ok());
+      return {{"rope forward", a.download(tx, n)}, {"rope backward", a.download(dx, n)}};
+    }, static_cast<std::uint64_t>(900 + t));
+  }
+}
+
+TEST_P(OpsCudaTest, SwigluFused) {
+  const DType d = dt();
+  for (auto [rows, dim] : {std::pair{7, 37}, std::pair{1024, 8192}}) {
+    compare([=](Ops& ops, DeviceArrays& a, std::mt19937_64& g) -> Outputs {
+      gpu::Stream& s = ops.device().compute_stream();
+      const std::size_t n_in = static_cast<std::size_t>(rows) * 2 * dim;
+      const std::size_t n_out = static_cast<std::size_t>(rows) * dim;
+      Vec in = random_vector(g, n_in, -6, 6), r = random_vector(g, n_out, -1, 1);
+      Tensor tin = a.upload(in, d), dout = a.upload(r, d);
+      Tensor out = a.zeros(n_out, d), dgu = a.zeros(n_in, d);
+      const std::size_t es = dtype_size(d);
+      const Tensor up{static_cast<char*>(tin.data) + dim * es, d};
+      const Tensor dup{static_cast<char*>(dgu.data) + dim * es, d};
+      EXPECT_TRUE(ops.swiglu_forward(out, tin, up, rows, dim, 2 * dim, s).is_ok());
+      EXPECT_TRUE(ops.swiglu_backward(dgu, dup, dout, tin, up, rows, dim, 2 * dim, s).is_ok());
+      return {{"swiglu", a.download(out, n_out)}, {"d[gate|up]", a.download(dgu, n_in)}};
+    }, static_cast<std::uint64_t>(1000 + rows));
+  }
+}
+
+TEST_P(OpsCudaTest, GqaAttention) {
+  const DType d = dt();
+  // (batch, seq, q heads, kv heads, head_dim): MHA, GQA with odd sizes, Llama-3.2-1B-like
+  // (32 -> 8, 64), Qwen3-like head_dim 128 (16 -> 8), MQA past several tiles.
+  for (auto [b, t, qh, kvh, hd] : {std::tuple{2, 1, 2, 2, 6}, std::tuple{1, 70, 6, 2, 12},
+                                   std::tuple{2, 257, 32, 8, 64}, std::tuple{1, 300, 16, 8, 128},
+                                   std::tuple{1, 1024, 4, 1, 32}}) {
+    compare([=](Ops& ops, DeviceArrays& a, std::mt19937_64& g) -> Outputs {
+      gpu::Stream& s = ops.device().compute_stream();
+      const int stride = (qh + 2 * kvh) * hd;
+      const std::size_t nqkv = static_cast<std::size_t>(b) * t * stride;
+      const std::size_t nout = static_cast<std::size_t>(b) * t * qh * hd;
+      const std::size_t nl = static_cast<std::size_t>(b) * qh * t;
+      const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+      Vec qkv = random_vector(g, nqkv, -1, 1), r = random_vector(g, nout, -1, 1);
+      Vec d0 = random_vector(g, nqkv, -1, 1);
+      Tensor tq = a.upload(qkv, d), dout = a.upload(r, d), dqkv = a.upload(d0, d);
+      Tensor out = a.zeros(nout, d);
+      float* lse = a.zeros_f32(nl);
+      float* delta = a.zeros_f32(nl);
+      const std::size_t es = dtype_size(d);
+      auto at = [&](Tensor base, std::size_t elems) {
+        return Tensor{static_cast<char*>(base.data) + elems * es, d};
+      };
+      const std::size_t ko = static_cast<std::size_t>(qh) * hd, vo = ko + kvh * hd;
+      EXPECT_TRUE(ops.gqa_attention_forward(out, lse, tq, at(tq, ko), at(tq, vo), b, t, t, qh, kvh,
+                                            hd, stride, stride, scale, s).is_ok());
+      EXPECT_TRUE(ops.gqa_attention_backward(dqkv, at(dqkv, ko), at(dqkv, vo), Accumulate::kAdd,
+                                             delta, dout, tq, at(tq, ko), at(tq, vo), out, lse, b,
+                                             t, qh, kvh, hd, stride, stride, scale, s).is_ok());
+      // One decode step over the first t - 1 positions as the cache plus the last one.
+      Tensor out1 = a.zeros(static_cast<std::size_t>(qh) * hd, d);
+      float* lse1 = a.zeros_f32(qh);
+      EXPECT_TRUE(ops.gqa_attention_forward(out1, lse1, at(tq, (t - 1) * stride), at(tq, ko),
+                                            at(tq, vo), 1, 1, t, qh, kvh, hd, stride, stride,
+                                            scale, s).is_ok());
+      return {{"out", a.download(out, nout)}, {"lse", a.download_f32(lse, nl)},
+              {"dqkv", a.download(dqkv, nqkv)},
+              {"decode out", a.download(out1, static_cast<std::size_t>(qh) * hd)},
+              {"decode lse", a.download_f32(lse1, qh)}};
+    }, static_cast<std::uint64_t>(1100 + t));
   }
 }
 

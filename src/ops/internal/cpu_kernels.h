@@ -37,6 +37,19 @@ void layernorm_row(const float* x, const float* w, const float* b, float* out, s
 void layernorm_row_backward(const float* x, const float* w, const float* dout, float mean,
                             float rstd, float* dx, bool accumulate, float* dw, float* db,
                             std::size_t n);
+// RMSNorm of one row: returns rstd, writes out = x * rstd * w (out may alias x).
+float rmsnorm_row(const float* x, const float* w, float* out, std::size_t n, float eps);
+// RMSNorm backward of one row: dx (+= when accumulate), dw += dout * x * rstd (dw may be null).
+void rmsnorm_row_backward(const float* x, const float* w, const float* dout, float rstd, float* dx,
+                          bool accumulate, float* dw, std::size_t n);
+// out[i] = silu(gate[i]) * up[i].
+void swiglu_forward(const float* gate, const float* up, float* out, std::size_t n);
+// dgate[i], dup[i] from dout[i] (overwrite).
+void swiglu_backward(const float* gate, const float* up, const float* dout, float* dgate,
+                     float* dup, std::size_t n);
+// In place on one head x (2 * half): (x[i], x[i + half]) rotated by (cos[i], sin[i]), or by the
+// opposite angle when inverse.
+void rope_rotate(float* x, const float* cos_a, const float* sin_a, std::size_t half, bool inverse);
 // Cross-entropy of one row of logits: returns the loss; when grad is not null writes
 // grad = (softmax - onehot(target)) * grad_scale (grad may alias logits).
 float cross_entropy_row(const float* logits, float* grad, std::size_t n, std::size_t target,

@@ -49,4 +49,30 @@ int cross_entropy(void* dlogits, float* losses, const void* logits, const std::i
                   std::int64_t rows, std::int64_t vocab, float grad_scale, DType dt,
                   void* stream);
 
+// The Llama family's ops (ops.h), shapes as there.
+int rmsnorm_forward(void* out, float* rstd, const void* x, const void* weight, float eps,
+                    std::int64_t rows, std::int64_t dim, DType dt, void* stream);
+int rmsnorm_backward(void* dx, bool add, void* dweight, const void* dout, const void* x,
+                     const void* weight, const float* rstd, std::int64_t rows, std::int64_t dim,
+                     DType dt, void* stream);
+int rope(void* x, const float* inv_freq, std::int64_t batch, std::int64_t seq, std::int64_t heads,
+         std::int64_t head_dim, std::int64_t row_stride, std::int64_t pos_offset, bool inverse,
+         DType dt, void* stream);
+int swiglu_forward(void* out, const void* gate, const void* up, std::int64_t rows,
+                   std::int64_t dim, std::int64_t in_stride, DType dt, void* stream);
+int swiglu_backward(void* dgate, void* dup, const void* dout, const void* gate, const void* up,
+                    std::int64_t rows, std::int64_t dim, std::int64_t in_stride, DType dt,
+                    void* stream);
+// Grouped-query attention's sizes: q rows q_stride apart, k and v rows kv_stride apart.
+struct GqaArgs {
+  std::int64_t batch, q_len, kv_len, q_heads, kv_heads, head_dim, q_stride, kv_stride;
+  float scale;
+};
+int gqa_attention_forward(void* out, float* lse, const void* q, const void* k, const void* v,
+                          const GqaArgs& a, DType dt, void* stream);
+int gqa_attention_backward(void* dq, void* dk, void* dv, bool add, float* delta,
+                           const void* dout, const void* q, const void* k, const void* v,
+                           const void* out, const float* lse, const GqaArgs& a, DType dt,
+                           void* stream);
+
 }  // namespace tz::ops::cuda_kernels
