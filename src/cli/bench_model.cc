@@ -1,9 +1,9 @@
-// `tierzero bench model --model NAME [--batch 4] [--seq T] [--threads N] [--repeat 5]
+// `tierzero bench model --model NAME|DIR [--batch 4] [--seq T] [--threads N] [--repeat 5]
 // [--checkpointing 0|1] [--weights F] [--seed S] [--save-weights F] [--ids F.json --logits-out F]
-// [--json]`: a model (GPT-2 or the Llama family) on one HostDevice rank (stage 0, fp32, SGD): the median time of one
-// micro-batch's forward + backward (train_micro_batch, the optimizer step timed apart), and for
-// comparisons with transformers (bench/model_vs_hf.sh) the loss and logits of given token ids
-// and the weights saved as safetensors.
+// [--json]`: a model (GPT-2 or the Llama family, model/factory.h) on one HostDevice rank (stage
+// 0, fp32, SGD): the median time of one micro-batch's forward + backward (train_micro_batch, the
+// optimizer step timed apart), and for comparisons with transformers (bench/model_vs_hf.sh,
+// bench/llama_vs_hf.sh) the loss and logits of given token ids and the weights saved.
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
