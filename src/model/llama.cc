@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <string>
 #include <utility>
 
@@ -656,7 +657,10 @@ Status Llama::load_weights(const std::string& path) {
 
 Status Llama::save_weights(const std::string& path, DType dtype) {
   Impl& m = *impl_;
-  const std::string source = m.config.source.is_object() ? m.config.name : std::string();
+  // The folder the model came from (its tokenizer files are copied), if it came from one.
+  std::error_code ec;
+  const std::string source =
+      std::filesystem::is_directory(m.config.name, ec) ? m.config.name : std::string();
   return save_hf_weights_folder(m.engine, m.specs, m.units, path,
                                 llama_hf_config(m.config, dtype), dtype, source);
 }

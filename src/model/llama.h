@@ -66,8 +66,8 @@ struct LlamaConfig {
   std::optional<int> sliding_window;  // Mistral's (or Qwen's with use_sliding_window): refused
                                       // when shorter than the sequence trained or sampled
   double initializer_range = 0.02;
-  // The config.json the model came from (written back, with tierzero's changes, on save), or
-  // null for presets and custom shapes.
+  // The config.json the model came from (a folder's, or a preset's published one; written back
+  // with tierzero's values on save), or null for custom shapes.
   nlohmann::json source;
 
   // Parameters, the LM head counted once when tied.

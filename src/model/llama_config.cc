@@ -365,9 +365,9 @@ Result<LlamaConfig> parse_llama_model(std::string_view name) {
   for (const Preset& p : kPresets) {
     if (name == p.name) {
       const nlohmann::json j = nlohmann::json::parse(p.json);
+      // The published file stays the source, so a saved folder keeps its token ids.
       TZ_ASSIGN_OR_RETURN(LlamaConfig c, llama_config_from_json(j, name));
       c.name = std::string(name);
-      c.source = nullptr;
       return c;
     }
   }

@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/config.h"
+#include "core/dtype.h"
 #include "core/safetensors.h"
 #include "model/factory.h"
 #include "model/hf_folder.h"
@@ -190,6 +191,30 @@ TEST(HfFolderTest, ShardedRoundTripIsBitExact) {
   EXPECT_GE(shards.size(), 3u);
   EXPECT_TRUE(shards.contains("model-00001-of-0000" + std::to_string(shards.size()) + ".safetensors"));
   EXPECT_FALSE(fs::exists(out + "/model.safetensors"));
+  const Result<Weights> loaded = load(out);
+  ASSERT_TRUE(loaded.is_ok()) << loaded.status().to_string();
+  EXPECT_TRUE(same_bits(saved, *loaded));
+}
+
+// Saved as bf16, the folder reads back as exactly the fp32 weights rounded to bf16.
+TEST(HfFolderTest, Bf16SaveReadsBackAsTheRounding) {
+  const std::string src = source_folder("src4");
+  const std::string out = temp_dir("out4");
+  const ModelDesc desc = resolve_model(src).value();
+  Weights saved;
+  const Status s = with_net(desc, [&](zero::Engine& engine, Model& net) -> Status {
+    TZ_RETURN_IF_ERROR(set_random(engine, net, 7));
+    TZ_ASSIGN_OR_RETURN(saved, read_weights(engine, net));
+    return net.save_weights(out, DType::kBF16);
+  });
+  ASSERT_TRUE(s.is_ok()) << s.to_string();
+  std::ifstream cfg(out + "/config.json");
+  EXPECT_EQ(nlohmann::json::parse(cfg)["torch_dtype"], "bfloat16");
+  for (auto& unit : saved) {
+    for (auto& tensor : unit) {
+      for (float& x : tensor) x = bf16_to_f32(f32_to_bf16(x));
+    }
+  }
   const Result<Weights> loaded = load(out);
   ASSERT_TRUE(loaded.is_ok()) << loaded.status().to_string();
   EXPECT_TRUE(same_bits(saved, *loaded));
