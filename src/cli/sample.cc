@@ -5,6 +5,7 @@
 // of the engine (stage 0, fp32); models with a key/value cache decode one token per forward.
 #include <algorithm>
 #include <charconv>
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <memory>
@@ -32,6 +33,7 @@ struct SampleOptions {
   int top_k = 0;
   std::uint64_t seed = 1234;
   bool json = false;
+  bool no_kv_cache = false;
 };
 
 // A byte model reads the prompt as bytes; any other reads token ids separated by spaces or commas.
@@ -59,7 +61,7 @@ Result<std::vector<std::int32_t>> prompt_ids(const std::string& prompt, int voca
 }
 
 Status run(const SampleOptions& o) {
-  model::SamplingOptions sampling{o.temperature, o.top_k, o.seed};
+  model::SamplingOptions sampling{o.temperature, o.top_k, o.seed, !o.no_kv_cache};
   TZ_RETURN_IF_ERROR(model::check_sampling_options(sampling));
   if (o.tokens < 0) return Status::invalid_argument("--tokens must be >= 0");
   Result<model::ModelDesc> shape = Status::invalid_argument("no model");
@@ -103,6 +105,8 @@ Status run(const SampleOptions& o) {
   const std::uint64_t budget =
       16 * shape->param_count() + 3 * eo.activation_bytes + (1ull << 30);
   std::vector<std::int32_t> continuation;
+  double generate_s = 0;
+  bool kv_cache = false;
   const Status ranks = zero::run_local_ranks(1, budget, [&](int, gpu::Device& dev,
                                                             comm::Comm& comm) -> Status {
     TZ_ASSIGN_OR_RETURN(std::unique_ptr<zero::Engine> engine, zero::Engine::create(eo, dev, comm));
@@ -110,7 +114,10 @@ Status run(const SampleOptions& o) {
                         model::create_model(*shape, options, *engine));
     TZ_RETURN_IF_ERROR(engine->finalize());
     TZ_RETURN_IF_ERROR(net->load_weights(weights));
+    const auto t0 = std::chrono::steady_clock::now();
     TZ_ASSIGN_OR_RETURN(continuation, model::generate(*net, prompt, o.tokens, sampling));
+    generate_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    kv_cache = net->has_kv_cache() && sampling.kv_cache;
     return Status::ok();
   });
   TZ_RETURN_IF_ERROR(ranks);
@@ -128,6 +135,9 @@ Status run(const SampleOptions& o) {
     j["prompt_ids"] = prompt;
     j["ids"] = continuation;
     j["text"] = text;
+    j["kv_cache"] = kv_cache;
+    j["generate_s"] = generate_s;
+    j["tokens_per_s"] = generate_s > 0 ? static_cast<double>(continuation.size()) / generate_s : 0.0;
     // Bytes that are not UTF-8 print as U+FFFD instead of failing the dump.
     std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
   } else {
@@ -158,7 +168,11 @@ TZ_REGISTER_COMMAND([](CommandTree& tree) {
   cmd->add_option("--top-k", opts->top_k, "Sample among the k most likely tokens; 0 = all")
       ->capture_default_str();
   cmd->add_option("--seed", opts->seed, "Seed of the sampling")->capture_default_str();
-  cmd->add_flag("--json", opts->json, "Print one JSON object {prompt_ids, ids, text}");
+  cmd->add_flag("--json", opts->json,
+                "Print one JSON object {prompt_ids, ids, text, kv_cache, generate_s, tokens_per_s}");
+  cmd->add_flag("--no-kv-cache", opts->no_kv_cache,
+                "Recompute the context for every token even when the model keeps a key/value "
+                "cache (to compare the two)");
   cmd->callback([opts] {
     const Status s = run(*opts);
     if (!s.is_ok()) {

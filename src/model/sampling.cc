@@ -81,7 +81,7 @@ Result<std::vector<std::int32_t>> generate(Model& model, std::span<const std::in
   std::vector<std::int32_t> context(prompt.begin(), prompt.end());
   std::vector<std::int32_t> out;
   const auto window = static_cast<std::size_t>(model.options().seq);
-  if (model.has_kv_cache()) {
+  if (model.has_kv_cache() && options.kv_cache) {
     if (tokens == 0) return out;
     std::size_t start = context.size() > window ? context.size() - window : 0;
     TZ_ASSIGN_OR_RETURN(std::vector<float> logits,

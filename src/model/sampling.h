@@ -19,6 +19,8 @@ struct SamplingOptions {
   double temperature = 1.0;  // 0 = greedy (the arg-max token, the lowest id among ties)
   int top_k = 0;             // sample among the k most likely tokens; 0 = all
   std::uint64_t seed = 1234;
+  bool kv_cache = true;  // decode over the model's key/value cache when it keeps one; false:
+                         // recompute the context for every token (for comparing the two)
 };
 
 // kInvalidArgument naming the option for a negative or non-finite temperature or top_k < 0.
