@@ -13,10 +13,15 @@
 #   3. greedy decoding of 24 tokens by `tierzero sample --model DIR` (KV cache) equals
 #      transformers' greedy loop on the same folder;
 #   4. stage 3 with parameters and optimizer states on NVMe gives stage 0's params_xxh3.
+# --phases speed (not in the default): forward+backward tokens/s of the Llama shape of issue 25
+# (12 layers, hidden 768, 12 heads, 4 KV heads, ffn 2048, vocab 32000, seq 256, batch 4, fp32,
+# 2 threads), `tierzero bench model` and PyTorch's LlamaForCausalLM alternated for --rounds
+# rounds, and `tierzero sample` tokens/s with and without the KV cache (run on a quiet machine).
 # torch (CPU) + transformers + safetensors in the throw-away venv of bench/peers_venv.sh (never CI).
 #
 # usage: bench/llama_vs_hf.sh [--build build/release] [--venv build/peers-venv] [--steps 20]
-#          [--families llama,qwen2,qwen3] [--nvme-path DIR] [--keep-work] [--out FILE]
+#          [--families llama,qwen2,qwen3] [--nvme-path DIR] [--phases correctness,speed]
+#          [--rounds 3] [--keep-work] [--out FILE]
 set -euo pipefail
 
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -28,6 +33,8 @@ families="llama,qwen2,qwen3"
 nvme=""
 keep_work=0
 out=""
+phases="correctness"
+rounds=3
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --build) build="$2"; shift 2 ;;
@@ -35,9 +42,11 @@ while [[ $# -gt 0 ]]; do
     --steps) steps="$2"; shift 2 ;;
     --families) families="$2"; shift 2 ;;
     --nvme-path) nvme="$2"; shift 2 ;;
+    --phases) phases="$2"; shift 2 ;;
+    --rounds) rounds="$2"; shift 2 ;;
     --keep-work) keep_work=1; shift ;;
     --out) out="$2"; shift 2 ;;
-    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
     *) echo "llama_vs_hf: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -163,6 +172,27 @@ def cmd_eval(folder, ids_file):
     with torch.no_grad():
         print(ce(load(folder).eval(), torch.tensor(ids["tokens"]), torch.tensor(ids["targets"])).item())
 
+def cmd_speed(repeat):
+    # Forward+backward of the issue's Llama shape, fp32, 2 threads: median seconds over `repeat`
+    # after one warm-up.
+    import time, statistics
+    torch.set_num_threads(2)
+    torch.manual_seed(1)
+    cfg = transformers.LlamaConfig(vocab_size=32000, hidden_size=768, intermediate_size=2048,
+        num_hidden_layers=12, num_attention_heads=12, num_key_value_heads=4,
+        max_position_embeddings=256, tie_word_embeddings=False)
+    m = transformers.LlamaForCausalLM(cfg).train()
+    x = torch.randint(0, 32000, (4, 256)); y = torch.randint(0, 32000, (4, 256))
+    times = []
+    for r in range(int(repeat) + 1):
+        t0 = time.perf_counter()
+        m.zero_grad(set_to_none=True)
+        ce(m, x, y).backward()
+        if r > 0: times.append(time.perf_counter() - t0)
+    print(json.dumps({"torch": torch.__version__, "attn_implementation": m.config._attn_implementation,
+                      "fwd_bwd_s_median": statistics.median(times),
+                      "tokens_per_s": 4 * 256 / statistics.median(times)}))
+
 def cmd_greedy(folder, prompt, n):
     m = load(folder).eval()
     x = torch.tensor([[int(t) for t in prompt.split()]])
@@ -184,6 +214,7 @@ emit() {  # emit JSON PASS
   [[ "$2" == 1 ]] || fail=1
 }
 IFS=, read -r -a fams <<< "$families"
+[[ ",$phases," == *,correctness,* ]] || fams=()
 for fam in "${fams[@]}"; do
   d="$work/$fam"
   mkdir -p "$d"
@@ -228,5 +259,34 @@ PY
   ok="$([[ "$h0" == "$h3" ]] && echo 1 || echo 0)"
   emit "{\"bench\": \"llama_vs_hf\", \"family\": \"$fam\", \"case\": \"stage3_nvme_params_xxh3\", \"stage0\": \"$h0\", \"stage3\": \"$h3\", \"pass\": $([[ $ok == 1 ]] && echo true || echo false)}" "$ok"
 done
+if [[ ",$phases," == *,speed,* ]]; then
+  shape="llama:layers=12,heads=12,kv_heads=4,embd=768,ffn=2048,vocab=32000,seq=256"
+  for r in $(seq 1 "$rounds"); do
+    # Alternate which side runs first.
+    for side in $( ((r % 2)) && echo "tierzero pytorch" || echo "pytorch tierzero"); do
+      if [[ "$side" == tierzero ]]; then
+        j="$("$tierzero" bench model --model "$shape" --batch 4 --seq 256 --threads 2 --repeat 5 --checkpointing 0 --json)"
+      else
+        j="$("$py" "$work/peer.py" speed 5)"
+      fi
+      echo "{\"bench\": \"llama_vs_hf\", \"case\": \"fwd_bwd_speed\", \"round\": $r, \"side\": \"$side\", \"result\": $j}" | tee -a "$out"
+    done
+  done
+  "$py" - "$out" <<'PY'
+import json, statistics, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if '"fwd_bwd_speed"' in l]
+tz = statistics.median(r["result"]["tokens_per_s"] for r in rows if r["side"] == "tierzero")
+pt = statistics.median(r["result"]["tokens_per_s"] for r in rows if r["side"] == "pytorch")
+line = {"bench": "llama_vs_hf", "case": "fwd_bwd_speed_summary", "tierzero_tokens_per_s": tz,
+        "pytorch_tokens_per_s": pt, "ratio": tz / pt, "bound": 1.0}
+print(json.dumps(line)); open(sys.argv[1], "a").write(json.dumps(line) + "\n")
+PY
+  # Sampling with and without the KV cache (same ids), on a random folder of the same shape.
+  "$tierzero" bench model --model "$shape" --batch 1 --seq 8 --repeat 1 --threads 2 --save-weights "$work/speed_model" > /dev/null
+  for flag in "" --no-kv-cache; do
+    j="$("$tierzero" sample --model "$work/speed_model" --prompt "1 2 3 4 5 6 7 8" --tokens 128 --temperature 0 --json $flag)"
+    echo "{\"bench\": \"llama_vs_hf\", \"case\": \"sample_speed\", \"flag\": \"$flag\", \"result\": $j}" | tee -a "$out"
+  done
+fi
 echo "llama_vs_hf: results in $out" >&2
 exit "$fail"
