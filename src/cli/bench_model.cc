@@ -1,9 +1,9 @@
-// `tierzero bench model --model NAME [--batch 4] [--seq T] [--threads N] [--repeat 5]
+// `tierzero bench model --model NAME|DIR [--batch 4] [--seq T] [--threads N] [--repeat 5]
 // [--checkpointing 0|1] [--weights F] [--seed S] [--save-weights F] [--ids F.json --logits-out F]
-// [--json]`: the GPT-2 model on one HostDevice rank (stage 0, fp32, SGD): the median time of one
-// micro-batch's forward + backward (train_micro_batch, the optimizer step timed apart), and for
-// comparisons with transformers (bench/model_vs_hf.sh) the loss and logits of given token ids
-// and the weights saved as safetensors.
+// [--json]`: a model (GPT-2 or the Llama family, model/factory.h) on one HostDevice rank (stage
+// 0, fp32, SGD): the median time of one micro-batch's forward + backward (train_micro_batch, the
+// optimizer step timed apart), and for comparisons with transformers (bench/model_vs_hf.sh,
+// bench/llama_vs_hf.sh) the loss and logits of given token ids and the weights saved.
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
@@ -19,7 +19,7 @@
 
 #include "cli/command.h"
 #include "core/config.h"
-#include "model/gpt2.h"
+#include "model/factory.h"
 #include "ops/gemm.h"
 #include "zero/engine.h"
 
@@ -81,7 +81,7 @@ Status read_ids(const std::string& path, std::vector<std::int32_t>& tokens,
 }
 
 Status run(const ModelBenchOptions& o) {
-  TZ_ASSIGN_OR_RETURN(const model::Gpt2Shape shape, model::parse_model(o.model));
+  TZ_ASSIGN_OR_RETURN(const model::ModelDesc shape, model::resolve_model(o.model));
   std::vector<std::int32_t> tokens, targets;
   int batch = o.batch;
   int length = o.seq > 0 ? o.seq : shape.seq;
@@ -90,14 +90,14 @@ Status run(const ModelBenchOptions& o) {
   Config config;
   config.optimizer.type = "SGD";
   config.optimizer.lr = 0.0;  // the timed steps leave the weights as they are
-  model::Gpt2Options options;
+  model::ModelOptions options;
   options.micro_batch = batch;
   options.seq = length;
   options.checkpointing = o.checkpointing;
   options.cpu_threads = o.threads;
   zero::EngineOptions eo;
   eo.config = config;
-  eo.activation_bytes = model::Gpt2::activation_bytes(shape, options, DType::kF32);
+  eo.activation_bytes = model::activation_bytes(shape, options, DType::kF32);
   const std::uint64_t budget = 16 * shape.param_count() + eo.activation_bytes + (1ull << 30);
   nlohmann::ordered_json result;
   result["bench"] = "model";
@@ -111,15 +111,18 @@ Status run(const ModelBenchOptions& o) {
   const Status ranks = zero::run_local_ranks(1, budget, [&](int, gpu::Device& dev,
                                                             comm::Comm& comm) -> Status {
     TZ_ASSIGN_OR_RETURN(std::unique_ptr<zero::Engine> engine, zero::Engine::create(eo, dev, comm));
-    TZ_ASSIGN_OR_RETURN(std::unique_ptr<model::Gpt2> gpt, model::Gpt2::create(shape, options, *engine));
+    TZ_ASSIGN_OR_RETURN(std::unique_ptr<model::Model> gpt,
+                        model::create_model(shape, options, *engine));
     TZ_RETURN_IF_ERROR(engine->finalize());
     if (!o.weights.empty()) {
-      TZ_RETURN_IF_ERROR(gpt->load_safetensors(o.weights));
+      TZ_RETURN_IF_ERROR(gpt->load_weights(o.weights));
+    } else if (!shape.folder.empty()) {
+      TZ_RETURN_IF_ERROR(gpt->load_weights(shape.folder));
     } else {
       TZ_RETURN_IF_ERROR(gpt->init_weights(o.seed));
     }
     result["checkpointing"] = gpt->options().checkpointing != 0;
-    if (!o.save_weights.empty()) TZ_RETURN_IF_ERROR(gpt->save_safetensors(o.save_weights));
+    if (!o.save_weights.empty()) TZ_RETURN_IF_ERROR(gpt->save_weights(o.save_weights));
     if (!o.ids.empty()) {
       TZ_ASSIGN_OR_RETURN(const double loss, gpt->eval_loss(tokens, targets));
       result["loss"] = loss;
@@ -183,7 +186,7 @@ TZ_REGISTER_COMMAND([](CommandTree& tree) {
   CLI::App* cmd = bench->add_subcommand(
       "model", "GPT-2 forward+backward time on one CPU rank; loss and logits for comparisons");
   auto opts = std::make_shared<ModelBenchOptions>();
-  cmd->add_option("--model", opts->model, "Model name or gpt2:layers=..,heads=..,embd=..,vocab=..,seq=..")
+  cmd->add_option("--model", opts->model, "A preset, gpt2:..., llama:... or a Hugging Face folder (its weights are loaded)")
       ->capture_default_str();
   cmd->add_option("--batch", opts->batch, "Sequences per micro-batch")
       ->check(CLI::Range(1, 1 << 20))
@@ -200,9 +203,9 @@ TZ_REGISTER_COMMAND([](CommandTree& tree) {
   cmd->add_option("--checkpointing", opts->checkpointing, "-1 by preset, 0 off, 1 on")
       ->check(CLI::Range(-1, 1))
       ->capture_default_str();
-  cmd->add_option("--weights", opts->weights, "Load these safetensors weights (else HF init from --seed)");
+  cmd->add_option("--weights", opts->weights, "Load these safetensors weights, a file or a folder (else HF init from --seed)");
   cmd->add_option("--seed", opts->seed, "Seed of the init and of the timed tokens")->capture_default_str();
-  cmd->add_option("--save-weights", opts->save_weights, "Save the weights here (+ config.json beside)");
+  cmd->add_option("--save-weights", opts->save_weights, "Save the weights here: GPT-2 a file (+ config.json beside), the Llama family a folder");
   cmd->add_option("--ids", opts->ids, "JSON {tokens, targets} (B rows of T ids): print their loss, no timing");
   cmd->add_option("--logits-out", opts->logits_out, "With --ids: write the logits (B, T, V) as raw fp32");
   cmd->add_flag("--json", opts->json, "One JSON object");

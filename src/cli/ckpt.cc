@@ -1,7 +1,9 @@
 // `tierzero ckpt info DIR` verifies a checkpoint (every checksum, streaming) and prints what it
 // holds; `tierzero ckpt export DIR --out model.safetensors [--dtype bf16|fp32]` writes its fp32
 // master weights with Hugging Face GPT-2 names and a config.json beside them (the counterpart of
-// DeepSpeed's zero_to_fp32.py), one tensor in memory at a time.
+// DeepSpeed's zero_to_fp32.py), one tensor in memory at a time; for the Llama family `--out` is a
+// folder transformers loads (config.json, shards above 5 GB with an index, the source folder's
+// tokenizer files).
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -11,8 +13,9 @@
 
 #include "cli/command.h"
 #include "core/safetensors.h"
-#include "model/gpt2.h"
+#include "model/factory.h"
 #include "model/hf.h"
+#include "model/hf_folder.h"
 #include "zero/checkpoint.h"
 
 namespace tz::cli {
@@ -67,9 +70,37 @@ Status export_weights(const std::string& path, const std::string& out, DType dty
     return Status::invalid_argument(dir + "/manifest.json: names no model (model.name), so the " +
                                     "tensors cannot be given Hugging Face names");
   }
-  TZ_ASSIGN_OR_RETURN(model::Gpt2Shape shape, model::parse_model(model_name));
+  TZ_ASSIGN_OR_RETURN(const model::ModelDesc desc, model::resolve_model(model_name));
   TZ_ASSIGN_OR_RETURN(SafetensorsReader master,
                       SafetensorsReader::open(dir + "/master.safetensors"));
+  if (const auto* llama = std::get_if<model::LlamaConfig>(&desc.arch)) {
+    // The Llama family's tensors carry their HF names: a folder, as Llama::save_weights writes.
+    std::vector<model::FolderTensor> tensors;
+    std::vector<std::pair<const SafetensorsEntry*, std::string>> items;
+    for (const nlohmann::json& t : manifest["tensors"]) {
+      const std::string key = t.value("name", "");
+      const SafetensorsEntry* e = master.find(key);
+      if (e == nullptr) return Status::not_found(master.path() + ": tensor '" + key + "' is missing");
+      tensors.push_back({t.value("tensor", ""), e->shape});
+      items.emplace_back(e, t["xxh3"].value("master.safetensors", ""));
+    }
+    Status written = model::write_hf_folder(
+        true, tensors,
+        [&](std::size_t i, std::span<float> values) -> Status {
+          TZ_RETURN_IF_ERROR(master.read_f32(*items[i].first, values));
+          if (zero::tensor_checksum(values) != items[i].second) {
+            return Status::corrupt(master.path() + ": tensor '" + items[i].first->name +
+                                   "' does not match its checksum");
+          }
+          return Status::ok();
+        },
+        out, model::llama_hf_config(*llama, dtype), dtype, desc.folder);
+    TZ_RETURN_IF_ERROR(std::move(written));
+    std::printf("exported %zu tensors of %s (step %s) to the folder %s\n", tensors.size(),
+                model_name.c_str(), manifest["step"].dump().c_str(), out.c_str());
+    return Status::ok();
+  }
+  const model::Gpt2Shape& shape = std::get<model::Gpt2Shape>(desc.arch);
   std::vector<SafetensorsTensorSpec> specs;
   struct Item {
     const SafetensorsEntry* entry;
@@ -138,11 +169,14 @@ TZ_REGISTER_COMMAND([](CommandTree& tree) {
   };
   auto export_opts = std::make_shared<ExportOptions>();
   CLI::App* exp = ckpt->add_subcommand(
-      "export", "Write a checkpoint's master weights as Hugging Face GPT-2 safetensors plus "
-                "config.json (loadable by transformers.GPT2LMHeadModel.from_pretrained)");
+      "export", "Write a checkpoint's master weights as Hugging Face safetensors plus config.json "
+                "(GPT-2: a file; the Llama family: a folder; loadable by "
+                "transformers' from_pretrained)");
   exp->add_option("dir", export_opts->path, "A checkpoint or a directory of them (its latest)")
       ->required();
-  exp->add_option("--out", export_opts->out, "Output .safetensors file")->required();
+  exp->add_option("--out", export_opts->out,
+                  "Output .safetensors file (GPT-2) or folder (the Llama family)")
+      ->required();
   exp->add_option("--dtype", export_opts->dtype, "fp32 or bf16")
       ->check(CLI::IsMember({"fp32", "bf16"}));
   exp->callback([export_opts] {

@@ -1,4 +1,4 @@
-// `tierzero estimate`: the engine's memory plan (zero/plan.h) for a GPT-2 shape and a config,
+// `tierzero estimate`: the engine's memory plan (zero/plan.h) for a model and a config,
 // per tier and per term, next to DESIGN.md's formula for the stage and DeepSpeed's estimator
 // formulas; whether the run fits this machine and, when not, which setting to change; with
 // --all a table over every stage and offload choice, with --measure two real training steps and
@@ -28,7 +28,7 @@
 #include "cpu/data_path.h"
 #include "gpu/select.h"
 #include "model/data.h"
-#include "model/gpt2.h"
+#include "model/factory.h"
 #include "store/stats.h"
 #include "zero/engine.h"
 #include "zero/layout.h"
@@ -61,8 +61,8 @@ std::string gib(std::uint64_t bytes) { return format_bytes(static_cast<double>(b
 struct Setup {
   EstimateFlags flags;
   Config config;
-  model::Gpt2Shape shape;
-  model::Gpt2Options model_options;
+  model::ModelDesc shape;
+  model::ModelOptions model_options;
   std::vector<zero::UnitSpec> units;
   std::uint64_t params = 0;
   std::uint64_t largest_layer_params = 0;  // DeepSpeed's "largest layer": one module's parameters
@@ -131,7 +131,7 @@ Result<Setup> prepare(const EstimateFlags& f) {
     s.config.train_micro_batch_size_per_gpu = static_cast<std::uint64_t>(f.micro_batch);
     s.config.train_batch_size = 0;  // derived again from the new micro-batch
   }
-  TZ_ASSIGN_OR_RETURN(s.shape, model::parse_model(f.model));
+  TZ_ASSIGN_OR_RETURN(s.shape, model::resolve_model(f.model));
   if (f.seq > s.shape.seq) {
     return Status::invalid_argument("--seq " + std::to_string(f.seq) + " is longer than " +
                                     s.shape.name + "'s " + std::to_string(s.shape.seq) +
@@ -351,10 +351,10 @@ Result<zero::TierBytes> measure(const Setup& s, const Estimate& e) {
   auto run_rank = [&](int rank, gpu::Device& device, comm::Comm& comm) -> Status {
     TZ_ASSIGN_OR_RETURN(std::unique_ptr<zero::Engine> engine,
                         zero::Engine::create(e.options, device, comm));
-    TZ_ASSIGN_OR_RETURN(std::unique_ptr<model::Gpt2> gpt,
-                        model::Gpt2::create(s.shape, s.model_options, *engine));
+    TZ_ASSIGN_OR_RETURN(std::unique_ptr<model::Model> net,
+                        model::create_model(s.shape, s.model_options, *engine));
     TZ_RETURN_IF_ERROR(engine->finalize());
-    TZ_RETURN_IF_ERROR(gpt->init_weights(seed));
+    TZ_RETURN_IF_ERROR(net->init_weights(seed));
     model::LoaderOptions lo{.micro_batch = static_cast<int>(b),
                             .seq = seq,
                             .rank = rank,
@@ -367,7 +367,7 @@ Result<zero::TierBytes> measure(const Setup& s, const Estimate& e) {
     for (int step = 0; step < 2; ++step) {
       for (int m = 0; m < engine->gradient_accumulation_steps(); ++m) {
         loader.next(tok, tgt);
-        TZ_RETURN_IF_ERROR(gpt->train_micro_batch(tok, tgt).status());
+        TZ_RETURN_IF_ERROR(net->train_micro_batch(tok, tgt).status());
       }
       TZ_RETURN_IF_ERROR(engine->step().status());
     }
@@ -443,12 +443,12 @@ nlohmann::ordered_json header_json(const Setup& s) {
 
 // Activation bytes of the model with checkpointing on and off (the plan counts the one in use).
 std::pair<std::uint64_t, std::uint64_t> activations_with_without(const Setup& s, DType compute) {
-  model::Gpt2Options on = s.model_options;
+  model::ModelOptions on = s.model_options;
   on.checkpointing = 1;
-  model::Gpt2Options off = s.model_options;
+  model::ModelOptions off = s.model_options;
   off.checkpointing = 0;
-  return {model::Gpt2::activation_bytes(s.shape, on, compute),
-          model::Gpt2::activation_bytes(s.shape, off, compute)};
+  return {model::activation_bytes(s.shape, on, compute),
+          model::activation_bytes(s.shape, off, compute)};
 }
 
 void print_one(const Setup& s, const Estimate& e, const std::optional<zero::TierBytes>& measured) {
@@ -606,12 +606,14 @@ TZ_REGISTER_COMMAND([](CommandTree& tree) {
   auto f = std::make_shared<EstimateFlags>();
   CLI::App* cmd = tree.root->add_subcommand(
       "estimate",
-      "Memory per tier and term for a GPT-2 and a config: the engine's plan, DESIGN.md's formula, "
+      "Memory per tier and term for a model and a config: the engine's plan, DESIGN.md's formula, "
       "DeepSpeed's estimate, whether it fits this machine (docs/estimate.md)");
   cmd->add_option("--config", f->config_path, "DeepSpeed-style JSON config")->required();
   cmd->add_option("--model", f->model,
-                  "gpt2-124m|gpt2-350m|gpt2-774m|gpt2-1.5b or gpt2:layers=L,heads=H,embd=E,"
-                  "vocab=V,seq=S")
+                  "A preset (gpt2-124m|350m|774m|1.5b, llama-3.2-1b|3b, llama-3.1-8b, "
+                  "qwen3-0.6b|4b, mistral-7b), gpt2:layers=L,heads=H,embd=E,vocab=V,seq=S, "
+                  "llama:layers=L,heads=H,kv_heads=K,embd=E,ffn=F,vocab=V,seq=S, or a Hugging "
+                  "Face folder (config.json)")
       ->required();
   cmd->add_option("--ranks", f->ranks, "Data-parallel ranks (default 1)");
   cmd->add_option("--seq", f->seq, "Tokens per sequence (default: the model's positions)");

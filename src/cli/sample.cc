@@ -1,9 +1,13 @@
-// `tierzero sample --weights FILE.safetensors [--model NAME] --prompt TEXT --tokens N
-// [--temperature T] [--top-k K] [--seed S] [--json]`: a continuation of the prompt by a GPT-2
-// model loaded from HF-style weights, as text for byte-level (vocab 256) models and as token ids
-// otherwise. The model runs on one HostDevice rank of the engine (stage 0, fp32).
+// `tierzero sample [--weights FILE.safetensors] [--model NAME|DIR] --prompt TEXT --tokens N
+// [--temperature T] [--top-k K] [--seed S] [--json]`: a continuation of the prompt by a model
+// (model/factory.h) loaded from HF-style weights (a file, or a Hugging Face folder), as text for
+// byte-level (vocab 256) models and as token ids otherwise. The model runs on one HostDevice rank
+// of the engine (stage 0, fp32); models with a key/value cache decode one token per forward.
+#include <algorithm>
 #include <charconv>
+#include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -13,8 +17,7 @@
 
 #include "cli/command.h"
 #include "core/config.h"
-#include "model/gpt2.h"
-#include "model/hf.h"
+#include "model/factory.h"
 #include "model/sampling.h"
 #include "zero/engine.h"
 
@@ -30,6 +33,7 @@ struct SampleOptions {
   int top_k = 0;
   std::uint64_t seed = 1234;
   bool json = false;
+  bool no_kv_cache = false;
 };
 
 // A byte model reads the prompt as bytes; any other reads token ids separated by spaces or commas.
@@ -57,44 +61,63 @@ Result<std::vector<std::int32_t>> prompt_ids(const std::string& prompt, int voca
 }
 
 Status run(const SampleOptions& o) {
-  model::SamplingOptions sampling{o.temperature, o.top_k, o.seed};
+  model::SamplingOptions sampling{o.temperature, o.top_k, o.seed, !o.no_kv_cache};
   TZ_RETURN_IF_ERROR(model::check_sampling_options(sampling));
   if (o.tokens < 0) return Status::invalid_argument("--tokens must be >= 0");
-  Result<model::Gpt2Shape> shape = Status::invalid_argument("no model");
+  Result<model::ModelDesc> shape = Status::invalid_argument("no model");
   if (!o.model.empty()) {
-    shape = model::parse_model(o.model);
+    shape = model::resolve_model(o.model);
+  } else if (o.weights.empty()) {
+    return Status::invalid_argument("give --model (a name or a Hugging Face folder) or --weights");
   } else {
-    const std::string config = model::hf_config_path(o.weights);
-    shape = model::read_hf_config(config);
-    if (!shape.is_ok() && shape.status().code() == ErrorCode::kNotFound) {
+    const std::filesystem::path dir = std::filesystem::path(o.weights).parent_path();
+    const std::string config = (dir / "config.json").string();
+    std::error_code ec;
+    if (!std::filesystem::exists(config, ec)) {
       return Status::invalid_argument("--model not given and no " + config +
                                       " beside the weights; pass --model NAME");
     }
+    shape = model::resolve_model(dir.empty() ? std::string(".") : dir.string());
   }
   if (!shape.is_ok()) return shape.status();
+  const std::string weights = !o.weights.empty() ? o.weights : shape->folder;
+  if (weights.empty()) {
+    return Status::invalid_argument("--model " + o.model +
+                                    " is not a folder; give the weights with --weights");
+  }
   TZ_ASSIGN_OR_RETURN(const std::vector<std::int32_t> prompt, prompt_ids(o.prompt, shape->vocab));
   if (prompt.empty()) return Status::invalid_argument("--prompt is empty; give at least one token");
 
   // One rank, stage 0, fp32, plain SGD (no optimizer state: the engine is only a weight holder).
   Config config;
   config.optimizer.type = "SGD";
-  model::Gpt2Options options;
+  model::ModelOptions options;
   options.micro_batch = 1;
   options.checkpointing = 1;  // forward only: one block's activations suffice
+  // The positions the run needs (the whole context, up to the model's).
+  options.seq = static_cast<int>(std::min<std::uint64_t>(
+      static_cast<std::uint64_t>(shape->seq), prompt.size() + static_cast<std::uint64_t>(o.tokens)));
   zero::EngineOptions eo;
   eo.config = config;
-  eo.activation_bytes = model::Gpt2::activation_bytes(*shape, options, DType::kF32);
-  // fp32 masters, parameters and gradients on the HostDevice, plus the activations and slack.
-  const std::uint64_t budget = 16 * shape->param_count() + eo.activation_bytes + (1ull << 30);
+  eo.activation_bytes = model::activation_bytes(*shape, options, DType::kF32);
+  // fp32 masters, parameters and gradients on the HostDevice, the activations, a key/value cache
+  // (smaller than twice the activations) and slack.
+  const std::uint64_t budget =
+      16 * shape->param_count() + 3 * eo.activation_bytes + (1ull << 30);
   std::vector<std::int32_t> continuation;
+  double generate_s = 0;
+  bool kv_cache = false;
   const Status ranks = zero::run_local_ranks(1, budget, [&](int, gpu::Device& dev,
                                                             comm::Comm& comm) -> Status {
     TZ_ASSIGN_OR_RETURN(std::unique_ptr<zero::Engine> engine, zero::Engine::create(eo, dev, comm));
-    TZ_ASSIGN_OR_RETURN(std::unique_ptr<model::Gpt2> gpt,
-                        model::Gpt2::create(*shape, options, *engine));
+    TZ_ASSIGN_OR_RETURN(std::unique_ptr<model::Model> net,
+                        model::create_model(*shape, options, *engine));
     TZ_RETURN_IF_ERROR(engine->finalize());
-    TZ_RETURN_IF_ERROR(gpt->load_safetensors(o.weights));
-    TZ_ASSIGN_OR_RETURN(continuation, model::generate(*gpt, prompt, o.tokens, sampling));
+    TZ_RETURN_IF_ERROR(net->load_weights(weights));
+    const auto t0 = std::chrono::steady_clock::now();
+    TZ_ASSIGN_OR_RETURN(continuation, model::generate(*net, prompt, o.tokens, sampling));
+    generate_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    kv_cache = net->has_kv_cache() && sampling.kv_cache;
     return Status::ok();
   });
   TZ_RETURN_IF_ERROR(ranks);
@@ -112,6 +135,9 @@ Status run(const SampleOptions& o) {
     j["prompt_ids"] = prompt;
     j["ids"] = continuation;
     j["text"] = text;
+    j["kv_cache"] = kv_cache;
+    j["generate_s"] = generate_s;
+    j["tokens_per_s"] = generate_s > 0 ? static_cast<double>(continuation.size()) / generate_s : 0.0;
     // Bytes that are not UTF-8 print as U+FFFD instead of failing the dump.
     std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
   } else {
@@ -124,12 +150,12 @@ Status run(const SampleOptions& o) {
 
 TZ_REGISTER_COMMAND([](CommandTree& tree) {
   CLI::App* cmd = tree.root->add_subcommand(
-      "sample", "Continue a prompt with a GPT-2 model from safetensors weights");
+      "sample", "Continue a prompt with a model from safetensors weights or a Hugging Face folder");
   auto opts = std::make_shared<SampleOptions>();
-  cmd->add_option("--weights", opts->weights, "Weights (HF GPT-2 names), e.g. dir/model.safetensors")
-      ->required();
+  cmd->add_option("--weights", opts->weights,
+                  "Weights (HF names), e.g. dir/model.safetensors (default: the --model folder's)");
   cmd->add_option("--model", opts->model,
-                  "gpt2-124m|350m|774m|1.5b or gpt2:layers=L,heads=H,embd=C,vocab=V,seq=T "
+                  "A Hugging Face folder, a preset or a custom spec (gpt2:..., llama:...) "
                   "(default: config.json beside the weights)");
   cmd->add_option("--prompt", opts->prompt,
                   "Text (byte-level vocab-256 models) or token ids (\"464 3290\") otherwise")
@@ -142,7 +168,11 @@ TZ_REGISTER_COMMAND([](CommandTree& tree) {
   cmd->add_option("--top-k", opts->top_k, "Sample among the k most likely tokens; 0 = all")
       ->capture_default_str();
   cmd->add_option("--seed", opts->seed, "Seed of the sampling")->capture_default_str();
-  cmd->add_flag("--json", opts->json, "Print one JSON object {prompt_ids, ids, text}");
+  cmd->add_flag("--json", opts->json,
+                "Print one JSON object {prompt_ids, ids, text, kv_cache, generate_s, tokens_per_s}");
+  cmd->add_flag("--no-kv-cache", opts->no_kv_cache,
+                "Recompute the context for every token even when the model keeps a key/value "
+                "cache (to compare the two)");
   cmd->callback([opts] {
     const Status s = run(*opts);
     if (!s.is_ok()) {

@@ -1,4 +1,4 @@
-// `tierzero train`: trains a GPT-2 model end to end on the ZeRO engine (zero/engine.h) with the
+// `tierzero train`: trains a model (model/factory.h) end to end on the ZeRO engine (zero/engine.h) with the
 // DeepSpeed config's stage, offload, precision and optimizer, on N rank threads of one process
 // (--ranks) or one rank per process under mpirun/srun. Everything a run can get wrong up front
 // (model, data, flags against the config, NVMe space) is checked before the first step; every
@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <array>
 #include <atomic>
 #include <cerrno>
@@ -36,7 +37,7 @@
 #include "core/units.h"
 #include "gpu/select.h"
 #include "model/data.h"
-#include "model/gpt2.h"
+#include "model/factory.h"
 #include "zero/checkpoint.h"
 #include "zero/engine.h"
 
@@ -84,8 +85,8 @@ extern "C" void on_stop_signal(int sig) {
 struct RunSetup {
   TrainFlags flags;
   Config config;
-  model::Gpt2Shape shape;
-  model::Gpt2Options model_options;
+  model::ModelDesc shape;
+  model::ModelOptions model_options;
   DType compute = DType::kF32;
   std::uint64_t seed = 1234;
   int world = 1;
@@ -130,7 +131,7 @@ Result<RunSetup> prepare(const TrainFlags& f) {
   RunSetup s;
   s.flags = f;
   TZ_ASSIGN_OR_RETURN(s.config, load_run_config("train", f.config_path, f.nvme_path));
-  TZ_ASSIGN_OR_RETURN(s.shape, model::parse_model(f.model));
+  TZ_ASSIGN_OR_RETURN(s.shape, model::resolve_model(f.model));
   const int seq = f.seq > 0 ? f.seq : s.shape.seq;
   if (f.seq < 0) return Status::invalid_argument("--seq must be positive");
   if (seq > s.shape.seq) {
@@ -226,7 +227,18 @@ Result<RunSetup> prepare(const TrainFlags& f) {
   // plus the optimizer's state, as the save writes them) fits in the free space.
   const std::vector<std::string> inputs = {f.config_path, f.data, f.val_data, f.init};
   if (!f.save_weights.empty()) {
-    TZ_RETURN_IF_ERROR(check_output("--save-weights", f.save_weights, inputs));
+    if (s.shape.family == "gpt2") {
+      TZ_RETURN_IF_ERROR(check_output("--save-weights", f.save_weights, inputs));
+    } else {
+      // The Llama family saves a folder: never the one the model was read from.
+      if (!s.shape.folder.empty() &&
+          std::filesystem::weakly_canonical(f.save_weights) ==
+              std::filesystem::weakly_canonical(s.shape.folder)) {
+        return Status::invalid_argument("--save-weights: " + f.save_weights +
+                                        " is the model's own folder (--model); save elsewhere");
+      }
+      TZ_RETURN_IF_ERROR(check_folder("--save-weights", f.save_weights));
+    }
   }
   const std::string trace = !f.trace_out.empty() ? f.trace_out : c.tierzero.trace_path;
   if (!trace.empty()) TZ_RETURN_IF_ERROR(check_output("--trace-out", trace, inputs));
@@ -327,14 +339,14 @@ std::string tier_text(const zero::TierBytes& b) {
 }
 
 // The mean validation loss over the fixed set (every rank its share; collective).
-Result<double> evaluate(model::Gpt2& gpt, const model::ValidationSet& val, RankScalars& scalars,
+Result<double> evaluate(model::Model& net, const model::ValidationSet& val, RankScalars& scalars,
                         gpu::Stream& stream) {
   const auto bt = static_cast<std::size_t>(val.loader.tokens_per_micro_batch());
   std::vector<std::int32_t> tok(bt), tgt(bt);
   double sum = 0;
   for (int i = 0; i < val.batches_per_rank; ++i) {
     val.loader.batch(i, tok, tgt);
-    TZ_ASSIGN_OR_RETURN(double l, gpt.eval_loss(tok, tgt));
+    TZ_ASSIGN_OR_RETURN(double l, net.eval_loss(tok, tgt));
     sum += l;
   }
   TZ_ASSIGN_OR_RETURN(auto total,
@@ -418,15 +430,17 @@ Status run_rank(const RunSetup& s, int rank, gpu::Device& device, comm::Comm& co
   const zero::EngineOptions eo =
       engine_options_for(s.config, s.shape, s.model_options, f.nvme_path, s.seed);
   TZ_ASSIGN_OR_RETURN(std::unique_ptr<zero::Engine> engine, zero::Engine::create(eo, device, comm));
-  TZ_ASSIGN_OR_RETURN(std::unique_ptr<model::Gpt2> gpt,
-                      model::Gpt2::create(s.shape, s.model_options, *engine));
+  TZ_ASSIGN_OR_RETURN(std::unique_ptr<model::Model> net,
+                      model::create_model(s.shape, s.model_options, *engine));
   TZ_RETURN_IF_ERROR(engine->finalize());
   if (!f.init.empty()) {
-    TZ_RETURN_IF_ERROR(gpt->load_safetensors(f.init));
+    TZ_RETURN_IF_ERROR(net->load_weights(f.init));
+  } else if (!s.shape.folder.empty()) {
+    TZ_RETURN_IF_ERROR(net->load_weights(s.shape.folder));
   } else {
-    TZ_RETURN_IF_ERROR(gpt->init_weights(s.seed));
+    TZ_RETURN_IF_ERROR(net->init_weights(s.seed));
   }
-  const int seq = gpt->options().seq;
+  const int seq = net->options().seq;
   model::LoaderOptions lo{.micro_batch = s.model_options.micro_batch,
                           .seq = seq,
                           .rank = rank,
@@ -446,7 +460,7 @@ Status run_rank(const RunSetup& s, int rank, gpu::Device& device, comm::Comm& co
   if (rank == 0) reporter.emplace(s, metrics);
 
   if (val && f.eval_every > 0) {
-    TZ_ASSIGN_OR_RETURN(double v0, evaluate(*gpt, *val, scalars, stream));
+    TZ_ASSIGN_OR_RETURN(double v0, evaluate(*net, *val, scalars, stream));
     if (reporter) reporter->line("step 0 | val loss " + std::to_string(v0));
   }
 
@@ -488,7 +502,7 @@ Status run_rank(const RunSetup& s, int rank, gpu::Device& device, comm::Comm& co
     double loss_sum = 0;
     for (int m = 0; m < k; ++m) {
       loader.next(tok, tgt);
-      TZ_ASSIGN_OR_RETURN(double l, gpt->train_micro_batch(tok, tgt));
+      TZ_ASSIGN_OR_RETURN(double l, net->train_micro_batch(tok, tgt));
       loss_sum += l;
     }
     TZ_ASSIGN_OR_RETURN(zero::StepReport rep, engine->step());
@@ -500,7 +514,7 @@ Status run_rank(const RunSetup& s, int rank, gpu::Device& device, comm::Comm& co
     const bool eval_now =
         val && !stop && ((f.eval_every > 0 && step % f.eval_every == 0) || step == f.steps);
     if (eval_now) {
-      TZ_ASSIGN_OR_RETURN(double v, evaluate(*gpt, *val, scalars, stream));
+      TZ_ASSIGN_OR_RETURN(double v, evaluate(*net, *val, scalars, stream));
       val_loss = v;
     }
     if (summary != nullptr) {
@@ -528,7 +542,7 @@ Status run_rank(const RunSetup& s, int rank, gpu::Device& device, comm::Comm& co
     }
   }
   if (reporter) reporter->finish();
-  if (!f.save_weights.empty()) TZ_RETURN_IF_ERROR(gpt->save_safetensors(f.save_weights));
+  if (!f.save_weights.empty()) TZ_RETURN_IF_ERROR(net->save_weights(f.save_weights));
   TZ_ASSIGN_OR_RETURN(std::uint64_t xxh3, engine->params_xxh3());
   if (summary != nullptr) {
     summary->params = engine->param_count();
@@ -669,12 +683,14 @@ TZ_REGISTER_COMMAND([](CommandTree& tree) {
   auto f = std::make_shared<TrainFlags>();
   auto seed = std::make_shared<std::uint64_t>(0);
   CLI::App* cmd = tree.root->add_subcommand("train",
-                                            "Train a GPT-2 model with ZeRO and tiered offload as a "
-                                            "DeepSpeed config says (docs/train.md)");
+                                            "Train a model (GPT-2 or the Llama family) with ZeRO and "
+                                            "tiered offload as a DeepSpeed config says (docs/train.md)");
   cmd->add_option("--config", f->config_path, "DeepSpeed-style JSON config")->required();
   cmd->add_option("--model", f->model,
-                  "gpt2-124m|gpt2-350m|gpt2-774m|gpt2-1.5b or gpt2:layers=L,heads=H,embd=E,"
-                  "vocab=V,seq=S")
+                  "A preset (gpt2-124m|350m|774m|1.5b, llama-3.2-1b|3b, llama-3.1-8b, "
+                  "qwen3-0.6b|4b, mistral-7b), gpt2:layers=L,heads=H,embd=E,vocab=V,seq=S, "
+                  "llama:layers=L,heads=H,kv_heads=K,embd=E,ffn=F,vocab=V,seq=S, or a Hugging "
+                  "Face folder (config.json + safetensors; its weights are the start)")
       ->required();
   cmd->add_option("--data", f->data,
                   "llm.c token file (.bin) or plain text read as bytes (vocab 256); default: "
@@ -695,18 +711,20 @@ TZ_REGISTER_COMMAND([](CommandTree& tree) {
                   "Activation checkpointing: 1 on, 0 off (default: on for presets above gpt2-124m)")
       ->check(CLI::Range(0, 1));
   cmd->add_option("--nvme-path", f->nvme_path, "Directory for both offloads' swap files");
-  cmd->add_option("--init", f->init, "Initial weights (HF GPT-2 safetensors) instead of HF's init");
+  cmd->add_option("--init", f->init, "Initial weights (HF safetensors file or folder) instead of HF's init");
   cmd->add_option("--save-dir", f->save_dir,
                   "Write checkpoints into DIR/step-N (after every --save-every steps, the last step "
                   "and Ctrl-C); crash-consistent, by parameter (docs/checkpoints.md)");
   cmd->add_option("--save-every", f->save_every, "Steps between checkpoints (0: only at the end)")
       ->check(CLI::NonNegativeNumber);
-  cmd->add_option("--keep", f->keep, "Checkpoints to keep, newest first (default 3; 0: all)")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--keep", f->keep, "Checkpoints to keep, newest first (default 3; 0: all)")
+      ->check(CLI::NonNegativeNumber);
   cmd->add_option("--resume", f->resume,
                   "Continue from a checkpoint (DIR/step-N) or the latest in DIR; any rank count, "
                   "stage or offload (a reshard)");
   cmd->add_option("--save-weights", f->save_weights,
-                  "Write the final weights as HF safetensors (+ config.json beside them)");
+                  "Write the final weights as HF safetensors: GPT-2 a file (+ config.json beside it), the "
+                  "Llama family a folder transformers loads");
   cmd->add_option("--metrics", f->metrics, "One JSON object per step to this file (JSONL)");
   cmd->add_option("--trace-out", f->trace_out, "Chrome trace of the run (open in Perfetto)");
   CLI::Option* seed_opt = cmd->add_option("--seed", *seed,

@@ -55,9 +55,9 @@ DType compute_dtype_of(const Config& config) {
   return DType::kF32;
 }
 
-model::Gpt2Options model_options_for(const Config& config, int seq, int checkpointing,
-                                     int cpu_threads) {
-  model::Gpt2Options o;
+model::ModelOptions model_options_for(const Config& config, int seq, int checkpointing,
+                                      int cpu_threads) {
+  model::ModelOptions o;
   o.micro_batch = static_cast<int>(config.train_micro_batch_size_per_gpu);
   o.seq = seq;
   o.checkpointing = checkpointing;
@@ -65,13 +65,13 @@ model::Gpt2Options model_options_for(const Config& config, int seq, int checkpoi
   return o;
 }
 
-zero::EngineOptions engine_options_for(const Config& config, const model::Gpt2Shape& shape,
-                                       const model::Gpt2Options& model_options,
+zero::EngineOptions engine_options_for(const Config& config, const model::ModelDesc& shape,
+                                       const model::ModelOptions& model_options,
                                        const std::string& nvme_path, std::uint64_t seed) {
   zero::EngineOptions eo;
   eo.config = config;
   eo.nvme_path = nvme_path;
-  eo.activation_bytes = model::Gpt2::activation_bytes(shape, model_options, compute_dtype_of(config));
+  eo.activation_bytes = model::activation_bytes(shape, model_options, compute_dtype_of(config));
   eo.seed = seed;
   return eo;
 }

@@ -8,7 +8,7 @@
 
 #include "core/config.h"
 #include "core/dtype.h"
-#include "model/gpt2.h"
+#include "model/factory.h"
 #include "zero/engine.h"
 
 namespace tz::cli {
@@ -33,13 +33,13 @@ DType compute_dtype_of(const Config& config);
 
 // The model's options for a run: the config's micro-batch, `seq` tokens per sequence (0 = the
 // shape's positions), `checkpointing` (-1 = the model's default) and `cpu_threads` per rank.
-model::Gpt2Options model_options_for(const Config& config, int seq, int checkpointing,
+model::ModelOptions model_options_for(const Config& config, int seq, int checkpointing,
                                      int cpu_threads);
 
 // The engine's options for one rank of that run: the config, --nvme-path, the model's device
-// activations (Gpt2::activation_bytes, so the plan's device term counts them) and the seed.
-zero::EngineOptions engine_options_for(const Config& config, const model::Gpt2Shape& shape,
-                                       const model::Gpt2Options& model_options,
+// activations (model::activation_bytes, so the plan's device term counts them) and the seed.
+zero::EngineOptions engine_options_for(const Config& config, const model::ModelDesc& shape,
+                                       const model::ModelOptions& model_options,
                                        const std::string& nvme_path, std::uint64_t seed);
 
 }  // namespace tz::cli

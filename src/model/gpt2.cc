@@ -7,12 +7,14 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <numeric>
 #include <string>
 #include <utility>
 
 #include "core/assert.h"
 #include "model/hf.h"
+#include "model/init.h"
 #include "ops/ops.h"
 
 namespace tz::model {
@@ -102,33 +104,6 @@ ActLayout make_layout(const Gpt2Shape& shape, const Gpt2Options& resolved, DType
   l.delta = take(bt * h * 4);
   l.total = at;
   return l;
-}
-
-// splitmix64 (Steele, Lea, Flood 2014): a small generator whose stream is the same everywhere, so
-// initial weights do not depend on the standard library's distributions.
-std::uint64_t splitmix64(std::uint64_t& state) {
-  std::uint64_t z = (state += 0x9e3779b97f4a7c15ULL);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  return z ^ (z >> 31);
-}
-
-// Normal(0, stddev) values by Box-Muller in double from the tensor's own stream, so a tensor's
-// values depend only on (seed, unit, tensor).
-void fill_normal(std::span<float> out, double stddev, std::uint64_t seed, std::uint64_t unit,
-                 std::uint64_t tensor) {
-  std::uint64_t state = seed;
-  state = splitmix64(state) ^ (unit * 0x632be59bd9b4e019ULL);
-  state = splitmix64(state) ^ (tensor * 0x8cb92ba72f3d8dd7ULL);
-  constexpr double kTwoPi = 6.283185307179586476925;
-  for (std::size_t i = 0; i < out.size(); i += 2) {
-    // u1 in (0, 1] so the log is finite; u2 in [0, 1).
-    const double u1 = static_cast<double>((splitmix64(state) >> 11) + 1) * 0x1.0p-53;
-    const double u2 = static_cast<double>(splitmix64(state) >> 11) * 0x1.0p-53;
-    const double r = std::sqrt(-2.0 * std::log(u1)) * stddev;
-    out[i] = static_cast<float>(r * std::cos(kTwoPi * u2));
-    if (i + 1 < out.size()) out[i + 1] = static_cast<float>(r * std::sin(kTwoPi * u2));
-  }
 }
 
 ops::ConstTensor in(const zero::TensorView& v) { return {v.data, v.dtype}; }
@@ -472,7 +447,7 @@ Result<std::unique_ptr<Gpt2>> Gpt2::create(const Gpt2Shape& shape, const Gpt2Opt
     return Status::invalid_argument("model " + shape.name + ": cpu_threads must be >= 0");
   }
   auto impl = std::make_unique<Impl>(shape, resolve(shape, options), engine);
-  impl->specs = unit_specs(shape);
+  impl->specs = model::unit_specs(shape);
   for (const zero::UnitSpec& spec : impl->specs) {
     TZ_ASSIGN_OR_RETURN(const zero::UnitId id, engine.register_unit(spec));
     impl->units.push_back(id);
@@ -489,6 +464,18 @@ Status Gpt2::load_safetensors(const std::string& path) {
 
 Status Gpt2::save_safetensors(const std::string& path, DType dtype) {
   return save_hf_weights(impl_->engine, impl_->shape, impl_->specs, impl_->units, path, dtype);
+}
+
+Status Gpt2::load_weights(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) {
+    return load_safetensors((std::filesystem::path(path) / "model.safetensors").string());
+  }
+  return load_safetensors(path);
+}
+
+Status Gpt2::save_weights(const std::string& path, DType dtype) {
+  return save_safetensors(path, dtype);
 }
 
 Status Gpt2::init_weights(std::uint64_t seed) {
@@ -567,6 +554,10 @@ Result<std::vector<float>> Gpt2::last_logits(std::span<const std::int32_t> token
 }
 
 const Gpt2Shape& Gpt2::shape() const { return impl_->shape; }
+const std::string& Gpt2::name() const { return impl_->shape.name; }
+int Gpt2::vocab() const { return impl_->shape.vocab; }
+std::size_t Gpt2::unit_count() const { return impl_->units.size(); }
+const std::vector<zero::UnitSpec>& Gpt2::unit_specs() const { return impl_->specs; }
 const Gpt2Options& Gpt2::options() const { return impl_->options; }
 zero::UnitId Gpt2::unit(std::size_t index) const {
   TZ_ASSERT(index < impl_->units.size(), "unit index out of range");

@@ -23,6 +23,7 @@
 
 #include "core/dtype.h"
 #include "core/status.h"
+#include "model/model.h"
 #include "zero/engine.h"
 
 namespace tz::model {
@@ -53,19 +54,13 @@ std::vector<std::string> preset_names();
 // The units of `shape` in registration order, with their tensors (names and shapes as above).
 std::vector<zero::UnitSpec> unit_specs(const Gpt2Shape& shape);
 
-struct Gpt2Options {
-  int micro_batch = 4;     // B: sequences per micro-batch
-  int seq = 0;             // T: tokens per sequence; 0 = shape.seq; at most shape.seq
-  int checkpointing = -1;  // -1: on for shapes larger than gpt2-124m (the presets 350m, 774m,
-                           // 1.5b), off otherwise; 0 off, 1 on
-  int cpu_threads = 0;     // threads of the CPU kernels (ops::OpsOptions); 0 = every core. With
-                           // several ranks as threads of one process, give each its share.
-};
+// GPT-2's options are the interface's (model/model.h).
+using Gpt2Options = ModelOptions;
 
 // Whether `options` turn activation checkpointing on for `shape` (resolves -1).
 bool checkpointing_enabled(const Gpt2Shape& shape, const Gpt2Options& options);
 
-class Gpt2 {
+class Gpt2 final : public Model {
  public:
   // Activation bytes the model allocates on the device per micro-batch (for
   // EngineOptions::activation_bytes): kept activations (every block's, or only the block inputs
@@ -78,7 +73,7 @@ class Gpt2 {
   // < 1, seq < 0 or above shape.seq); the engine's registration errors.
   static Result<std::unique_ptr<Gpt2>> create(const Gpt2Shape& shape, const Gpt2Options& options,
                                               zero::Engine& engine);
-  ~Gpt2();
+  ~Gpt2() override;
   Gpt2(const Gpt2&) = delete;
   Gpt2& operator=(const Gpt2&) = delete;
 
@@ -86,7 +81,7 @@ class Gpt2 {
   // every Linear/Conv1D weight and both embeddings normal(0, 0.02), the residual projections
   // (attn.c_proj.weight, mlp.c_proj.weight) normal(0, 0.02/sqrt(2*layers)), biases 0, LayerNorm
   // weights 1 and biases 0. After engine.finalize(); collective; tensor by tensor.
-  Status init_weights(std::uint64_t seed);
+  Status init_weights(std::uint64_t seed) override;
   // Loads HF GPT-2 weights (model/safetensors.h for the accepted files and the errors, each
   // naming the file and the tensor). Collective: every rank reads the file.
   Status load_safetensors(const std::string& path);
@@ -95,27 +90,36 @@ class Gpt2 {
   // transformers.GPT2LMHeadModel.from_pretrained(dir) loads them when `path` is
   // dir/model.safetensors. Collective (every rank gathers), rank 0 writes.
   Status save_safetensors(const std::string& path, DType dtype = DType::kF32);
+  // Model's: a file `path` (load_safetensors) or a folder holding config.json and
+  // model.safetensors; save writes the file `path` (save_safetensors).
+  Status load_weights(const std::string& path) override;
+  Status save_weights(const std::string& path, DType dtype = DType::kF32) override;
 
   // One micro-batch of B*T tokens and targets (host int32, row-major (B, T), B = micro_batch,
   // T = seq; every id in [0, vocab)): forward, loss, backward, reduce of every unit. Returns the
   // micro-batch's mean cross-entropy (unscaled). kInvalidArgument for a wrong size or an id out
   // of range; the engine's and the kernels' errors.
   Result<double> train_micro_batch(std::span<const std::int32_t> tokens,
-                                   std::span<const std::int32_t> targets);
+                                   std::span<const std::int32_t> targets) override;
   // Forward only: the mean cross-entropy (validation). Gathers and releases; no gradient.
   Result<double> eval_loss(std::span<const std::int32_t> tokens,
-                           std::span<const std::int32_t> targets);
+                           std::span<const std::int32_t> targets) override;
   // Forward only on one sequence (batch 1, 1 <= length <= seq): the fp32 logits of its last
   // position (vocab values).
-  Result<std::vector<float>> last_logits(std::span<const std::int32_t> tokens);
+  Result<std::vector<float>> last_logits(std::span<const std::int32_t> tokens) override;
   // Forward only on `batch` sequences of `length` tokens (row-major): every position's fp32
   // logits, (batch, length, vocab). batch <= micro_batch, length <= seq. For comparisons with
   // other implementations (bench/model_vs_hf.sh) and tests.
-  Result<std::vector<float>> logits(std::span<const std::int32_t> tokens, int batch, int length);
+  Result<std::vector<float>> logits(std::span<const std::int32_t> tokens, int batch,
+                                    int length) override;
 
   const Gpt2Shape& shape() const;
-  const Gpt2Options& options() const;  // with seq and checkpointing resolved
-  zero::UnitId unit(std::size_t index) const;  // units in registration order
+  const Gpt2Options& options() const override;  // with seq and checkpointing resolved
+  zero::UnitId unit(std::size_t index) const override;  // units in registration order
+  const std::string& name() const override;
+  int vocab() const override;
+  std::size_t unit_count() const override;
+  const std::vector<zero::UnitSpec>& unit_specs() const override;
 
  private:
   struct Impl;

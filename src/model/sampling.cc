@@ -72,7 +72,7 @@ std::int32_t Sampler::next(std::span<const float> logits) {
   return order_[0];
 }
 
-Result<std::vector<std::int32_t>> generate(Gpt2& model, std::span<const std::int32_t> prompt,
+Result<std::vector<std::int32_t>> generate(Model& model, std::span<const std::int32_t> prompt,
                                            int tokens, const SamplingOptions& options) {
   TZ_RETURN_IF_ERROR(check_sampling_options(options));
   if (prompt.empty()) return Status::invalid_argument("the prompt is empty; give at least one token");
@@ -81,6 +81,28 @@ Result<std::vector<std::int32_t>> generate(Gpt2& model, std::span<const std::int
   std::vector<std::int32_t> context(prompt.begin(), prompt.end());
   std::vector<std::int32_t> out;
   const auto window = static_cast<std::size_t>(model.options().seq);
+  if (model.has_kv_cache() && options.kv_cache) {
+    if (tokens == 0) return out;
+    std::size_t start = context.size() > window ? context.size() - window : 0;
+    TZ_ASSIGN_OR_RETURN(std::vector<float> logits,
+                        model.decode(std::span(context).subspan(start), /*start_over=*/true));
+    std::size_t cached = context.size() - start;
+    for (int i = 0; i < tokens; ++i) {
+      const std::int32_t id = sampler.next(logits);
+      out.push_back(id);
+      context.push_back(id);
+      if (i + 1 == tokens) break;
+      if (cached < window) {
+        TZ_ASSIGN_OR_RETURN(logits, model.decode(std::span(&id, 1), /*start_over=*/false));
+        ++cached;
+      } else {
+        start = context.size() - window;
+        TZ_ASSIGN_OR_RETURN(logits, model.decode(std::span(context).subspan(start),
+                                                 /*start_over=*/true));
+      }
+    }
+    return out;
+  }
   for (int i = 0; i < tokens; ++i) {
     const std::size_t start = context.size() > window ? context.size() - window : 0;
     TZ_ASSIGN_OR_RETURN(const std::vector<float> logits,

@@ -1,7 +1,8 @@
-// Sampling continuations from a GPT-2 model: the next token from one position's logits
+// Sampling continuations from a model (model/model.h): the next token from one position's logits
 // (greedy at temperature 0, otherwise softmax(logits / temperature) over the top-k), seeded so a
-// run repeats, and the generation loop over Gpt2::last_logits (the context cropped to the
-// model's positions; no key/value cache, each token recomputes the context).
+// run repeats, and the generation loop: over Model::decode for models with a key/value cache (the
+// prompt once, then one single-token forward per new token), over Model::last_logits otherwise
+// (each token recomputes the context). The context is cropped to the model's positions.
 #pragma once
 
 #include <cstdint>
@@ -10,7 +11,7 @@
 #include <vector>
 
 #include "core/status.h"
-#include "model/gpt2.h"
+#include "model/model.h"
 
 namespace tz::model {
 
@@ -18,6 +19,8 @@ struct SamplingOptions {
   double temperature = 1.0;  // 0 = greedy (the arg-max token, the lowest id among ties)
   int top_k = 0;             // sample among the k most likely tokens; 0 = all
   std::uint64_t seed = 1234;
+  bool kv_cache = true;  // decode over the model's key/value cache when it keeps one; false:
+                         // recompute the context for every token (for comparing the two)
 };
 
 // kInvalidArgument naming the option for a negative or non-finite temperature or top_k < 0.
@@ -38,10 +41,11 @@ class Sampler {
   std::vector<double> weights_;
 };
 
-// `tokens` new ids after `prompt` (non-empty, ids in the vocabulary): each step feeds the last
-// model.options().seq ids of prompt + continuation to last_logits. Errors: kInvalidArgument for an
+// `tokens` new ids after `prompt` (non-empty, ids in the vocabulary): each step sees the last
+// model.options().seq ids of prompt + continuation (with a cache: decode() of the prompt, then of
+// each new id; when the cache is full, decode() starts over on the last seq ids). Errors: kInvalidArgument for an
 // empty prompt, tokens < 0 or bad options; the model's errors.
-Result<std::vector<std::int32_t>> generate(Gpt2& model, std::span<const std::int32_t> prompt,
+Result<std::vector<std::int32_t>> generate(Model& model, std::span<const std::int32_t> prompt,
                                            int tokens, const SamplingOptions& options);
 
 // Byte-level (vocab 256) text <-> ids: each byte is one id.

@@ -1,0 +1,65 @@
+// Hugging Face model folders in and out of the engine, for models whose unit tensors carry their
+// HF names (the Llama family): config.json with model.safetensors, or the shards listed in
+// model.safetensors.index.json; tensors fp32, bf16 or fp16. Weights stream one tensor at a time
+// through set_tensor / get_tensor, so no file or model is held whole in host memory.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/dtype.h"
+#include "core/status.h"
+#include "zero/engine.h"
+
+namespace tz::model {
+
+// transformers' save_pretrained default (max_shard_size "5GB"): a folder above it is sharded.
+inline constexpr std::uint64_t kDefaultShardBytes = 5'000'000'000ull;
+
+// Loads every tensor of `specs` (tensor names are HF names) from `path`: a folder (its index and
+// shards, or its model.safetensors) or one safetensors file. Names in `ignorable` (the tied
+// lm_head.weight) may be present with any content of the right size and are skipped, as are
+// rotary inv_freq buffers older files hold. Everything is checked before the first tensor is set
+// (so nothing changes on bad input), each error one line naming the file: an index that does not
+// parse or names a shard that does not exist, a truncated or corrupt shard (kCorrupt), an
+// unsupported dtype, a missing tensor (its name), a tensor of the wrong shape (name, expected,
+// found), an unexpected tensor. Collective (every rank reads).
+Status load_hf_weights_folder(zero::Engine& engine, const std::vector<zero::UnitSpec>& specs,
+                              const std::vector<zero::UnitId>& units, const std::string& path,
+                              const std::vector<std::string>& ignorable);
+
+// One tensor of a folder being written, and where its fp32 values come from (the values of
+// tensor `index` into `out`, numel elements).
+struct FolderTensor {
+  std::string name;
+  std::vector<std::int64_t> shape;
+};
+using FolderTensorSource = std::function<Status(std::size_t index, std::span<float> out)>;
+
+// Writes the folder `dir` (created if needed) when `writes`: config.json (`config`), the tensors
+// as `dtype` in order, in model.safetensors or, above `shard_bytes`, in
+// model-0000i-of-0000n.safetensors shards with model.safetensors.index.json; and copies the
+// tokenizer and generation files (tokenizer*, special_tokens_map.json, vocab.json, merges.txt,
+// generation_config.json) of `source_dir` when it is non-empty and not `dir`. `source` is called
+// for every tensor in order whether or not this caller writes (so collective sources pair up);
+// after a write error the remaining sources still run and the first error is returned.
+Status write_hf_folder(bool writes, const std::vector<FolderTensor>& tensors,
+                       const FolderTensorSource& source, const std::string& dir,
+                       const nlohmann::ordered_json& config, DType dtype,
+                       const std::string& source_dir,
+                       std::uint64_t shard_bytes = kDefaultShardBytes);
+
+// The engine's master weights as a folder (write_hf_folder): every tensor of `specs` in unit
+// order. Collective: every rank gathers each tensor; rank 0 writes.
+Status save_hf_weights_folder(zero::Engine& engine, const std::vector<zero::UnitSpec>& specs,
+                              const std::vector<zero::UnitId>& units, const std::string& dir,
+                              const nlohmann::ordered_json& config, DType dtype,
+                              const std::string& source_dir,
+                              std::uint64_t shard_bytes = kDefaultShardBytes);
+
+}  // namespace tz::model

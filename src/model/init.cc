@@ -1,0 +1,38 @@
+// Seeded normal initialisation shared by the model families (model/init.h).
+#include "model/init.h"
+
+#include <cmath>
+
+namespace tz::model {
+namespace {
+
+// splitmix64 (Steele, Lea, Flood 2014): a small generator whose stream is the same everywhere, so
+// initial weights do not depend on the standard library's distributions.
+std::uint64_t splitmix64(std::uint64_t& state) {
+  std::uint64_t z = (state += 0x9e3779b97f4a7c15ULL);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
+}  // namespace
+
+// Normal(0, stddev) values by Box-Muller in double from the tensor's own stream, so a tensor's
+// values depend only on (seed, unit, tensor).
+void fill_normal(std::span<float> out, double stddev, std::uint64_t seed, std::uint64_t unit,
+                 std::uint64_t tensor) {
+  std::uint64_t state = seed;
+  state = splitmix64(state) ^ (unit * 0x632be59bd9b4e019ULL);
+  state = splitmix64(state) ^ (tensor * 0x8cb92ba72f3d8dd7ULL);
+  constexpr double kTwoPi = 6.283185307179586476925;
+  for (std::size_t i = 0; i < out.size(); i += 2) {
+    // u1 in (0, 1] so the log is finite; u2 in [0, 1).
+    const double u1 = static_cast<double>((splitmix64(state) >> 11) + 1) * 0x1.0p-53;
+    const double u2 = static_cast<double>(splitmix64(state) >> 11) * 0x1.0p-53;
+    const double r = std::sqrt(-2.0 * std::log(u1)) * stddev;
+    out[i] = static_cast<float>(r * std::cos(kTwoPi * u2));
+    if (i + 1 < out.size()) out[i + 1] = static_cast<float>(r * std::sin(kTwoPi * u2));
+  }
+}
+
+}  // namespace tz::model

@@ -1,0 +1,15 @@
+// Seeded initial weights the model families share: normal values whose stream depends only on
+// (seed, unit, tensor), so every rank and every world size sets the same weights.
+#pragma once
+
+#include <cstdint>
+#include <span>
+
+namespace tz::model {
+
+// Normal(0, stddev) values by Box-Muller in double from splitmix64 (Steele, Lea, Flood 2014), a
+// generator whose stream is the same everywhere (no standard-library distributions).
+void fill_normal(std::span<float> out, double stddev, std::uint64_t seed, std::uint64_t unit,
+                 std::uint64_t tensor);
+
+}  // namespace tz::model

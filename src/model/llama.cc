@@ -1,0 +1,733 @@
+// The Llama family on ops/ and the engine's model API (model/llama.h): the activation layout, the
+// forward and backward of the embedding, the blocks (kept or recomputed), the final RMSNorm and the
+// LM head with the fused cross-entropy, and incremental decoding over a key/value cache. The
+// micro-batch protocol is GPT-2's (model/gpt2.cc): gather, compute on the compute stream,
+// release; grad, reduce.
+#include "model/llama.h"
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <string>
+#include <utility>
+
+#include "core/assert.h"
+#include "model/hf_folder.h"
+#include "model/init.h"
+#include "ops/ops.h"
+
+namespace tz::model {
+namespace {
+
+constexpr std::size_t kAlignBytes = 256;
+std::size_t align_up(std::size_t n) { return (n + kAlignBytes - 1) / kAlignBytes * kAlignBytes; }
+
+ModelOptions resolve(const LlamaConfig& c, ModelOptions o) {
+  if (o.seq == 0) o.seq = c.positions;
+  o.checkpointing = checkpointing_enabled(c, o) ? 1 : 0;
+  return o;
+}
+
+// One block's activations (byte offsets): what its backward needs.
+struct BlockActs {
+  std::size_t ln1, rstd1, q_raw, rstd_q, k_raw, rstd_k, q, k, v, att, lse, res2, ln2, rstd2, gate,
+      up, mid;
+};
+
+struct ActLayout {
+  std::size_t tokens = 0, targets = 0;
+  std::vector<std::size_t> residual;  // L+1 of act (B*T, H)
+  std::vector<BlockActs> blocks;      // L sets, or 1 with checkpointing
+  std::size_t lnf = 0, rstd_f = 0, logits = 0, losses = 0;
+  // Backward scratch: the residual stream's gradient, the gradient of a norm's output or of the
+  // attention output (rows, max(H, Q)), dq, dk, dv, the MLP's three (rows, F), delta, and for
+  // q/k norms the gradients of the raw projections.
+  std::size_t dres = 0, dc = 0, dq = 0, dk = 0, dv = 0, dq_raw = 0, dk_raw = 0, dg = 0, du = 0,
+              dh = 0, delta = 0, inv_freq = 0;
+  std::size_t total = 0;
+};
+
+ActLayout make_layout(const LlamaConfig& c, const ModelOptions& o, DType act) {
+  const std::size_t rows = static_cast<std::size_t>(o.micro_batch) * static_cast<std::size_t>(o.seq);
+  const auto h = static_cast<std::size_t>(c.hidden);
+  const std::size_t q = static_cast<std::size_t>(c.heads) * static_cast<std::size_t>(c.head_dim);
+  const std::size_t kv =
+      static_cast<std::size_t>(c.kv_heads) * static_cast<std::size_t>(c.head_dim);
+  const auto f = static_cast<std::size_t>(c.ffn);
+  const auto v = static_cast<std::size_t>(c.vocab);
+  const auto nq = static_cast<std::size_t>(c.heads);
+  const auto nkv = static_cast<std::size_t>(c.kv_heads);
+  const std::size_t es = dtype_size(act);
+  ActLayout l;
+  std::size_t at = 0;
+  const auto take = [&at](std::size_t bytes) {
+    const std::size_t offset = at;
+    at += align_up(bytes);
+    return offset;
+  };
+  l.tokens = take(rows * 4);
+  l.targets = take(rows * 4);
+  for (int i = 0; i <= c.layers; ++i) l.residual.push_back(take(rows * h * es));
+  const int sets = o.checkpointing != 0 ? 1 : c.layers;
+  for (int i = 0; i < sets; ++i) {
+    BlockActs b{};
+    b.ln1 = take(rows * h * es);
+    b.rstd1 = take(rows * 4);
+    if (c.qk_norm) {
+      b.q_raw = take(rows * q * es);
+      b.rstd_q = take(rows * nq * 4);
+      b.k_raw = take(rows * kv * es);
+      b.rstd_k = take(rows * nkv * 4);
+    }
+    b.q = take(rows * q * es);
+    b.k = take(rows * kv * es);
+    b.v = take(rows * kv * es);
+    b.att = take(rows * q * es);
+    b.lse = take(rows * nq * 4);
+    b.res2 = take(rows * h * es);
+    b.ln2 = take(rows * h * es);
+    b.rstd2 = take(rows * 4);
+    b.gate = take(rows * f * es);
+    b.up = take(rows * f * es);
+    b.mid = take(rows * f * es);
+    l.blocks.push_back(b);
+  }
+  l.lnf = take(rows * h * es);
+  l.rstd_f = take(rows * 4);
+  l.logits = take(rows * v * es);
+  l.losses = take(rows * 4);
+  l.dres = take(rows * h * es);
+  l.dc = take(rows * std::max(h, q) * es);
+  l.dq = take(rows * q * es);
+  l.dk = take(rows * kv * es);
+  l.dv = take(rows * kv * es);
+  if (c.qk_norm) {
+    l.dq_raw = take(rows * q * es);
+    l.dk_raw = take(rows * kv * es);
+  }
+  l.dg = take(rows * f * es);
+  l.du = take(rows * f * es);
+  l.dh = take(rows * f * es);
+  l.delta = take(rows * nq * 4);
+  l.inv_freq = take(static_cast<std::size_t>(c.head_dim / 2) * 4);
+  l.total = at;
+  return l;
+}
+
+// Tensor indices inside a block unit (-1: the config has no such tensor).
+struct BlockIndex {
+  int ln1 = -1, qw = -1, qb = -1, kw = -1, kb = -1, vw = -1, vb = -1, ow = -1, ob = -1, qn = -1,
+      kn = -1, ln2 = -1, gw = -1, gb = -1, uw = -1, ub = -1, dw = -1, db = -1;
+};
+
+BlockIndex block_index(const zero::UnitSpec& block) {
+  BlockIndex x;
+  const std::pair<std::string_view, int BlockIndex::*> names[] = {
+      {"input_layernorm.weight", &BlockIndex::ln1},
+      {"self_attn.q_proj.weight", &BlockIndex::qw},
+      {"self_attn.q_proj.bias", &BlockIndex::qb},
+      {"self_attn.k_proj.weight", &BlockIndex::kw},
+      {"self_attn.k_proj.bias", &BlockIndex::kb},
+      {"self_attn.v_proj.weight", &BlockIndex::vw},
+      {"self_attn.v_proj.bias", &BlockIndex::vb},
+      {"self_attn.o_proj.weight", &BlockIndex::ow},
+      {"self_attn.o_proj.bias", &BlockIndex::ob},
+      {"self_attn.q_norm.weight", &BlockIndex::qn},
+      {"self_attn.k_norm.weight", &BlockIndex::kn},
+      {"post_attention_layernorm.weight", &BlockIndex::ln2},
+      {"mlp.gate_proj.weight", &BlockIndex::gw},
+      {"mlp.gate_proj.bias", &BlockIndex::gb},
+      {"mlp.up_proj.weight", &BlockIndex::uw},
+      {"mlp.up_proj.bias", &BlockIndex::ub},
+      {"mlp.down_proj.weight", &BlockIndex::dw},
+      {"mlp.down_proj.bias", &BlockIndex::db},
+  };
+  for (std::size_t t = 0; t < block.tensors.size(); ++t) {
+    const std::string& n = block.tensors[t].name;
+    for (const auto& [suffix, member] : names) {
+      if (n.ends_with(suffix)) x.*member = static_cast<int>(t);
+    }
+  }
+  return x;
+}
+
+ops::ConstTensor in(const zero::UnitViews& v, int i) {
+  if (i < 0) return {};
+  return {v[static_cast<std::size_t>(i)].data, v[static_cast<std::size_t>(i)].dtype};
+}
+ops::Tensor out(const zero::UnitViews& v, int i) {
+  if (i < 0) return {};
+  return {v[static_cast<std::size_t>(i)].data, v[static_cast<std::size_t>(i)].dtype};
+}
+
+// Where one forward pass of a block reads and writes keys and values: the training layout (the
+// block's own k/v, positions from 0) or one step of decoding (the layer's cache, positions after
+// the cached ones).
+struct Pass {
+  std::int64_t b = 0, t = 0;  // sequences and new tokens per sequence
+  std::int64_t pos = 0;       // position of the first new token
+  std::byte* k_base = nullptr;  // keys/values of positions [0, pos + t)
+  std::byte* v_base = nullptr;
+};
+
+}  // namespace
+
+struct Llama::Impl {
+  Impl(const LlamaConfig& c, const ModelOptions& o, zero::Engine& e)
+      : config(c), options(o), engine(e), act(e.compute_dtype()) {}
+
+  LlamaConfig config;
+  ModelOptions options;  // resolved
+  zero::Engine& engine;
+  DType act;
+  std::vector<zero::UnitSpec> specs;
+  std::vector<zero::UnitId> units;  // embed, layers.0 .. layers.{L-1}, norm
+  BlockIndex bi;
+  std::unique_ptr<ops::Ops> ops;
+  ActLayout layout;
+  gpu::DeviceBuffer acts;
+  gpu::DeviceBuffer cache;  // decoding: keys then values, (layers, seq, kv_heads*head_dim) each
+  std::int64_t cache_len = 0;
+  std::vector<std::int32_t> host_ids;
+  std::vector<float> host_losses;
+  std::vector<float> inv_freq;
+
+  std::int64_t q_dim() const { return static_cast<std::int64_t>(config.heads) * config.head_dim; }
+  std::int64_t kv_dim() const {
+    return static_cast<std::int64_t>(config.kv_heads) * config.head_dim;
+  }
+  float scale() const { return static_cast<float>(1.0 / std::sqrt(static_cast<double>(config.head_dim))); }
+  float eps() const { return static_cast<float>(config.rms_norm_eps); }
+  zero::UnitId embed_unit() const { return units.front(); }
+  zero::UnitId block_unit(int i) const { return units[static_cast<std::size_t>(i) + 1]; }
+  zero::UnitId norm_unit() const { return units.back(); }
+  gpu::Stream& stream() { return engine.compute_stream(); }
+
+  std::byte* base() const { return static_cast<std::byte*>(acts.data()); }
+  ops::Tensor a(std::size_t offset) const { return {base() + offset, act}; }
+  ops::Tensor a_at(std::size_t offset, std::int64_t row, std::int64_t width) const {
+    return {base() + offset + static_cast<std::size_t>(row * width) * dtype_size(act), act};
+  }
+  float* f(std::size_t offset) const { return reinterpret_cast<float*>(base() + offset); }
+  std::int32_t* ids(std::size_t offset) const {
+    return reinterpret_cast<std::int32_t*>(base() + offset);
+  }
+  const BlockActs& block_acts(int i) const {
+    return layout.blocks[options.checkpointing != 0 ? 0 : static_cast<std::size_t>(i)];
+  }
+
+  Status ensure_buffers() {
+    if (!acts.empty()) return Status::ok();
+    Result<gpu::DeviceBuffer> buffer = engine.device().allocate(layout.total);
+    if (!buffer.is_ok()) {
+      return std::move(buffer).take_status().with_context(
+          "model " + config.name + ": activations of one micro-batch (B=" +
+          std::to_string(options.micro_batch) + ", T=" + std::to_string(options.seq) + ")");
+    }
+    acts = std::move(buffer).value();
+    // The rotary frequencies, uploaded once.
+    TZ_RETURN_IF_ERROR(engine.device().copy_async(f(layout.inv_freq), inv_freq.data(),
+                                                  inv_freq.size() * sizeof(float),
+                                                  gpu::CopyKind::kHostToDevice, stream()));
+    return stream().synchronize();
+  }
+
+  Status check_ids(std::span<const std::int32_t> values, const char* what) const {
+    for (std::size_t i = 0; i < values.size(); ++i) {
+      if (values[i] < 0 || values[i] >= config.vocab) {
+        return Status::invalid_argument("model " + config.name + ": " + what + "[" +
+                                        std::to_string(i) + "] = " + std::to_string(values[i]) +
+                                        " is outside the vocabulary [0, " +
+                                        std::to_string(config.vocab) + ")");
+      }
+    }
+    return Status::ok();
+  }
+
+  Status upload(std::span<const std::int32_t> tokens, std::span<const std::int32_t> targets) {
+    TZ_RETURN_IF_ERROR(check_ids(tokens, "tokens"));
+    TZ_RETURN_IF_ERROR(check_ids(targets, "targets"));
+    TZ_RETURN_IF_ERROR(ensure_buffers());
+    host_ids.assign(tokens.begin(), tokens.end());
+    host_ids.insert(host_ids.end(), targets.begin(), targets.end());
+    gpu::Device& dev = engine.device();
+    TZ_RETURN_IF_ERROR(dev.copy_async(ids(layout.tokens), host_ids.data(), tokens.size_bytes(),
+                                      gpu::CopyKind::kHostToDevice, stream()));
+    if (!targets.empty()) {
+      TZ_RETURN_IF_ERROR(dev.copy_async(ids(layout.targets), host_ids.data() + tokens.size(),
+                                        targets.size_bytes(), gpu::CopyKind::kHostToDevice,
+                                        stream()));
+    }
+    return Status::ok();
+  }
+
+  Pass training_pass(int i, std::int64_t b, std::int64_t t) const {
+    const BlockActs& s = block_acts(i);
+    return Pass{b, t, 0, base() + s.k, base() + s.v};
+  }
+
+  // Forward of block i on the pass's rows from residual[i]. With `to_output` it also writes
+  // residual[i+1]; without (the recompute in backward) it stops at what the backward needs.
+  Status block_forward(const zero::UnitViews& p, int i, const Pass& pass, bool to_output) {
+    const std::int64_t rows = pass.b * pass.t;
+    const std::int64_t h = config.hidden, q = q_dim(), kv = kv_dim(), ff = config.ffn;
+    const std::int64_t hd = config.head_dim;
+    const BlockActs& s = block_acts(i);
+    const ops::Tensor x = a(layout.residual[static_cast<std::size_t>(i)]);
+    gpu::Stream& st = stream();
+    using ops::WeightLayout;
+    const std::size_t kv_offset = static_cast<std::size_t>(pass.pos * kv) * dtype_size(act);
+    const ops::Tensor k_new{pass.k_base + kv_offset, act};
+    const ops::Tensor v_new{pass.v_base + kv_offset, act};
+    const ops::Tensor q_proj = config.qk_norm ? a(s.q_raw) : a(s.q);
+    const ops::Tensor k_proj = config.qk_norm ? a(s.k_raw) : k_new;
+    TZ_RETURN_IF_ERROR(ops->rmsnorm_forward(a(s.ln1), f(s.rstd1), x, in(p, bi.ln1), eps(), rows, h, st));
+    TZ_RETURN_IF_ERROR(ops->matmul_forward(q_proj, a(s.ln1), in(p, bi.qw), WeightLayout::kOutIn,
+                                           in(p, bi.qb), rows, h, q, st));
+    TZ_RETURN_IF_ERROR(ops->matmul_forward(k_proj, a(s.ln1), in(p, bi.kw), WeightLayout::kOutIn,
+                                           in(p, bi.kb), rows, h, kv, st));
+    TZ_RETURN_IF_ERROR(ops->matmul_forward(v_new, a(s.ln1), in(p, bi.vw), WeightLayout::kOutIn,
+                                           in(p, bi.vb), rows, h, kv, st));
+    if (config.qk_norm) {
+      TZ_RETURN_IF_ERROR(ops->rmsnorm_forward(a(s.q), f(s.rstd_q), a(s.q_raw), in(p, bi.qn), eps(),
+                                              rows * config.heads, hd, st));
+      TZ_RETURN_IF_ERROR(ops->rmsnorm_forward(k_new, f(s.rstd_k), a(s.k_raw), in(p, bi.kn), eps(),
+                                              rows * config.kv_heads, hd, st));
+    }
+    TZ_RETURN_IF_ERROR(ops->rope_forward(a(s.q), f(layout.inv_freq), pass.b, pass.t, config.heads,
+                                         hd, q, pass.pos, st));
+    TZ_RETURN_IF_ERROR(ops->rope_forward(k_new, f(layout.inv_freq), pass.b, pass.t,
+                                         config.kv_heads, hd, kv, pass.pos, st));
+    TZ_RETURN_IF_ERROR(ops->gqa_attention_forward(
+        a(s.att), f(s.lse), a(s.q), ops::ConstTensor{pass.k_base, act},
+        ops::ConstTensor{pass.v_base, act}, pass.b, pass.t, pass.pos + pass.t, config.heads,
+        config.kv_heads, hd, q, kv, scale(), st));
+    TZ_RETURN_IF_ERROR(ops->matmul_forward(a(s.res2), a(s.att), in(p, bi.ow), WeightLayout::kOutIn,
+                                           in(p, bi.ob), rows, q, h, st));
+    TZ_RETURN_IF_ERROR(ops->residual_forward(a(s.res2), a(s.res2), x, rows * h, st));
+    TZ_RETURN_IF_ERROR(ops->rmsnorm_forward(a(s.ln2), f(s.rstd2), a(s.res2), in(p, bi.ln2), eps(),
+                                            rows, h, st));
+    TZ_RETURN_IF_ERROR(ops->matmul_forward(a(s.gate), a(s.ln2), in(p, bi.gw), WeightLayout::kOutIn,
+                                           in(p, bi.gb), rows, h, ff, st));
+    TZ_RETURN_IF_ERROR(ops->matmul_forward(a(s.up), a(s.ln2), in(p, bi.uw), WeightLayout::kOutIn,
+                                           in(p, bi.ub), rows, h, ff, st));
+    TZ_RETURN_IF_ERROR(ops->swiglu_forward(a(s.mid), a(s.gate), a(s.up), rows, ff, ff, st));
+    if (!to_output) return Status::ok();
+    const ops::Tensor y = a(layout.residual[static_cast<std::size_t>(i) + 1]);
+    TZ_RETURN_IF_ERROR(ops->matmul_forward(y, a(s.mid), in(p, bi.dw), WeightLayout::kOutIn,
+                                           in(p, bi.db), rows, ff, h, st));
+    return ops->residual_forward(y, y, a(s.res2), rows * h, st);
+  }
+
+  // Backward of block i: dres holds d(residual[i+1]) and becomes d(residual[i]); the parameter
+  // gradients accumulate into g.
+  Status block_backward(const zero::UnitViews& p, const zero::UnitViews& g, int i, std::int64_t b,
+                        std::int64_t t) {
+    const std::int64_t rows = b * t;
+    const std::int64_t h = config.hidden, q = q_dim(), kv = kv_dim(), ff = config.ffn;
+    const std::int64_t hd = config.head_dim;
+    const BlockActs& s = block_acts(i);
+    const ops::Tensor x = a(layout.residual[static_cast<std::size_t>(i)]);
+    const ops::Tensor dres = a(layout.dres), dc = a(layout.dc);
+    gpu::Stream& st = stream();
+    using ops::Accumulate;
+    using ops::WeightLayout;
+    constexpr auto kO = Accumulate::kOverwrite;
+    constexpr auto kA = Accumulate::kAdd;
+    constexpr auto kOI = WeightLayout::kOutIn;
+    // MLP: y = res2 + down(silu(gate(ln2)) * up(ln2)), ln2 = rmsnorm(res2).
+    TZ_RETURN_IF_ERROR(ops->matmul_backward(a(layout.dh), kO, out(g, bi.dw), out(g, bi.db), dres,
+                                            a(s.mid), in(p, bi.dw), kOI, rows, ff, h, st));
+    TZ_RETURN_IF_ERROR(ops->swiglu_backward(a(layout.dg), a(layout.du), a(layout.dh), a(s.gate),
+                                            a(s.up), rows, ff, ff, st));
+    TZ_RETURN_IF_ERROR(ops->matmul_backward(dc, kO, out(g, bi.gw), out(g, bi.gb), a(layout.dg),
+                                            a(s.ln2), in(p, bi.gw), kOI, rows, h, ff, st));
+    TZ_RETURN_IF_ERROR(ops->matmul_backward(dc, kA, out(g, bi.uw), out(g, bi.ub), a(layout.du),
+                                            a(s.ln2), in(p, bi.uw), kOI, rows, h, ff, st));
+    TZ_RETURN_IF_ERROR(ops->rmsnorm_backward(dres, kA, out(g, bi.ln2), dc, a(s.res2),
+                                             in(p, bi.ln2), f(s.rstd2), rows, h, st));
+    // Attention: res2 = x + o(attention(rope(q), rope(k), v)), q/k/v of ln1 = rmsnorm(x).
+    TZ_RETURN_IF_ERROR(ops->matmul_backward(dc, kO, out(g, bi.ow), out(g, bi.ob), dres, a(s.att),
+                                            in(p, bi.ow), kOI, rows, q, h, st));
+    TZ_RETURN_IF_ERROR(ops->gqa_attention_backward(
+        a(layout.dq), a(layout.dk), a(layout.dv), kO, f(layout.delta), dc, a(s.q), a(s.k),
+        a(s.v), a(s.att), f(s.lse), b, t, config.heads, config.kv_heads, hd, q, kv, scale(), st));
+    TZ_RETURN_IF_ERROR(ops->rope_backward(a(layout.dq), f(layout.inv_freq), b, t, config.heads,
+                                          hd, q, 0, st));
+    TZ_RETURN_IF_ERROR(ops->rope_backward(a(layout.dk), f(layout.inv_freq), b, t,
+                                          config.kv_heads, hd, kv, 0, st));
+    ops::Tensor dq = a(layout.dq), dk = a(layout.dk);
+    if (config.qk_norm) {
+      TZ_RETURN_IF_ERROR(ops->rmsnorm_backward(a(layout.dq_raw), kO, out(g, bi.qn), dq,
+                                               a(s.q_raw), in(p, bi.qn), f(s.rstd_q),
+                                               rows * config.heads, hd, st));
+      TZ_RETURN_IF_ERROR(ops->rmsnorm_backward(a(layout.dk_raw), kO, out(g, bi.kn), dk,
+                                               a(s.k_raw), in(p, bi.kn), f(s.rstd_k),
+                                               rows * config.kv_heads, hd, st));
+      dq = a(layout.dq_raw);
+      dk = a(layout.dk_raw);
+    }
+    TZ_RETURN_IF_ERROR(ops->matmul_backward(dc, kO, out(g, bi.qw), out(g, bi.qb), dq, a(s.ln1),
+                                            in(p, bi.qw), kOI, rows, h, q, st));
+    TZ_RETURN_IF_ERROR(ops->matmul_backward(dc, kA, out(g, bi.kw), out(g, bi.kb), dk, a(s.ln1),
+                                            in(p, bi.kw), kOI, rows, h, kv, st));
+    TZ_RETURN_IF_ERROR(ops->matmul_backward(dc, kA, out(g, bi.vw), out(g, bi.vb), a(layout.dv),
+                                            a(s.ln1), in(p, bi.vw), kOI, rows, h, kv, st));
+    return ops->rmsnorm_backward(dres, kA, out(g, bi.ln1), dc, x, in(p, bi.ln1), f(s.rstd1), rows,
+                                 h, st);
+  }
+
+  Status embed(std::int64_t b, std::int64_t t) {
+    TZ_ASSIGN_OR_RETURN(const zero::UnitViews p, engine.gather(embed_unit()));
+    TZ_RETURN_IF_ERROR(ops->embedding_forward(a(layout.residual[0]), ids(layout.tokens),
+                                              in(p, 0), ops::ConstTensor{}, b, t, config.hidden,
+                                              config.vocab, stream()));
+    return engine.release(embed_unit());
+  }
+
+  // Embedding and every block on b*t tokens already on the device (positions from 0).
+  Status forward_trunk(std::int64_t b, std::int64_t t) {
+    TZ_RETURN_IF_ERROR(embed(b, t));
+    for (int i = 0; i < config.layers; ++i) {
+      TZ_ASSIGN_OR_RETURN(const zero::UnitViews p, engine.gather(block_unit(i)));
+      TZ_RETURN_IF_ERROR(block_forward(p, i, training_pass(i, b, t), /*to_output=*/true));
+      TZ_RETURN_IF_ERROR(engine.release(block_unit(i)));
+    }
+    return Status::ok();
+  }
+
+  // The final norm of `rows` rows of residual[L] starting at row `first`, then their logits into
+  // the first rows of layout.logits. The norm unit (and, tied, the embedding) gathered here.
+  Status head_forward(std::int64_t first, std::int64_t rows) {
+    const std::int64_t h = config.hidden;
+    gpu::Stream& st = stream();
+    TZ_ASSIGN_OR_RETURN(const zero::UnitViews n, engine.gather(norm_unit()));
+    TZ_RETURN_IF_ERROR(ops->rmsnorm_forward(
+        a(layout.lnf), f(layout.rstd_f),
+        a_at(layout.residual[static_cast<std::size_t>(config.layers)], first, h), in(n, 0), eps(),
+        rows, h, st));
+    if (config.tie_word_embeddings) {
+      TZ_ASSIGN_OR_RETURN(const zero::UnitViews e, engine.gather(embed_unit()));
+      TZ_RETURN_IF_ERROR(ops->matmul_forward(a(layout.logits), a(layout.lnf), in(e, 0),
+                                             ops::WeightLayout::kOutIn, {}, rows, h, config.vocab,
+                                             st));
+      TZ_RETURN_IF_ERROR(engine.release(embed_unit()));
+    } else {
+      TZ_RETURN_IF_ERROR(ops->matmul_forward(a(layout.logits), a(layout.lnf), in(n, 1),
+                                             ops::WeightLayout::kOutIn, {}, rows, h, config.vocab,
+                                             st));
+    }
+    return engine.release(norm_unit());
+  }
+
+  Result<double> mean_loss(std::size_t rows) {
+    host_losses.resize(rows);
+    TZ_RETURN_IF_ERROR(engine.device().copy_async(host_losses.data(), f(layout.losses),
+                                                  rows * sizeof(float),
+                                                  gpu::CopyKind::kDeviceToHost, stream()));
+    TZ_RETURN_IF_ERROR(stream().synchronize());
+    double sum = 0;
+    for (const float l : host_losses) sum += l;
+    return sum / static_cast<double>(rows);
+  }
+
+  Status check_batch(std::span<const std::int32_t> tokens, std::span<const std::int32_t> targets,
+                     const char* call) const {
+    const std::size_t bt = static_cast<std::size_t>(options.micro_batch) *
+                           static_cast<std::size_t>(options.seq);
+    if (tokens.size() != bt || targets.size() != bt) {
+      return Status::invalid_argument(
+          std::string(call) + ": model " + config.name + " takes micro-batches of B*T = " +
+          std::to_string(options.micro_batch) + "*" + std::to_string(options.seq) + " = " +
+          std::to_string(bt) + " tokens and targets, not " + std::to_string(tokens.size()) +
+          " and " + std::to_string(targets.size()));
+    }
+    return Status::ok();
+  }
+
+  Result<double> train(std::span<const std::int32_t> tokens, std::span<const std::int32_t> targets) {
+    TZ_RETURN_IF_ERROR(check_batch(tokens, targets, "train_micro_batch"));
+    const std::int64_t b = options.micro_batch, t = options.seq;
+    const std::int64_t rows = b * t, h = config.hidden, v = config.vocab;
+    gpu::Stream& st = stream();
+    TZ_RETURN_IF_ERROR(upload(tokens, targets));
+    TZ_RETURN_IF_ERROR(forward_trunk(b, t));
+    const ops::Tensor top = a(layout.residual[static_cast<std::size_t>(config.layers)]);
+    const float grad_scale = static_cast<float>(engine.loss_scale() / static_cast<double>(rows));
+    {
+      // Final norm, LM head and the fused softmax + cross-entropy (dlogits replace the logits),
+      // the head's backward into dc and the norm's into dres.
+      TZ_ASSIGN_OR_RETURN(const zero::UnitViews n, engine.gather(norm_unit()));
+      TZ_RETURN_IF_ERROR(ops->rmsnorm_forward(a(layout.lnf), f(layout.rstd_f), top, in(n, 0),
+                                              eps(), rows, h, st));
+      TZ_ASSIGN_OR_RETURN(const zero::UnitViews gn, engine.grad(norm_unit()));
+      if (config.tie_word_embeddings) {
+        TZ_ASSIGN_OR_RETURN(const zero::UnitViews e, engine.gather(embed_unit()));
+        TZ_RETURN_IF_ERROR(ops->matmul_forward(a(layout.logits), a(layout.lnf), in(e, 0),
+                                               ops::WeightLayout::kOutIn, {}, rows, h, v, st));
+        TZ_RETURN_IF_ERROR(ops->cross_entropy_backward(a(layout.logits), f(layout.losses),
+                                                       a(layout.logits), ids(layout.targets),
+                                                       rows, v, grad_scale, st));
+        TZ_ASSIGN_OR_RETURN(const zero::UnitViews ge, engine.grad(embed_unit()));
+        TZ_RETURN_IF_ERROR(ops->matmul_backward(a(layout.dc), ops::Accumulate::kOverwrite,
+                                                out(ge, 0), {}, a(layout.logits), a(layout.lnf),
+                                                in(e, 0), ops::WeightLayout::kOutIn, rows, h, v,
+                                                st));
+        TZ_RETURN_IF_ERROR(engine.release(embed_unit()));
+      } else {
+        TZ_RETURN_IF_ERROR(ops->matmul_forward(a(layout.logits), a(layout.lnf), in(n, 1),
+                                               ops::WeightLayout::kOutIn, {}, rows, h, v, st));
+        TZ_RETURN_IF_ERROR(ops->cross_entropy_backward(a(layout.logits), f(layout.losses),
+                                                       a(layout.logits), ids(layout.targets),
+                                                       rows, v, grad_scale, st));
+        TZ_RETURN_IF_ERROR(ops->matmul_backward(a(layout.dc), ops::Accumulate::kOverwrite,
+                                                out(gn, 1), {}, a(layout.logits), a(layout.lnf),
+                                                in(n, 1), ops::WeightLayout::kOutIn, rows, h, v,
+                                                st));
+      }
+      TZ_RETURN_IF_ERROR(ops->rmsnorm_backward(a(layout.dres), ops::Accumulate::kOverwrite,
+                                               out(gn, 0), a(layout.dc), top, in(n, 0),
+                                               f(layout.rstd_f), rows, h, st));
+      TZ_RETURN_IF_ERROR(engine.release(norm_unit()));
+      TZ_RETURN_IF_ERROR(engine.reduce(norm_unit()));
+    }
+    for (int i = config.layers - 1; i >= 0; --i) {
+      TZ_ASSIGN_OR_RETURN(const zero::UnitViews p, engine.gather(block_unit(i)));
+      if (options.checkpointing != 0) {
+        TZ_RETURN_IF_ERROR(block_forward(p, i, training_pass(i, b, t), /*to_output=*/false));
+      }
+      TZ_ASSIGN_OR_RETURN(const zero::UnitViews g, engine.grad(block_unit(i)));
+      TZ_RETURN_IF_ERROR(block_backward(p, g, i, b, t));
+      TZ_RETURN_IF_ERROR(engine.release(block_unit(i)));
+      TZ_RETURN_IF_ERROR(engine.reduce(block_unit(i)));
+    }
+    {
+      TZ_ASSIGN_OR_RETURN(const zero::UnitViews ge, engine.grad(embed_unit()));
+      TZ_RETURN_IF_ERROR(ops->embedding_backward(out(ge, 0), ops::Tensor{}, a(layout.dres),
+                                                 ids(layout.tokens), b, t, h, v, st));
+      TZ_RETURN_IF_ERROR(engine.reduce(embed_unit()));
+    }
+    return mean_loss(static_cast<std::size_t>(rows));
+  }
+
+  Result<std::vector<float>> download_logits(std::size_t rows) {
+    const std::size_t n = rows * static_cast<std::size_t>(config.vocab);
+    std::vector<float> values(n);
+    if (act == DType::kF32) {
+      TZ_RETURN_IF_ERROR(engine.device().copy_async(values.data(), base() + layout.logits,
+                                                    n * sizeof(float),
+                                                    gpu::CopyKind::kDeviceToHost, stream()));
+      TZ_RETURN_IF_ERROR(stream().synchronize());
+      return values;
+    }
+    std::vector<std::uint16_t> bits(n);
+    TZ_RETURN_IF_ERROR(engine.device().copy_async(bits.data(), base() + layout.logits,
+                                                  n * sizeof(std::uint16_t),
+                                                  gpu::CopyKind::kDeviceToHost, stream()));
+    TZ_RETURN_IF_ERROR(stream().synchronize());
+    for (std::size_t i = 0; i < n; ++i) {
+      values[i] = act == DType::kBF16 ? bf16_to_f32(bf16{bits[i]}) : fp16_to_f32(fp16{bits[i]});
+    }
+    return values;
+  }
+
+  Status ensure_cache() {
+    if (!cache.empty()) return Status::ok();
+    const std::size_t bytes = 2 * static_cast<std::size_t>(config.layers) *
+                              static_cast<std::size_t>(options.seq) *
+                              static_cast<std::size_t>(kv_dim()) * dtype_size(act);
+    Result<gpu::DeviceBuffer> buffer = engine.device().allocate(bytes);
+    if (!buffer.is_ok()) {
+      return std::move(buffer).take_status().with_context("model " + config.name +
+                                                          ": key/value cache of " +
+                                                          std::to_string(options.seq) +
+                                                          " positions");
+    }
+    cache = std::move(buffer).value();
+    return Status::ok();
+  }
+
+  std::byte* cache_at(bool values, int layer) const {
+    const std::size_t per_layer = static_cast<std::size_t>(options.seq) *
+                                  static_cast<std::size_t>(kv_dim()) * dtype_size(act);
+    return static_cast<std::byte*>(const_cast<void*>(cache.data())) +
+           (values ? static_cast<std::size_t>(config.layers) * per_layer : 0) +
+           static_cast<std::size_t>(layer) * per_layer;
+  }
+
+  Result<std::vector<float>> decode(std::span<const std::int32_t> tokens, bool start_over) {
+    if (start_over) cache_len = 0;
+    const auto n = static_cast<std::int64_t>(tokens.size());
+    if (n < 1 || cache_len + n > options.seq) {
+      return Status::invalid_argument("decode: model " + config.name + " holds " +
+                                      std::to_string(options.seq) + " positions; " +
+                                      std::to_string(cache_len) + " cached + " +
+                                      std::to_string(n) + " new do not fit");
+    }
+    TZ_RETURN_IF_ERROR(upload(tokens, {}));
+    TZ_RETURN_IF_ERROR(ensure_cache());
+    TZ_RETURN_IF_ERROR(embed(1, n));
+    for (int i = 0; i < config.layers; ++i) {
+      TZ_ASSIGN_OR_RETURN(const zero::UnitViews p, engine.gather(block_unit(i)));
+      const Pass pass{1, n, cache_len, cache_at(false, i), cache_at(true, i)};
+      TZ_RETURN_IF_ERROR(block_forward(p, i, pass, /*to_output=*/true));
+      TZ_RETURN_IF_ERROR(engine.release(block_unit(i)));
+    }
+    TZ_RETURN_IF_ERROR(head_forward(n - 1, 1));
+    cache_len += n;
+    return download_logits(1);
+  }
+};
+
+Llama::Llama(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Llama::~Llama() {
+  if (impl_ && !impl_->acts.empty()) impl_->stream().synchronize().ignore();
+}
+
+std::uint64_t Llama::activation_bytes(const LlamaConfig& config, const ModelOptions& options,
+                                      DType compute) {
+  return make_layout(config, resolve(config, options), compute).total;
+}
+
+Result<std::unique_ptr<Llama>> Llama::create(const LlamaConfig& config,
+                                             const ModelOptions& options, zero::Engine& engine) {
+  if (options.micro_batch < 1) {
+    return Status::invalid_argument("model " + config.name + ": micro_batch must be >= 1, not " +
+                                    std::to_string(options.micro_batch));
+  }
+  if (options.seq < 0 || options.seq > config.positions) {
+    return Status::invalid_argument("model " + config.name + ": seq " +
+                                    std::to_string(options.seq) + " must be in [1, " +
+                                    std::to_string(config.positions) +
+                                    "] (max_position_embeddings)");
+  }
+  if (options.cpu_threads < 0) {
+    return Status::invalid_argument("model " + config.name + ": cpu_threads must be >= 0");
+  }
+  const ModelOptions resolved = resolve(config, options);
+  if (config.sliding_window && *config.sliding_window < resolved.seq) {
+    return Status::invalid_argument(
+        "model " + config.name + ": key 'sliding_window' is " +
+        std::to_string(*config.sliding_window) + ", shorter than the sequence of " +
+        std::to_string(resolved.seq) + " tokens; tierzero computes full causal attention only "
+        "(use --seq " + std::to_string(*config.sliding_window) + " or less)");
+  }
+  auto impl = std::make_unique<Impl>(config, resolved, engine);
+  impl->specs = model::unit_specs(config);
+  impl->bi = block_index(impl->specs[1 % impl->specs.size()]);
+  for (const zero::UnitSpec& spec : impl->specs) {
+    TZ_ASSIGN_OR_RETURN(const zero::UnitId id, engine.register_unit(spec));
+    impl->units.push_back(id);
+  }
+  TZ_ASSIGN_OR_RETURN(impl->ops, ops::Ops::create(engine.device(), ops::OpsOptions{options.cpu_threads}));
+  impl->layout = make_layout(config, impl->options, impl->act);
+  impl->inv_freq = rope_inv_freq(config);
+  return std::unique_ptr<Llama>(new Llama(std::move(impl)));
+}
+
+Status Llama::init_weights(std::uint64_t seed) {
+  Impl& m = *impl_;
+  std::vector<float> values;
+  for (std::size_t u = 0; u < m.specs.size(); ++u) {
+    const zero::UnitSpec& spec = m.specs[u];
+    for (std::size_t t = 0; t < spec.tensors.size(); ++t) {
+      const zero::TensorSpec& tensor = spec.tensors[t];
+      values.assign(tensor.numel(), 0.0f);
+      const std::string& name = tensor.name;
+      if (name.ends_with(".bias")) {
+        // zero
+      } else if (name.ends_with("norm.weight") || name.ends_with("layernorm.weight")) {
+        std::fill(values.begin(), values.end(), 1.0f);
+      } else {
+        fill_normal(values, m.config.initializer_range, seed, u, t);
+      }
+      Status s = m.engine.set_tensor(m.units[u], t, values);
+      if (!s.is_ok()) return std::move(s).with_context("init of " + name);
+    }
+  }
+  return Status::ok();
+}
+
+Status Llama::load_weights(const std::string& path) {
+  Impl& m = *impl_;
+  return load_hf_weights_folder(m.engine, m.specs, m.units, path,
+                                m.config.tie_word_embeddings ? std::vector<std::string>{"lm_head.weight"}
+                                                             : std::vector<std::string>{});
+}
+
+Status Llama::save_weights(const std::string& path, DType dtype) {
+  Impl& m = *impl_;
+  // The folder the model came from (its tokenizer files are copied), if it came from one.
+  std::error_code ec;
+  const std::string source =
+      std::filesystem::is_directory(m.config.name, ec) ? m.config.name : std::string();
+  return save_hf_weights_folder(m.engine, m.specs, m.units, path,
+                                llama_hf_config(m.config, dtype), dtype, source);
+}
+
+Result<double> Llama::train_micro_batch(std::span<const std::int32_t> tokens,
+                                        std::span<const std::int32_t> targets) {
+  return impl_->train(tokens, targets);
+}
+
+Result<double> Llama::eval_loss(std::span<const std::int32_t> tokens,
+                                std::span<const std::int32_t> targets) {
+  Impl& m = *impl_;
+  TZ_RETURN_IF_ERROR(m.check_batch(tokens, targets, "eval_loss"));
+  const std::int64_t b = m.options.micro_batch, t = m.options.seq;
+  TZ_RETURN_IF_ERROR(m.upload(tokens, targets));
+  TZ_RETURN_IF_ERROR(m.forward_trunk(b, t));
+  TZ_RETURN_IF_ERROR(m.head_forward(0, b * t));
+  TZ_RETURN_IF_ERROR(m.ops->cross_entropy_forward(m.f(m.layout.losses), m.a(m.layout.logits),
+                                                  m.ids(m.layout.targets), b * t, m.config.vocab,
+                                                  m.stream()));
+  return m.mean_loss(static_cast<std::size_t>(b * t));
+}
+
+Result<std::vector<float>> Llama::logits(std::span<const std::int32_t> tokens, int batch,
+                                         int length) {
+  Impl& m = *impl_;
+  if (batch < 1 || batch > m.options.micro_batch || length < 1 || length > m.options.seq ||
+      tokens.size() != static_cast<std::size_t>(batch) * static_cast<std::size_t>(length)) {
+    return Status::invalid_argument(
+        "logits: model " + m.config.name + " takes 1.." + std::to_string(m.options.micro_batch) +
+        " sequences of 1.." + std::to_string(m.options.seq) + " tokens; got " +
+        std::to_string(tokens.size()) + " tokens as " + std::to_string(batch) + " x " +
+        std::to_string(length));
+  }
+  TZ_RETURN_IF_ERROR(m.upload(tokens, {}));
+  TZ_RETURN_IF_ERROR(m.forward_trunk(batch, length));
+  TZ_RETURN_IF_ERROR(m.head_forward(0, static_cast<std::int64_t>(tokens.size())));
+  return m.download_logits(tokens.size());
+}
+
+Result<std::vector<float>> Llama::last_logits(std::span<const std::int32_t> tokens) {
+  Impl& m = *impl_;
+  if (tokens.empty() || tokens.size() > static_cast<std::size_t>(m.options.seq)) {
+    return Status::invalid_argument("last_logits: model " + m.config.name + " takes 1.." +
+                                    std::to_string(m.options.seq) + " tokens, not " +
+                                    std::to_string(tokens.size()));
+  }
+  const auto n = static_cast<std::int64_t>(tokens.size());
+  TZ_RETURN_IF_ERROR(m.upload(tokens, {}));
+  TZ_RETURN_IF_ERROR(m.forward_trunk(1, n));
+  TZ_RETURN_IF_ERROR(m.head_forward(n - 1, 1));
+  return m.download_logits(1);
+}
+
+Result<std::vector<float>> Llama::decode(std::span<const std::int32_t> tokens, bool start_over) {
+  return impl_->decode(tokens, start_over);
+}
+
+const LlamaConfig& Llama::config() const { return impl_->config; }
+const std::string& Llama::name() const { return impl_->config.name; }
+int Llama::vocab() const { return impl_->config.vocab; }
+const ModelOptions& Llama::options() const { return impl_->options; }
+std::size_t Llama::unit_count() const { return impl_->units.size(); }
+zero::UnitId Llama::unit(std::size_t index) const {
+  TZ_ASSERT(index < impl_->units.size(), "unit index out of range");
+  return impl_->units[index];
+}
+const std::vector<zero::UnitSpec>& Llama::unit_specs() const { return impl_->specs; }
+
+}  // namespace tz::model

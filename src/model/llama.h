@@ -1,0 +1,152 @@
+// The Llama family as transformers' modeling_llama.py computes it, one implementation driven by
+// config.json for LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM and Qwen3ForCausalLM:
+// token embedding (no learned positions), pre-norm blocks with RMSNorm (rms_norm_eps), grouped-query
+// causal attention (num_key_value_heads, head_dim) with rotary embeddings (rope_theta, rope_scaling
+// "llama3"), optional q/k/v(/o) biases (attention_bias; Qwen2's q/k/v always), Qwen3's per-head
+// q_norm/k_norm, a SwiGLU MLP (gate_proj, up_proj, down_proj, mlp_bias), a final RMSNorm and an LM
+// head tied to the embedding or not (tie_word_embeddings). No dropout.
+//
+// Units, in registration (= forward) order, with HF's tensor names (nn.Linear weights (out, in)):
+//   "embed"      model.embed_tokens.weight (vocab, hidden)
+//   "layers.{i}" model.layers.{i}.input_layernorm.weight (hidden); self_attn.q_proj.weight
+//                (heads*head_dim, hidden) [.bias]; k_proj, v_proj (kv_heads*head_dim, hidden)
+//                [.bias]; o_proj.weight (hidden, heads*head_dim) [.bias]; [self_attn.q_norm.weight,
+//                k_norm.weight (head_dim)]; post_attention_layernorm.weight; mlp.gate_proj.weight,
+//                up_proj.weight (ffn, hidden) [.bias]; mlp.down_proj.weight (hidden, ffn) [.bias]
+//   "norm"       model.norm.weight (hidden) [, lm_head.weight (vocab, hidden) when untied]
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/dtype.h"
+#include "core/status.h"
+#include "model/model.h"
+#include "zero/engine.h"
+
+namespace tz::model {
+
+// Rotary scaling of type "llama3" (Llama 3.1+): transformers' _compute_llama3_parameters.
+struct Llama3RopeScaling {
+  double factor = 8.0;
+  double low_freq_factor = 1.0;
+  double high_freq_factor = 4.0;
+  int original_max_position_embeddings = 8192;
+};
+
+// What a config.json of the family says (the keys tierzero computes with).
+struct LlamaConfig {
+  std::string name;           // the preset, the custom spec or the folder it came from
+  std::string architecture = "LlamaForCausalLM";  // LlamaForCausalLM | MistralForCausalLM |
+                                                  // Qwen2ForCausalLM | Qwen3ForCausalLM
+  std::string model_type = "llama";               // llama | mistral | qwen2 | qwen3
+  int layers = 0;             // num_hidden_layers
+  int heads = 0;              // num_attention_heads
+  int kv_heads = 0;           // num_key_value_heads (heads when absent)
+  int hidden = 0;             // hidden_size
+  int ffn = 0;                // intermediate_size
+  int vocab = 0;              // vocab_size
+  int positions = 0;          // max_position_embeddings
+  int head_dim = 0;           // head_dim (hidden / heads when absent or null)
+  double rms_norm_eps = 1e-6;
+  double rope_theta = 10000.0;
+  std::optional<Llama3RopeScaling> rope_llama3;  // none: the default rope
+  bool qkv_bias = false;      // q/k/v_proj biases (attention_bias; always for Qwen2)
+  bool o_bias = false;        // o_proj bias (attention_bias for Llama and Qwen3)
+  bool mlp_bias = false;
+  bool qk_norm = false;       // Qwen3's q_norm/k_norm
+  bool tie_word_embeddings = false;
+  std::optional<int> sliding_window;  // Mistral's (or Qwen's with use_sliding_window): refused
+                                      // when shorter than the sequence trained or sampled
+  double initializer_range = 0.02;
+  // The config.json the model came from (a folder's, or a preset's published one; written back
+  // with tierzero's values on save), or null for custom shapes.
+  nlohmann::json source;
+
+  // Parameters, the LM head counted once when tied.
+  std::uint64_t param_count() const;
+};
+
+// Parses a config.json of the family. `origin` names the file in errors. Refused, with one line
+// naming the key and its value: another architecture or model_type, hidden_act other than silu,
+// a rope type other than default/llama3 (rope_scaling or rope_parameters), a head_dim that is odd,
+// heads not a multiple of kv_heads, a missing or non-positive size.
+Result<LlamaConfig> llama_config_from_json(const nlohmann::json& config, std::string_view origin);
+
+// HF's config.json for `config` (its source with tierzero's values written over it, or a fresh
+// one for presets), with torch_dtype naming `dtype`.
+nlohmann::ordered_json llama_hf_config(const LlamaConfig& config, DType dtype);
+
+// "llama-3.2-1b" | "llama-3.2-3b" | "llama-3.1-8b" | "qwen3-0.6b" | "qwen3-4b" | "mistral-7b" (the
+// published config.json of each), or "llama:layers=L,heads=H,kv_heads=K,embd=C,ffn=F,vocab=V,
+// seq=T" (every key once; Llama 3 defaults otherwise: rope_theta 500000, eps 1e-5, untied).
+// kNotFound when `name` is neither (so the caller may try another family); kInvalidArgument
+// naming the field for a bad custom spec.
+Result<LlamaConfig> parse_llama_model(std::string_view name);
+std::vector<std::string> llama_preset_names();
+
+// The rotary inverse frequencies (head_dim / 2 values) as transformers computes them: 1 /
+// theta^(2i/d), then the llama3 scaling when configured.
+std::vector<float> rope_inv_freq(const LlamaConfig& config);
+
+// The units of `config` in registration order (names and shapes as above).
+std::vector<zero::UnitSpec> unit_specs(const LlamaConfig& config);
+
+// Whether `options` turn activation checkpointing on (resolves -1: on above GPT-2 small's size).
+bool checkpointing_enabled(const LlamaConfig& config, const ModelOptions& options);
+
+class Llama final : public Model {
+ public:
+  // Device bytes the model allocates per micro-batch (activations, logits, backward scratch).
+  static std::uint64_t activation_bytes(const LlamaConfig& config, const ModelOptions& options,
+                                        DType compute);
+  // Registers the units with `engine` (before finalize). kInvalidArgument for options that do not
+  // fit (micro_batch < 1, seq outside [0, positions], a sliding window shorter than seq).
+  static Result<std::unique_ptr<Llama>> create(const LlamaConfig& config,
+                                               const ModelOptions& options, zero::Engine& engine);
+  ~Llama() override;
+  Llama(const Llama&) = delete;
+  Llama& operator=(const Llama&) = delete;
+
+  // transformers' _init_weights: every Linear and the embedding normal(0, initializer_range),
+  // biases 0, RMSNorm weights 1.
+  Status init_weights(std::uint64_t seed) override;
+  // A folder (config.json + model.safetensors or an index and its shards) or one safetensors file.
+  Status load_weights(const std::string& path) override;
+  // Writes the folder `path`: config.json and the weights (shards with an index above the shard
+  // size), and copies the source folder's tokenizer and generation files.
+  Status save_weights(const std::string& path, DType dtype = DType::kF32) override;
+
+  Result<double> train_micro_batch(std::span<const std::int32_t> tokens,
+                                   std::span<const std::int32_t> targets) override;
+  Result<double> eval_loss(std::span<const std::int32_t> tokens,
+                           std::span<const std::int32_t> targets) override;
+  Result<std::vector<float>> last_logits(std::span<const std::int32_t> tokens) override;
+  Result<std::vector<float>> logits(std::span<const std::int32_t> tokens, int batch,
+                                    int length) override;
+  bool has_kv_cache() const override { return true; }
+  Result<std::vector<float>> decode(std::span<const std::int32_t> tokens,
+                                    bool start_over) override;
+
+  const LlamaConfig& config() const;
+  const std::string& name() const override;
+  int vocab() const override;
+  const ModelOptions& options() const override;
+  std::size_t unit_count() const override;
+  zero::UnitId unit(std::size_t index) const override;
+  const std::vector<zero::UnitSpec>& unit_specs() const override;
+
+ private:
+  struct Impl;
+  explicit Llama(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace tz::model

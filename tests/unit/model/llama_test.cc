@@ -1,0 +1,644 @@
+// The Llama family: config.json parsing (both rope forms, every refusal), the llama3 rotary
+// frequencies against an independent computation, tiny Llama / Qwen2 / Qwen3 models through the
+// real engine against a float64 reference written here (loss) and its central finite differences
+// (gradients), stage 0 against stage 3, checkpointing, and KV-cache decoding against full
+// forwards.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <numbers>
+#include <cstring>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/config.h"
+#include "model/factory.h"
+#include "model/llama.h"
+#include "model/sampling.h"
+#include "zero/engine.h"
+
+namespace tz::model {
+namespace {
+
+constexpr std::uint64_t kSeed = 20261203;
+
+using Weights = std::vector<std::vector<std::vector<float>>>;  // unit, tensor, values
+
+// --- Configs ---------------------------------------------------------------------------------
+
+// Llama with GQA (2 heads over 1 KV head), q/k/v/o and MLP biases, untied head, llama3 rope
+// scaling whose three frequency bands each hold one of head_dim 8's four frequencies (theta 10:
+// wavelengths 6.3, 11.2, 19.9, 35.3 against 32/4 = 8 and 32/1 = 32).
+nlohmann::json tiny_llama() {
+  return nlohmann::json::parse(R"({
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu",
+    "hidden_size": 16, "intermediate_size": 24, "num_hidden_layers": 2,
+    "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 8, "vocab_size": 19,
+    "max_position_embeddings": 16, "rms_norm_eps": 1e-5, "rope_theta": 10.0,
+    "rope_scaling": {"rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0,
+                     "high_freq_factor": 4.0, "original_max_position_embeddings": 32},
+    "attention_bias": true, "mlp_bias": true, "tie_word_embeddings": false})");
+}
+// Qwen2: q/k/v biases (no o bias), GQA 4 over 2, tied head.
+nlohmann::json tiny_qwen2() {
+  return nlohmann::json::parse(R"({
+    "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_act": "silu",
+    "hidden_size": 16, "intermediate_size": 20, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 17,
+    "max_position_embeddings": 16, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
+    "use_sliding_window": false, "sliding_window": 4, "tie_word_embeddings": true})");
+}
+// Qwen3 in transformers 5's form (rope_parameters): q/k norms, head_dim 12 != 16 / 2, tied.
+nlohmann::json tiny_qwen3() {
+  return nlohmann::json::parse(R"({
+    "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_act": "silu",
+    "hidden_size": 16, "intermediate_size": 20, "num_hidden_layers": 2,
+    "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 12, "vocab_size": 13,
+    "max_position_embeddings": 16, "rms_norm_eps": 1e-6,
+    "rope_parameters": {"rope_type": "default", "rope_theta": 1000.0},
+    "attention_bias": false, "tie_word_embeddings": true})");
+}
+
+ModelDesc desc_of(const nlohmann::json& j, const char* name) {
+  Result<LlamaConfig> c = llama_config_from_json(j, name);
+  EXPECT_TRUE(c.is_ok()) << c.status().to_string();
+  ModelDesc d;
+  d.name = name;
+  d.family = "llama";
+  d.vocab = c->vocab;
+  d.seq = c->positions;
+  d.arch = *c;
+  return d;
+}
+
+std::string config_json(const std::string& optimizer, int stage, double clip = 0.0) {
+  return "{\"train_micro_batch_size_per_gpu\": 1, \"gradient_accumulation_steps\": 1, "
+         "\"gradient_clipping\": " + std::to_string(clip) + ", \"optimizer\": " + optimizer +
+         ", \"zero_optimization\": {\"stage\": " + std::to_string(stage) + "}}";
+}
+const char* const kSgd1 = "{\"type\": \"SGD\", \"params\": {\"lr\": 1.0}}";
+const char* const kAdamW =
+    "{\"type\": \"AdamW\", \"params\": {\"lr\": 0.01, \"weight_decay\": 0.1}}";
+
+using NetFn = std::function<Status(zero::Engine&, Model&)>;
+
+Status with_net(const std::string& config, const ModelDesc& desc, const ModelOptions& options,
+                const NetFn& fn, int ranks = 1) {
+  ConfigLoad load = load_config_text(config);
+  if (!load.ok()) return load.status();
+  zero::EngineOptions eo;
+  eo.config = load.config;
+  eo.activation_bytes = activation_bytes(desc, options, DType::kF32);
+  return zero::run_local_ranks(ranks, 256u << 20, [&](int, gpu::Device& dev, comm::Comm& comm) {
+    TZ_ASSIGN_OR_RETURN(std::unique_ptr<zero::Engine> engine, zero::Engine::create(eo, dev, comm));
+    ModelOptions o = options;
+    o.cpu_threads = 1;
+    TZ_ASSIGN_OR_RETURN(std::unique_ptr<Model> net, create_model(desc, o, *engine));
+    TZ_RETURN_IF_ERROR(engine->finalize());
+    return fn(*engine, *net);
+  });
+}
+
+Weights random_weights(const std::vector<zero::UnitSpec>& specs, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<double> normal(0.0, 1.0);
+  Weights w(specs.size());
+  for (std::size_t u = 0; u < specs.size(); ++u) {
+    for (const zero::TensorSpec& t : specs[u].tensors) {
+      std::vector<float> v(t.numel());
+      const bool norm = t.name.ends_with("norm.weight");
+      const bool bias = t.name.ends_with(".bias");
+      for (float& x : v) {
+        const double z = normal(rng);
+        x = static_cast<float>(bias ? 0.1 * z : norm ? 1.0 + 0.2 * z : 0.3 * z);
+      }
+      w[u].push_back(std::move(v));
+    }
+  }
+  return w;
+}
+
+Status write_weights(zero::Engine& engine, const Model& net, const Weights& w) {
+  for (std::size_t u = 0; u < w.size(); ++u) {
+    for (std::size_t t = 0; t < w[u].size(); ++t) {
+      TZ_RETURN_IF_ERROR(engine.set_tensor(net.unit(u), t, w[u][t]));
+    }
+  }
+  return Status::ok();
+}
+
+Result<Weights> read_weights(zero::Engine& engine, const Model& net) {
+  const std::vector<zero::UnitSpec>& specs = net.unit_specs();
+  Weights w(specs.size());
+  for (std::size_t u = 0; u < specs.size(); ++u) {
+    for (std::size_t t = 0; t < specs[u].tensors.size(); ++t) {
+      std::vector<float> v(specs[u].tensors[t].numel());
+      TZ_RETURN_IF_ERROR(engine.get_tensor(net.unit(u), t, v));
+      w[u].push_back(std::move(v));
+    }
+  }
+  return w;
+}
+
+std::vector<std::int32_t> random_ids(std::size_t n, int vocab, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_int_distribution<int> id(0, vocab - 1);
+  std::vector<std::int32_t> v(n);
+  for (auto& x : v) x = id(rng);
+  return v;
+}
+
+// --- The float64 reference (modeling_llama.py's forward, written out) ------------------------
+
+struct Reference {
+  const LlamaConfig& c;
+  std::map<std::string, std::vector<double>> p;  // HF name -> values
+
+  Reference(const LlamaConfig& config, const std::vector<zero::UnitSpec>& specs, const Weights& w)
+      : c(config) {
+    for (std::size_t u = 0; u < specs.size(); ++u) {
+      for (std::size_t t = 0; t < specs[u].tensors.size(); ++t) {
+        p[specs[u].tensors[t].name].assign(w[u][t].begin(), w[u][t].end());
+      }
+    }
+  }
+  const std::vector<double>* find(const std::string& n) const {
+    const auto it = p.find(n);
+    return it == p.end() ? nullptr : &it->second;
+  }
+
+  // Rotary frequencies as _compute_default_rope_parameters and _compute_llama3_parameters do, in
+  // torch.where form.
+  std::vector<double> inv_freq() const {
+    const int d = c.head_dim;
+    std::vector<double> inv;
+    for (int i = 0; i < d; i += 2) inv.push_back(1.0 / std::pow(c.rope_theta, double(i) / d));
+    if (!c.rope_llama3) return inv;
+    const Llama3RopeScaling& s = *c.rope_llama3;
+    const double old = s.original_max_position_embeddings;
+    const double low_wl = old / s.low_freq_factor, high_wl = old / s.high_freq_factor;
+    for (double& f : inv) {
+      const double wl = 2 * std::numbers::pi / f;
+      const double scaled = wl > low_wl ? f / s.factor : f;
+      const double smooth = (old / wl - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
+      const double smoothed = (1 - smooth) * scaled / s.factor + smooth * scaled;
+      const bool medium = !(wl < high_wl) && !(wl > low_wl);
+      f = medium ? smoothed : scaled;
+    }
+    return inv;
+  }
+
+  // x (rows, in) times W^T (W: (out, in)) plus b.
+  static std::vector<double> linear(const std::vector<double>& x, const std::vector<double>& w,
+                                    const std::vector<double>* b, int rows, int in, int out) {
+    std::vector<double> y(static_cast<std::size_t>(rows) * out);
+    for (int r = 0; r < rows; ++r) {
+      for (int o = 0; o < out; ++o) {
+        double s = b != nullptr ? (*b)[o] : 0.0;
+        for (int i = 0; i < in; ++i) s += x[r * in + i] * w[o * in + i];
+        y[r * out + o] = s;
+      }
+    }
+    return y;
+  }
+  std::vector<double> rmsnorm(const std::vector<double>& x, const std::vector<double>& w, int rows,
+                              int dim) const {
+    std::vector<double> y(x.size());
+    for (int r = 0; r < rows; ++r) {
+      double ms = 0;
+      for (int i = 0; i < dim; ++i) ms += x[r * dim + i] * x[r * dim + i];
+      const double rstd = 1.0 / std::sqrt(ms / dim + c.rms_norm_eps);
+      for (int i = 0; i < dim; ++i) y[r * dim + i] = x[r * dim + i] * rstd * w[i];
+    }
+    return y;
+  }
+  // rotate_half rope on (b, t, heads, d) rows of width `width`.
+  void rope(std::vector<double>& x, int b, int t, int heads, const std::vector<double>& inv) const {
+    const int d = c.head_dim, half = d / 2, width = heads * d;
+    for (int s = 0; s < b; ++s) {
+      for (int pos = 0; pos < t; ++pos) {
+        for (int h = 0; h < heads; ++h) {
+          double* v = &x[(s * t + pos) * width + h * d];
+          for (int i = 0; i < half; ++i) {
+            const double a = pos * inv[i], x1 = v[i], x2 = v[i + half];
+            v[i] = x1 * std::cos(a) - x2 * std::sin(a);
+            v[i + half] = x2 * std::cos(a) + x1 * std::sin(a);
+          }
+        }
+      }
+    }
+  }
+
+  double loss(const std::vector<std::int32_t>& tokens, const std::vector<std::int32_t>& targets,
+              int b, int t) const {
+    const int rows = b * t, h = c.hidden, d = c.head_dim, nq = c.heads, nkv = c.kv_heads;
+    const int q_dim = nq * d, kv_dim = nkv * d, f = c.ffn, v = c.vocab;
+    const std::vector<double> inv = inv_freq();
+    const std::vector<double>& embed = p.at("model.embed_tokens.weight");
+    std::vector<double> x(static_cast<std::size_t>(rows) * h);
+    for (int r = 0; r < rows; ++r) {
+      for (int i = 0; i < h; ++i) x[r * h + i] = embed[tokens[r] * h + i];
+    }
+    for (int l = 0; l < c.layers; ++l) {
+      const std::string pre = "model.layers." + std::to_string(l) + ".";
+      const auto W = [&](const std::string& n) -> const std::vector<double>& { return p.at(pre + n); };
+      const auto B = [&](const std::string& n) { return find(pre + n); };
+      const std::vector<double> n1 = rmsnorm(x, W("input_layernorm.weight"), rows, h);
+      std::vector<double> q = linear(n1, W("self_attn.q_proj.weight"), B("self_attn.q_proj.bias"), rows, h, q_dim);
+      std::vector<double> k = linear(n1, W("self_attn.k_proj.weight"), B("self_attn.k_proj.bias"), rows, h, kv_dim);
+      const std::vector<double> vv = linear(n1, W("self_attn.v_proj.weight"), B("self_attn.v_proj.bias"), rows, h, kv_dim);
+      if (c.qk_norm) {
+        q = rmsnorm(q, W("self_attn.q_norm.weight"), rows * nq, d);
+        k = rmsnorm(k, W("self_attn.k_norm.weight"), rows * nkv, d);
+      }
+      rope(q, b, t, nq, inv);
+      rope(k, b, t, nkv, inv);
+      std::vector<double> att(static_cast<std::size_t>(rows) * q_dim, 0.0);
+      const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+      for (int s = 0; s < b; ++s) {
+        for (int hh = 0; hh < nq; ++hh) {
+          const int kh = hh / (nq / nkv);
+          for (int i = 0; i < t; ++i) {
+            std::vector<double> score(static_cast<std::size_t>(i) + 1);
+            double mx = -1e300;
+            for (int j = 0; j <= i; ++j) {
+              double dot = 0;
+              for (int e = 0; e < d; ++e) {
+                dot += q[(s * t + i) * q_dim + hh * d + e] * k[(s * t + j) * kv_dim + kh * d + e];
+              }
+              score[j] = dot * scale;
+              mx = std::max(mx, score[j]);
+            }
+            double z = 0;
+            for (double& sc : score) z += (sc = std::exp(sc - mx));
+            for (int j = 0; j <= i; ++j) {
+              for (int e = 0; e < d; ++e) {
+                att[(s * t + i) * q_dim + hh * d + e] += score[j] / z * vv[(s * t + j) * kv_dim + kh * d + e];
+              }
+            }
+          }
+        }
+      }
+      const std::vector<double> o = linear(att, W("self_attn.o_proj.weight"), B("self_attn.o_proj.bias"), rows, q_dim, h);
+      for (std::size_t i = 0; i < x.size(); ++i) x[i] += o[i];
+      const std::vector<double> n2 = rmsnorm(x, W("post_attention_layernorm.weight"), rows, h);
+      const std::vector<double> g = linear(n2, W("mlp.gate_proj.weight"), B("mlp.gate_proj.bias"), rows, h, f);
+      const std::vector<double> u = linear(n2, W("mlp.up_proj.weight"), B("mlp.up_proj.bias"), rows, h, f);
+      std::vector<double> m(g.size());
+      for (std::size_t i = 0; i < g.size(); ++i) m[i] = g[i] / (1 + std::exp(-g[i])) * u[i];
+      const std::vector<double> dn = linear(m, W("mlp.down_proj.weight"), B("mlp.down_proj.bias"), rows, f, h);
+      for (std::size_t i = 0; i < x.size(); ++i) x[i] += dn[i];
+    }
+    const std::vector<double> nf = rmsnorm(x, p.at("model.norm.weight"), rows, h);
+    const std::vector<double>& head =
+        c.tie_word_embeddings ? p.at("model.embed_tokens.weight") : p.at("lm_head.weight");
+    const std::vector<double> logits = linear(nf, head, nullptr, rows, h, v);
+    double total = 0;
+    for (int r = 0; r < rows; ++r) {
+      double mx = -1e300;
+      for (int i = 0; i < v; ++i) mx = std::max(mx, logits[r * v + i]);
+      double z = 0;
+      for (int i = 0; i < v; ++i) z += std::exp(logits[r * v + i] - mx);
+      total += std::log(z) + mx - logits[r * v + targets[r]];
+    }
+    return total / rows;
+  }
+};
+
+// --- Config parsing --------------------------------------------------------------------------
+
+TEST(LlamaConfigTest, BothRopeFormsGiveTheSameModel) {
+  nlohmann::json top = tiny_llama();
+  nlohmann::json v5 = tiny_llama();
+  v5.erase("rope_theta");
+  v5.erase("rope_scaling");
+  v5["rope_parameters"] = {{"rope_type", "llama3"},         {"rope_theta", 10.0},
+                           {"factor", 4.0},                 {"low_freq_factor", 1.0},
+                           {"high_freq_factor", 4.0},       {"original_max_position_embeddings", 32}};
+  const LlamaConfig a = llama_config_from_json(top, "top").value();
+  const LlamaConfig b = llama_config_from_json(v5, "v5").value();
+  ASSERT_TRUE(a.rope_llama3 && b.rope_llama3);
+  EXPECT_EQ(a.rope_theta, 10.0);
+  EXPECT_EQ(b.rope_theta, 10.0);
+  EXPECT_EQ(rope_inv_freq(a), rope_inv_freq(b));
+  // The older "type" key of rope_scaling.
+  nlohmann::json old = tiny_llama();
+  old["rope_scaling"].erase("rope_type");
+  old["rope_scaling"]["type"] = "llama3";
+  EXPECT_EQ(rope_inv_freq(llama_config_from_json(old, "old").value()), rope_inv_freq(a));
+  EXPECT_EQ(a.kv_heads, 1);
+  EXPECT_TRUE(a.qkv_bias && a.o_bias && a.mlp_bias && !a.qk_norm && !a.tie_word_embeddings);
+  const LlamaConfig q2 = llama_config_from_json(tiny_qwen2(), "q2").value();
+  EXPECT_TRUE(q2.qkv_bias && !q2.o_bias && !q2.mlp_bias && q2.tie_word_embeddings);
+  EXPECT_FALSE(q2.sliding_window) << "use_sliding_window false: no window";
+  const LlamaConfig q3 = llama_config_from_json(tiny_qwen3(), "q3").value();
+  EXPECT_TRUE(q3.qk_norm && !q3.qkv_bias && q3.head_dim == 12 && q3.rope_theta == 1000.0);
+}
+
+// Each refusal is one line naming the key and its value.
+TEST(LlamaConfigTest, RefusesWhatItDoesNotCompute) {
+  struct Case {
+    std::function<void(nlohmann::json&)> change;
+    std::vector<std::string> want;
+  };
+  const std::vector<Case> cases = {
+      {[](nlohmann::json& j) { j["architectures"] = {"GemmaForCausalLM"}; },
+       {"'architectures'", "GemmaForCausalLM"}},
+      {[](nlohmann::json& j) { j["model_type"] = "mistral"; }, {"'model_type'", "mistral"}},
+      {[](nlohmann::json& j) { j["hidden_act"] = "gelu"; }, {"'hidden_act'", "gelu"}},
+      {[](nlohmann::json& j) { j["rope_scaling"]["rope_type"] = "yarn"; },
+       {"'rope_scaling.rope_type'", "yarn"}},
+      {[](nlohmann::json& j) {
+         j.erase("rope_scaling");
+         j["rope_parameters"] = {{"rope_type", "dynamic"}, {"rope_theta", 10.0}, {"factor", 2.0}};
+       },
+       {"'rope_parameters.rope_type'", "dynamic"}},
+      {[](nlohmann::json& j) { j["rope_scaling"].erase("factor"); }, {"'rope_scaling.factor'"}},
+      {[](nlohmann::json& j) { j["num_key_value_heads"] = 3; }, {"'num_key_value_heads'", "3"}},
+      {[](nlohmann::json& j) { j["head_dim"] = 7; }, {"'head_dim'", "7"}},
+      {[](nlohmann::json& j) { j.erase("hidden_size"); }, {"'hidden_size'", "missing"}},
+      {[](nlohmann::json& j) { j["attention_dropout"] = 0.1; }, {"'attention_dropout'", "0.1"}},
+  };
+  for (const Case& c : cases) {
+    nlohmann::json j = tiny_llama();
+    c.change(j);
+    const Result<LlamaConfig> r = llama_config_from_json(j, "dir/config.json");
+    ASSERT_FALSE(r.is_ok()) << j.dump();
+    const std::string msg = r.status().message();
+    EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+    EXPECT_NE(msg.find("dir/config.json"), std::string::npos) << msg;
+    for (const std::string& w : c.want) EXPECT_NE(msg.find(w), std::string::npos) << msg;
+  }
+}
+
+// Mistral's sliding window applies whenever set: shorter than the sequence is refused at create.
+TEST(LlamaConfigTest, RefusesASlidingWindowShorterThanTheSequence) {
+  nlohmann::json j = tiny_llama();
+  j["architectures"] = {"MistralForCausalLM"};
+  j["model_type"] = "mistral";
+  j["sliding_window"] = 4;
+  const ModelDesc desc = desc_of(j, "mistral");
+  ASSERT_TRUE(std::get<LlamaConfig>(desc.arch).sliding_window);
+  ModelOptions o;
+  o.micro_batch = 1;
+  o.seq = 8;
+  const Status s = with_net(config_json(kSgd1, 0), desc, o,
+                            [](zero::Engine&, Model&) { return Status::ok(); });
+  ASSERT_FALSE(s.is_ok());
+  EXPECT_NE(s.message().find("'sliding_window' is 4"), std::string::npos) << s.message();
+  o.seq = 4;
+  EXPECT_TRUE(with_net(config_json(kSgd1, 0), desc, o,
+                       [](zero::Engine&, Model&) { return Status::ok(); })
+                  .is_ok());
+}
+
+TEST(LlamaConfigTest, PresetsAndCustomShapes) {
+  // Parameter counts of the published models (embedding and untied head included).
+  EXPECT_EQ(parse_llama_model("llama-3.2-1b")->param_count(), 1235814400u);
+  EXPECT_EQ(parse_llama_model("llama-3.2-3b")->param_count(), 3212749824u);
+  EXPECT_EQ(parse_llama_model("llama-3.1-8b")->param_count(), 8030261248u);
+  EXPECT_EQ(parse_llama_model("qwen3-0.6b")->param_count(), 596049920u);
+  EXPECT_EQ(parse_llama_model("mistral-7b")->param_count(), 7248023552u);
+  const LlamaConfig c =
+      parse_llama_model("llama:layers=2,heads=4,kv_heads=2,embd=32,ffn=64,vocab=100,seq=64").value();
+  EXPECT_EQ(c.head_dim, 8);
+  EXPECT_EQ(c.kv_heads, 2);
+  EXPECT_EQ(parse_llama_model("gpt2-124m").status().code(), ErrorCode::kNotFound);
+  const Status bad = parse_llama_model("llama:layers=2,heads=4").status();
+  EXPECT_NE(bad.message().find("'kv_heads' is missing"), std::string::npos) << bad.message();
+  EXPECT_TRUE(resolve_model("qwen3-4b").is_ok());
+  EXPECT_EQ(resolve_model("qwen3-4b")->family, "llama");
+  EXPECT_EQ(resolve_model("gpt2-124m")->family, "gpt2");
+}
+
+// llama3 scaling against the torch.where formulation computed here: the published Llama 3.1
+// config (every band populated) and the tiny one (one frequency in each band).
+TEST(LlamaConfigTest, Llama3InvFreqMatchesAnIndependentComputation) {
+  for (const LlamaConfig& c : {parse_llama_model("llama-3.1-8b").value(),
+                               llama_config_from_json(tiny_llama(), "tiny").value()}) {
+    const std::vector<double> want = Reference(c, {}, {}).inv_freq();
+    const std::vector<float> got = rope_inv_freq(c);
+    ASSERT_EQ(got.size(), want.size());
+    for (std::size_t i = 0; i < want.size(); ++i) {
+      EXPECT_NEAR(got[i], want[i], 1e-6 * want[i]) << c.name << " i=" << i;
+    }
+  }
+  // Spot values of the published config: the highest frequency is unscaled, the lowest divided
+  // by the factor 8.
+  const std::vector<float> f = rope_inv_freq(parse_llama_model("llama-3.1-8b").value());
+  EXPECT_FLOAT_EQ(f[0], 1.0f);
+  EXPECT_NEAR(f[63], std::pow(500000.0, -126.0 / 128) / 8, 1e-12);
+}
+
+// --- Forward and backward through the engine -------------------------------------------------
+
+struct Family {
+  const char* name;
+  nlohmann::json (*config)();
+};
+const Family kFamilies[] = {{"llama", tiny_llama}, {"qwen2", tiny_qwen2}, {"qwen3", tiny_qwen3}};
+
+// The loss of B=2 sequences of T=5 against the float64 reference; d(loss)/d(w) from one SGD lr-1
+// step against central differences of the reference.
+TEST(LlamaTest, LossAndGradientsMatchAFloat64Reference) {
+  std::printf("seed %llu\n", static_cast<unsigned long long>(kSeed));
+  for (const Family& fam : kFamilies) {
+    SCOPED_TRACE(fam.name);
+    const ModelDesc desc = desc_of(fam.config(), fam.name);
+    const LlamaConfig& c = std::get<LlamaConfig>(desc.arch);
+    const std::vector<zero::UnitSpec> specs = unit_specs(c);
+    const Weights w0 = random_weights(specs, kSeed);
+    constexpr int kB = 2, kT = 5;
+    const std::vector<std::int32_t> tokens = random_ids(kB * kT, c.vocab, kSeed + 1);
+    const std::vector<std::int32_t> targets = random_ids(kB * kT, c.vocab, kSeed + 2);
+    Reference ref(c, specs, w0);
+    const double ref_loss = ref.loss(tokens, targets, kB, kT);
+    ModelOptions o;
+    o.micro_batch = kB;
+    o.seq = kT;
+    int checked = 0;
+    const Status s = with_net(config_json(kSgd1, 0), desc, o, [&](zero::Engine& engine, Model& net) -> Status {
+      TZ_RETURN_IF_ERROR(write_weights(engine, net, w0));
+      TZ_ASSIGN_OR_RETURN(const double eval, net.eval_loss(tokens, targets));
+      EXPECT_NEAR(eval, ref_loss, 2e-6 * ref_loss);
+      TZ_ASSIGN_OR_RETURN(const double loss, net.train_micro_batch(tokens, targets));
+      EXPECT_NEAR(loss, ref_loss, 2e-6 * ref_loss);
+      TZ_RETURN_IF_ERROR(engine.step().status());
+      TZ_ASSIGN_OR_RETURN(const Weights w1, read_weights(engine, net));
+      std::mt19937_64 pick(kSeed + 3);
+      double worst = 0;
+      for (std::size_t u = 0; u < specs.size(); ++u) {
+        for (std::size_t t = 0; t < specs[u].tensors.size(); ++t) {
+          const std::string& tn = specs[u].tensors[t].name;
+          std::vector<double>& values = ref.p[tn];
+          const std::size_t n = values.size(), samples = std::min<std::size_t>(n, 6);
+          std::uniform_int_distribution<std::size_t> index(0, n - 1);
+          for (std::size_t k = 0; k < samples; ++k) {
+            const std::size_t i = samples == n ? k : index(pick);
+            constexpr double kH = 1e-5;
+            const double orig = values[i];
+            values[i] = orig + kH;
+            const double plus = ref.loss(tokens, targets, kB, kT);
+            values[i] = orig - kH;
+            const double minus = ref.loss(tokens, targets, kB, kT);
+            values[i] = orig;
+            const double fd = (plus - minus) / (2 * kH);
+            const double g = static_cast<double>(w0[u][t][i]) - static_cast<double>(w1[u][t][i]);
+            const double tol = 1e-5 + 2e-3 * std::abs(fd);
+            worst = std::max(worst, std::abs(g - fd) / tol);
+            EXPECT_LE(std::abs(g - fd), tol) << tn << "[" << i << "]: gradient " << g
+                                             << ", reference " << fd;
+            ++checked;
+          }
+        }
+      }
+      std::printf("%s: loss %.9f (reference %.9f), %d gradients, worst error/tolerance %.3f\n",
+                  fam.name, loss, ref_loss, checked, worst);
+      return Status::ok();
+    });
+    ASSERT_TRUE(s.is_ok()) << s.to_string();
+    EXPECT_GT(checked, 60);
+  }
+}
+
+// Stage 0 on one rank and stage 3 on two (each rank the same micro-batch, so the mean gradient is
+// the one rank's), with checkpointing on and off: identical losses and final weights over three
+// AdamW steps with clipping.
+TEST(LlamaTest, Stage3AndCheckpointingGiveStage0sLossesAndWeights) {
+  for (const Family& fam : kFamilies) {
+    SCOPED_TRACE(fam.name);
+    const ModelDesc desc = desc_of(fam.config(), fam.name);
+    const int vocab = desc.vocab;
+    const std::vector<std::int32_t> tokens = random_ids(3 * 2 * 6, vocab, kSeed + 4);
+    const std::vector<std::int32_t> targets = random_ids(3 * 2 * 6, vocab, kSeed + 5);
+    const auto run = [&](int stage, int ranks, int ckpt, std::vector<double>& losses) {
+      ModelOptions o;
+      o.micro_batch = 2;
+      o.seq = 6;
+      o.checkpointing = ckpt;
+      std::uint64_t hash = 0;
+      const Status s = with_net(config_json(kAdamW, stage, 0.5), desc, o,
+                                [&](zero::Engine& engine, Model& net) -> Status {
+        TZ_RETURN_IF_ERROR(net.init_weights(kSeed));
+        std::vector<double> mine;
+        for (int step = 0; step < 3; ++step) {
+          const std::span<const std::int32_t> tok(tokens.data() + step * 12, 12);
+          const std::span<const std::int32_t> tgt(targets.data() + step * 12, 12);
+          TZ_ASSIGN_OR_RETURN(const double l, net.train_micro_batch(tok, tgt));
+          mine.push_back(l);
+          TZ_RETURN_IF_ERROR(engine.step().status());
+        }
+        TZ_ASSIGN_OR_RETURN(const std::uint64_t h, engine.params_xxh3());
+        if (engine.rank() == 0) {
+          losses = mine;
+          hash = h;
+        }
+        return Status::ok();
+      }, ranks);
+      EXPECT_TRUE(s.is_ok()) << s.to_string();
+      return hash;
+    };
+    std::vector<double> l0, l3, lc;
+    const std::uint64_t h0 = run(0, 1, 0, l0);
+    const std::uint64_t h3 = run(3, 2, 0, l3);
+    const std::uint64_t hc = run(0, 1, 1, lc);
+    ASSERT_EQ(l0.size(), 3u);
+    EXPECT_EQ(l0, l3);
+    EXPECT_EQ(l0, lc);
+    EXPECT_EQ(h0, h3);
+    EXPECT_EQ(h0, hc);
+    EXPECT_LT(l0[2], l0[0]) << "the loss falls";
+  }
+}
+
+// transformers' init: Linear weights and the embedding normal(0, initializer_range), biases 0,
+// norm weights 1.
+TEST(LlamaTest, InitWeightsIsTransformers) {
+  nlohmann::json j = tiny_llama();
+  j["hidden_size"] = 64;
+  j["intermediate_size"] = 96;
+  j["initializer_range"] = 0.05;
+  const ModelDesc desc = desc_of(j, "init");
+  ModelOptions o;
+  o.micro_batch = 1;
+  o.seq = 4;
+  const Status s = with_net(config_json(kSgd1, 0), desc, o, [&](zero::Engine& engine, Model& net) -> Status {
+    TZ_RETURN_IF_ERROR(net.init_weights(3));
+    TZ_ASSIGN_OR_RETURN(const Weights w, read_weights(engine, net));
+    const std::vector<zero::UnitSpec>& specs = net.unit_specs();
+    for (std::size_t u = 0; u < specs.size(); ++u) {
+      for (std::size_t t = 0; t < specs[u].tensors.size(); ++t) {
+        const std::string& tn = specs[u].tensors[t].name;
+        const std::vector<float>& v = w[u][t];
+        double sum = 0, sq = 0;
+        for (const float x : v) {
+          sum += x;
+          sq += static_cast<double>(x) * x;
+        }
+        const double n = static_cast<double>(v.size());
+        if (tn.ends_with(".bias")) {
+          EXPECT_EQ(sq, 0.0) << tn;
+        } else if (tn.ends_with("norm.weight")) {
+          EXPECT_TRUE(std::all_of(v.begin(), v.end(), [](float x) { return x == 1.0f; })) << tn;
+        } else {
+          const double sd = std::sqrt(sq / n - (sum / n) * (sum / n));
+          EXPECT_NEAR(sd, 0.05, 0.1 * 0.05) << tn;
+        }
+      }
+    }
+    return Status::ok();
+  });
+  ASSERT_TRUE(s.is_ok()) << s.to_string();
+}
+
+// Decoding over the key/value cache gives the logits full forwards give, token by token, and
+// greedy generation with the cache equals generation by full forwards.
+TEST(LlamaTest, KvCacheDecodingMatchesFullForwards) {
+  for (const Family& fam : kFamilies) {
+    SCOPED_TRACE(fam.name);
+    const ModelDesc desc = desc_of(fam.config(), fam.name);
+    const std::vector<std::int32_t> seq = random_ids(12, desc.vocab, kSeed + 6);
+    ModelOptions o;
+    o.micro_batch = 1;
+    o.seq = 12;
+    const Status s = with_net(config_json(kSgd1, 0), desc, o, [&](zero::Engine& engine, Model& net) -> Status {
+      TZ_RETURN_IF_ERROR(write_weights(engine, net, random_weights(net.unit_specs(), kSeed)));
+      EXPECT_TRUE(net.has_kv_cache());
+      TZ_ASSIGN_OR_RETURN(std::vector<float> got,
+                          net.decode(std::span(seq).subspan(0, 4), /*start_over=*/true));
+      for (std::size_t n = 4; n <= seq.size(); ++n) {
+        TZ_ASSIGN_OR_RETURN(const std::vector<float> want, net.last_logits(std::span(seq).subspan(0, n)));
+        EXPECT_EQ(got.size(), want.size());
+        for (std::size_t i = 0; i < want.size(); ++i) {
+          EXPECT_NEAR(got[i], want[i], 1e-4 * (1 + std::abs(want[i]))) << "prefix " << n << " id " << i;
+        }
+        if (n < seq.size()) {
+          TZ_ASSIGN_OR_RETURN(got, net.decode(std::span(seq).subspan(n, 1), /*start_over=*/false));
+        }
+      }
+      // Past the cache: refused, naming the positions.
+      const Status full = net.decode(std::span(seq).subspan(0, 1), false).status();
+      EXPECT_FALSE(full.is_ok());
+      // Greedy with the cache against greedy by full forwards.
+      TZ_ASSIGN_OR_RETURN(const std::vector<std::int32_t> cached,
+                          generate(net, std::span(seq).subspan(0, 3), 9, SamplingOptions{0.0, 0, 1}));
+      std::vector<std::int32_t> context(seq.begin(), seq.begin() + 3);
+      for (int i = 0; i < 9; ++i) {
+        TZ_ASSIGN_OR_RETURN(const std::vector<float> l, net.last_logits(context));
+        context.push_back(static_cast<std::int32_t>(std::max_element(l.begin(), l.end()) - l.begin()));
+      }
+      EXPECT_EQ(cached, std::vector<std::int32_t>(context.begin() + 3, context.end()));
+      return Status::ok();
+    });
+    ASSERT_TRUE(s.is_ok()) << s.to_string();
+  }
+}
+
+}  // namespace
+}  // namespace tz::model
