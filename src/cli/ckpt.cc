@@ -14,6 +14,7 @@
 #include "cli/command.h"
 #include "core/safetensors.h"
 #include "model/factory.h"
+#include "core/output_file.h"
 #include "model/hf.h"
 #include "model/hf_folder.h"
 #include "zero/checkpoint.h"
@@ -134,11 +135,8 @@ Status export_weights(const std::string& path, const std::string& out, DType dty
   }
   TZ_RETURN_IF_ERROR(writer.finish());
   const std::string config_path = model::hf_config_path(out);
-  FILE* f = std::fopen(config_path.c_str(), "w");
-  if (f == nullptr) return Status::from_errno(errno, "create", config_path);
-  const std::string text = model::hf_config(shape, dtype).dump(2) + "\n";
-  const bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size();
-  if (std::fclose(f) != 0 || !ok) return Status::from_errno(errno, "write", config_path);
+  TZ_RETURN_IF_ERROR(
+      write_output_file("", config_path, model::hf_config(shape, dtype).dump(2) + "\n"));
   std::printf("exported %zu tensors of %s (step %s) to %s and %s\n", plan.size(),
               model_name.c_str(), manifest["step"].dump().c_str(), out.c_str(),
               config_path.c_str());

@@ -96,31 +96,37 @@ Status check_output(std::string_view what, const std::string& path,
 
 Status check_folder(std::string_view what, const std::string& dir, std::uint64_t needed_bytes,
                     bool create) {
+  // A missing folder is judged by its nearest existing ancestor, where it would be made when the
+  // output is written: the check itself leaves nothing behind, so a run that fails later has
+  // written nothing.
+  std::string at = dir.empty() ? std::string(".") : dir;
   struct stat st {};
-  if (::stat(dir.c_str(), &st) == 0) {
-    if (!S_ISDIR(st.st_mode)) {
-      return Status::invalid_argument(prefixed(what, dir + " is a file, not a folder"));
+  while (::stat(at.c_str(), &st) != 0) {
+    if (!create || (errno != ENOENT && errno != ENOTDIR)) {
+      return with_what(what, Status::from_errno(errno, "cannot use folder", at));
     }
-  } else if (create) {
-    TZ_RETURN_IF_ERROR(with_what(what, make_folders(dir)));
-  } else {
-    return with_what(what, Status::from_errno(errno, "cannot use folder", dir));
+    const std::string parent = folder_of(at);
+    if (parent == at) return with_what(what, Status::from_errno(ENOENT, "cannot use folder", dir));
+    at = parent;
+  }
+  if (!S_ISDIR(st.st_mode)) {
+    return Status::invalid_argument(prefixed(what, at + " is a file, not a folder"));
   }
   // Creating a file is the only reliable test (read-only mounts, ACLs, root on a read-only bind).
-  const std::string probe = dir + "/.tierzero-probe." + std::to_string(::getpid());
+  const std::string probe = at + "/.tierzero-probe." + std::to_string(::getpid());
   const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-  if (fd < 0) return with_what(what, Status::from_errno(errno, "cannot write in", dir));
+  if (fd < 0) return with_what(what, Status::from_errno(errno, "cannot write in", at));
   ::close(fd);
   ::unlink(probe.c_str());
   if (needed_bytes > 0) {
     struct statvfs vfs {};
-    if (::statvfs(dir.c_str(), &vfs) != 0) {
-      return with_what(what, Status::from_errno(errno, "statvfs", dir));
+    if (::statvfs(at.c_str(), &vfs) != 0) {
+      return with_what(what, Status::from_errno(errno, "statvfs", at));
     }
     const std::uint64_t free_bytes = static_cast<std::uint64_t>(vfs.f_bavail) * vfs.f_frsize;
     if (free_bytes < needed_bytes) {
       return Status::no_space(prefixed(
-          what, dir + " has " + format_bytes(static_cast<double>(free_bytes)) + " free but " +
+          what, at + " has " + format_bytes(static_cast<double>(free_bytes)) + " free but " +
                     format_bytes(static_cast<double>(needed_bytes)) + " are needed (short by " +
                     format_bytes(static_cast<double>(needed_bytes - free_bytes)) + ")"));
     }
@@ -131,6 +137,7 @@ Status check_folder(std::string_view what, const std::string& dir, std::uint64_t
 Result<OutputFile> OutputFile::create(std::string_view what, const std::string& path,
                                       const std::vector<std::string>& inputs) {
   TZ_RETURN_IF_ERROR(check_output(what, path, inputs));
+  TZ_RETURN_IF_ERROR(with_what(what, make_folders(folder_of(path))));
   const fs::path p(path);
   const std::string temp = folder_of(path) + "/." + p.filename().string() + ".tmp." +
                            std::to_string(::getpid());

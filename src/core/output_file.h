@@ -23,7 +23,8 @@ Status make_folders(const std::string& dir);
 
 // Checks, before any work, that files can be created in the folder `dir` (a probe file is created
 // and removed) and, when `needed_bytes` > 0, that its file system has that much free space (the
-// shortfall named). With `create` the folder and its parents are made when missing; without it a
+// shortfall named). With `create`, a missing folder is judged by its nearest existing ancestor
+// (where it would be made when the output is written; the check makes nothing); without it a
 // missing folder is an error. `what` names the folder's role in messages ("NVMe path",
 // "--save-dir"). kInvalidArgument for a path that is not a folder, kNoSpace for too little space,
 // the errno's category for the rest.
@@ -31,7 +32,7 @@ Status check_folder(std::string_view what, const std::string& dir, std::uint64_t
                     bool create = true);
 
 // Checks, before any work, that `path` can be written as an output: its folder exists or can be
-// created, a file can be created in it (a probe file is created and removed), `path` is not a
+// created (check_folder with `create`), a file can be created in it, `path` is not a
 // folder, and it is none of `inputs` (the same file by device and inode, or by path when it does
 // not exist yet). When `needed_bytes` > 0, the file system's free space must hold it, with the
 // shortfall named. `what` names the output in messages ("--save-weights", "--out").

@@ -7,6 +7,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <filesystem>
+
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
@@ -16,7 +18,10 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/output_file.h"
+
 namespace tz {
+namespace fs = std::filesystem;
 namespace {
 
 // Hugging Face refuses headers above 100 MB; so do we (a lying length is caught before a huge read).
@@ -319,8 +324,19 @@ Result<SafetensorsWriter> SafetensorsWriter::create(
   text.append((8 - text.size() % 8) % 8, ' ');
   w.data_start_ = 8 + text.size();
 
-  w.fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (w.fd_ < 0) return Status::from_errno(errno, "create safetensors file", path);
+  // The bytes go to a temporary name in the same folder; finish() renames it over `path`, and a
+  // writer dropped before that removes it (core/output_file.h's rule): a failed export or save
+  // never leaves a full-size file of zeros behind a valid header.
+  const fs::path target(path);
+  TZ_RETURN_IF_ERROR(make_folders(target.parent_path().string()));
+  w.temp_ = (target.parent_path() / ("." + target.filename().string() + ".tmp." +
+                                      std::to_string(::getpid()))).string();
+  w.fd_ = ::open(w.temp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (w.fd_ < 0) {
+    const int err = errno;
+    w.temp_.clear();
+    return Status::from_errno(err, "create safetensors file", path);
+  }
   std::uint8_t len_bytes[8];
   std::uint64_t len = text.size();
   for (int i = 0; i < 8; ++i) len_bytes[i] = static_cast<std::uint8_t>(len >> (8 * i));
@@ -354,14 +370,16 @@ Result<SafetensorsWriter> SafetensorsWriter::open_existing(const std::string& pa
 
 SafetensorsWriter::SafetensorsWriter(SafetensorsWriter&& other) noexcept
     : path_(std::move(other.path_)),
+      temp_(std::exchange(other.temp_, std::string())),
       fd_(std::exchange(other.fd_, -1)),
       data_start_(other.data_start_),
       entries_(std::move(other.entries_)) {}
 
 SafetensorsWriter& SafetensorsWriter::operator=(SafetensorsWriter&& other) noexcept {
   if (this != &other) {
-    if (fd_ >= 0) ::close(fd_);
+    drop();
     path_ = std::move(other.path_);
+    temp_ = std::exchange(other.temp_, std::string());
     fd_ = std::exchange(other.fd_, -1);
     data_start_ = other.data_start_;
     entries_ = std::move(other.entries_);
@@ -369,8 +387,13 @@ SafetensorsWriter& SafetensorsWriter::operator=(SafetensorsWriter&& other) noexc
   return *this;
 }
 
-SafetensorsWriter::~SafetensorsWriter() {
+SafetensorsWriter::~SafetensorsWriter() { drop(); }
+
+void SafetensorsWriter::drop() {
   if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
+  if (!temp_.empty()) ::unlink(temp_.c_str());
+  temp_.clear();
 }
 
 Status SafetensorsWriter::write_f32(std::string_view name, std::span<const float> values,
@@ -407,13 +430,25 @@ Status SafetensorsWriter::write_f32(std::string_view name, std::span<const float
 
 Status SafetensorsWriter::finish() {
   if (fd_ < 0) return Status::ok();
-  const int fd = std::exchange(fd_, -1);
-  if (::fsync(fd) != 0) {
+  if (::fsync(fd_) != 0) {
     const int err = errno;
-    ::close(fd);
+    drop();
     return Status::from_errno(err, "fsync", path_);
   }
-  if (::close(fd) != 0) return Status::from_errno(errno, "close", path_);
+  const int fd = std::exchange(fd_, -1);
+  if (::close(fd) != 0) {
+    const int err = errno;
+    drop();
+    return Status::from_errno(err, "close", path_);
+  }
+  if (!temp_.empty()) {
+    if (::rename(temp_.c_str(), path_.c_str()) != 0) {
+      const int err = errno;
+      drop();
+      return Status::from_errno(err, "rename into place", path_);
+    }
+    temp_.clear();
+  }
   return Status::ok();
 }
 

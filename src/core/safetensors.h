@@ -84,8 +84,10 @@ struct SafetensorsTensorSpec {
 // writers of the same file) can be written in any order with pwrite.
 class SafetensorsWriter {
  public:
-  // Creates (truncating) `path`, writes the header (padded with spaces to a multiple of 8 bytes,
-  // as Hugging Face writes it) and sizes the file. kInvalidArgument for duplicate names or a
+  // Creates `path`'s file under a temporary name in the same folder (finish() renames it into
+  // place; a writer dropped or failing before that removes it, so `path` is never half-written),
+  // writes the header (padded with spaces to a multiple of 8 bytes, as Hugging Face writes it)
+  // and sizes the file. kInvalidArgument for duplicate names or a
   // negative dim; the errno's error naming the file otherwise.
   static Result<SafetensorsWriter> create(const std::string& path,
                                           const std::vector<SafetensorsTensorSpec>& tensors,
@@ -105,12 +107,15 @@ class SafetensorsWriter {
   // the errno's error (kNoSpace, kIoError) naming the file and tensor.
   Status write_f32(std::string_view name, std::span<const float> values,
                    std::uint64_t first_elem = 0);
-  // fsyncs and closes. Errors name the file. Idempotent.
+  // fsyncs and closes; a writer from create() then renames its file into place. Errors name the
+  // file (and leave no file behind). Idempotent.
   Status finish();
 
  private:
   SafetensorsWriter() = default;
+  void drop();  // closes and removes an unfinished temporary file
   std::string path_;
+  std::string temp_;  // create()'s temporary name until finish() renames it; empty otherwise
   int fd_ = -1;
   std::uint64_t data_start_ = 0;
   std::vector<SafetensorsEntry> entries_;

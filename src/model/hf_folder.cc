@@ -12,6 +12,7 @@
 #include <set>
 #include <sstream>
 
+#include "core/output_file.h"
 #include "core/safetensors.h"
 
 namespace tz::model {
@@ -239,12 +240,7 @@ Status write_hf_folder(bool writes, const std::vector<FolderTensor>& tensors,
   TZ_RETURN_IF_ERROR(std::move(write_error));
   for (auto& w : writers) TZ_RETURN_IF_ERROR(w->finish());
   const auto write_text = [](const std::string& path, const std::string& text) -> Status {
-    std::ofstream f(path, std::ios::trunc);
-    if (!f) return Status::from_errno(errno, "create", path);
-    f << text;
-    f.close();
-    if (!f) return Status::from_errno(errno, "write", path);
-    return Status::ok();
+    return write_output_file("", path, text);
   };
   if (n > 1) {
     nlohmann::ordered_json index;

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "core/output_file.h"
 #include "core/safetensors.h"
 #include "model/hf.h"
 
@@ -130,13 +131,7 @@ Status save_hf_weights(zero::Engine& engine, const Gpt2Shape& shape,
   if (!writes) return Status::ok();
   TZ_RETURN_IF_ERROR(std::move(write_error));
   TZ_RETURN_IF_ERROR(writer->finish());
-  const std::string config_path = hf_config_path(path);
-  std::ofstream config(config_path, std::ios::trunc);
-  if (!config) return Status::from_errno(errno, "create", config_path);
-  config << hf_config(shape, dtype).dump(2) << "\n";
-  config.close();
-  if (!config) return Status::from_errno(errno, "write", config_path);
-  return Status::ok();
+  return write_output_file("", hf_config_path(path), hf_config(shape, dtype).dump(2) + "\n");
 }
 
 }  // namespace tz::model

@@ -9,6 +9,7 @@
 
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <random>
 #include <string>
@@ -110,6 +111,32 @@ TEST_F(SafetensorsTest, WriterBytesAreTheFormat) {
   EXPECT_EQ(x[1], -1.0f);
   EXPECT_EQ(bytes[8 + len + 8], 0x00);  // fp16 1.0 = 0x3c00, little endian
   EXPECT_EQ(bytes[8 + len + 9], 0x3c);
+}
+
+// A writer dropped before finish() (a failed export: a checksum mismatch mid-way) leaves no file,
+// neither at the path nor a temporary one; an earlier file at the path stays as it was.
+TEST_F(SafetensorsTest, AnUnfinishedWriterLeavesNothing) {
+  const std::string path = dir_ + "/u.safetensors";
+  {
+    auto w = SafetensorsWriter::create(path, {{"x", DType::kF32, {1024}}});
+    ASSERT_TRUE(w.is_ok()) << w.status().to_string();
+    ASSERT_TRUE(w->write_f32("x", std::vector<float>(512, 1.0f)).is_ok());
+    EXPECT_FALSE(std::filesystem::exists(path));  // nothing visible before finish
+  }
+  EXPECT_TRUE(std::filesystem::is_empty(dir_));
+  const std::string old = dir_ + "/old.safetensors";
+  std::ofstream(old, std::ios::binary) << "previous bytes";
+  {
+    auto w = SafetensorsWriter::create(old, {{"x", DType::kF32, {4}}});
+    ASSERT_TRUE(w.is_ok());
+  }
+  std::ifstream f(old, std::ios::binary);
+  EXPECT_EQ(std::string((std::istreambuf_iterator<char>(f)), {}), "previous bytes");
+  // Missing folders are made, as for every output.
+  auto nested = SafetensorsWriter::create(dir_ + "/a/b/n.safetensors", {{"x", DType::kF32, {1}}});
+  ASSERT_TRUE(nested.is_ok()) << nested.status().to_string();
+  ASSERT_TRUE(nested->finish().is_ok());
+  EXPECT_TRUE(std::filesystem::exists(dir_ + "/a/b/n.safetensors"));
 }
 
 TEST_F(SafetensorsTest, RoundTripIsExactInEveryDtype) {
