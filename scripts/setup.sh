@@ -10,6 +10,7 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libopenmpi-dev openmpi-bin
   nlohmann-json3-dev libcli11-dev libxxhash-dev libhwy-dev libopenblas-pthread-dev
+  libpcre2-dev libutf8proc-dev
   fio util-linux e2fsprogs python3 python3-venv
   bible-kjv
 )
