@@ -16,9 +16,14 @@ void AddedTokenMatcher::add(std::string pattern, std::size_t token_index) {
   if (pattern.empty()) return;
   auto& bucket = by_first_[static_cast<unsigned char>(pattern[0])];
   bucket.emplace_back(std::move(pattern), token_index);
-  std::stable_sort(bucket.begin(), bucket.end(),
-                   [](const auto& a, const auto& b) { return a.first.size() > b.first.size(); });
   ++count_;
+}
+
+void AddedTokenMatcher::build() {
+  for (auto& bucket : by_first_) {
+    std::stable_sort(bucket.begin(), bucket.end(),
+                     [](const auto& a, const auto& b) { return a.first.size() > b.first.size(); });
+  }
 }
 
 std::optional<std::pair<std::size_t, std::size_t>> AddedTokenMatcher::longest_at(
@@ -172,6 +177,8 @@ Result<Tokenizer> Tokenizer::load(const std::string& path) {
       t.raw_matcher_.add(tok.content, i);
     }
   }
+  t.raw_matcher_.build();
+  t.normalized_matcher_.build();
   t.cuts_at_newlines_ = !newline_in_added && t.probe_cuts();
   return t;
 }

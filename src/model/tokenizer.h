@@ -33,6 +33,7 @@ struct AddedToken {
 class AddedTokenMatcher {
  public:
   void add(std::string pattern, std::size_t token_index);
+  void build();  // after the last add: orders each bucket longest first
   bool empty() const { return count_ == 0; }
   // The longest pattern that starts at s[pos]: (length, token index), or nullopt.
   std::optional<std::pair<std::size_t, std::size_t>> longest_at(std::string_view s,
