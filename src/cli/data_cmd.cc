@@ -4,6 +4,8 @@
 //   detokenize      token file -> text through a tokenizer.json;
 //   train-tokenizer a byte-level BPE tokenizer.json learned from text files;
 //   inspect         what a token file or text corpus holds, after the checks train runs.
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <memory>
@@ -16,8 +18,6 @@
 #include "model/data.h"
 #include "model/tokenizer.h"
 #include "model/tokenizer_files.h"
-
-#include <sys/stat.h>
 
 namespace tz::cli {
 namespace {
@@ -80,8 +80,8 @@ int detokenize(const std::string& tokenizer_path, const std::string& in_path,
 
 int train_tokenizer(const std::vector<std::string>& texts, std::int64_t vocab,
                     const std::string& out_dir, int threads) {
-  Progress progress("train-tokenizer", static_cast<std::uint64_t>(std::max<std::int64_t>(vocab - 257, 0)),
-                    "merges");
+  Progress progress("train-tokenizer",
+                    static_cast<std::uint64_t>(std::max<std::int64_t>(vocab - 257, 0)), "merges");
   model::TrainTokenizerOptions opt;
   opt.vocab = vocab;
   opt.threads = threads;
@@ -133,8 +133,9 @@ TZ_REGISTER_COMMAND([](CommandTree& tree) {
   };
   auto t = std::make_shared<TokenizeOptions>();
   CLI::App* tok = data->add_subcommand(
-      "tokenize", "Write a text file as an llm.c token file: bytes (vocab 256), or the ids of a "
-                  "Hugging Face tokenizer.json");
+      "tokenize",
+      "Write a text file as an llm.c token file: bytes (vocab 256), or the ids of a "
+      "Hugging Face tokenizer.json");
   tok->add_option("--tokenizer", t->tokenizer,
                   "tokenizer.json, or a folder holding one (default: bytes, vocab 256)");
   tok->add_option("--text", t->text, "UTF-8 text input")->required();
@@ -169,8 +170,9 @@ TZ_REGISTER_COMMAND([](CommandTree& tree) {
   CLI::App* train = data->add_subcommand(
       "train-tokenizer", "Learn a byte-level BPE tokenizer.json (GPT-2's pre-tokenizer) from text");
   train->add_option("--text", tr->texts, "UTF-8 text files")->required()->expected(1, -1);
-  train->add_option("--vocab", tr->vocab,
-                    "Ids in all: 256 bytes, the merges and <|endoftext|> (at least 257)")
+  train
+      ->add_option("--vocab", tr->vocab,
+                   "Ids in all: 256 bytes, the merges and <|endoftext|> (at least 257)")
       ->required();
   train->add_option("--out", tr->out, "Folder to write tokenizer.json into")->required();
   train->add_option("--threads", tr->threads, "Counting threads (default: all cores)")

@@ -105,8 +105,9 @@ Result<TokenData> parse_token_file(const std::string& path, const std::vector<un
 
 Status check_count(const std::string& path, std::uint64_t count) {
   if (count > static_cast<std::uint64_t>(std::numeric_limits<std::int32_t>::max())) {
-    return Status::invalid_argument(path + ": " + std::to_string(count) +
-                                    " tokens do not fit the header's int32 count; split the corpus");
+    return Status::invalid_argument(
+        path + ": " + std::to_string(count) +
+        " tokens do not fit the header's int32 count; split the corpus");
   }
   return Status::ok();
 }

@@ -102,16 +102,17 @@ Result<Tokenizer> Tokenizer::load(const std::string& path) {
     return Status::invalid_argument(file + ": no \"model\" object");
   }
   const nlohmann::json& model = j["model"];
-  const std::string model_type =
-      model.contains("type") && model["type"].is_string() ? model["type"].get<std::string>()
-      : model.contains("merges")                           ? "BPE"
-                                                           : "<no type>";
+  const std::string model_type = model.contains("type") && model["type"].is_string()
+                                     ? model["type"].get<std::string>()
+                                 : model.contains("merges") ? "BPE"
+                                                            : "<no type>";
   if (model_type != "BPE") {
     return Status::invalid_argument(file + ": model \"" + model_type +
                                     "\" is not implemented by tierzero's tokenizer (it reads BPE)");
   }
   TZ_ASSIGN_OR_RETURN(t.model_, BpeModel::from_json(model, file));
-  TZ_ASSIGN_OR_RETURN(t.normalizers_, parse_normalizers(j.value("normalizer", nlohmann::json()), file));
+  TZ_ASSIGN_OR_RETURN(t.normalizers_,
+                      parse_normalizers(j.value("normalizer", nlohmann::json()), file));
   TZ_ASSIGN_OR_RETURN(t.pre_tokenizers_,
                       parse_pre_tokenizers(j.value("pre_tokenizer", nlohmann::json()), file));
   TZ_ASSIGN_OR_RETURN(t.decoders_, parse_decoders(j.value("decoder", nlohmann::json()), file));
@@ -122,8 +123,10 @@ Result<Tokenizer> Tokenizer::load(const std::string& path) {
     AddedToken tok;
     if (!a.is_object() || !a.contains("id") || !a["id"].is_number_integer() ||
         !a.contains("content") || !a["content"].is_string()) {
-      return Status::invalid_argument(file + ": an added token without an integer \"id\" and a "
-                                      "\"content\" string: " + a.dump());
+      return Status::invalid_argument(file +
+                                      ": an added token without an integer \"id\" and a "
+                                      "\"content\" string: " +
+                                      a.dump());
     }
     const auto id = a["id"].get<std::int64_t>();
     if (id < 0 || id > 0x7fffffff) {
@@ -341,10 +344,13 @@ bool Tokenizer::probe_cuts() const {
   if (!encode_valid("\n", true, nullptr, newline).is_ok()) return false;
   const bool barrier = newline.size() == 1 && !model_.in_any_merge(newline[0]);
   if (!splits && !barrier) return false;
-  static const char* const kProbes[] = {
-      "a\nb",           "Hello world.\nThe end\n", "x \nY",  "a\n\nb",     "a\r\nb",
-      "ab  \n\tc\nd",   ".\nb",                   "'\ns",   "12\n34",     "\xc3\xa9\nb\n",
-      "\n\nb",          "a\n\xc3\xa9t\xc3\xa9",   " \nA",   "end.  \nNow"};
+  static const char* const kProbes[] = {"a\nb",   "Hello world.\nThe end\n",
+                                        "x \nY",  "a\n\nb",
+                                        "a\r\nb", "ab  \n\tc\nd",
+                                        ".\nb",   "'\ns",
+                                        "12\n34", "\xc3\xa9\nb\n",
+                                        "\n\nb",  "a\n\xc3\xa9t\xc3\xa9",
+                                        " \nA",   "end.  \nNow"};
   for (const char* probe : kProbes) {
     const std::string_view s(probe);
     std::vector<std::uint32_t> whole;

@@ -29,7 +29,8 @@ struct AddedToken {
   std::string decode_form;  // what decode emits: the normalized content when `normalized`, as HF
 };
 
-// Leftmost-longest matching of a set of strings (HF's Aho-Corasick with MatchKind::LeftmostLongest).
+// Leftmost-longest matching of a set of strings (HF's Aho-Corasick with
+// MatchKind::LeftmostLongest).
 class AddedTokenMatcher {
  public:
   void add(std::string pattern, std::size_t token_index);
@@ -101,8 +102,8 @@ class Tokenizer {
   std::vector<AddedToken> added_;
   StringIdMap added_by_content_;
   std::vector<std::int64_t> added_index_by_id_;  // -1 when the id is not an added token
-  AddedTokenMatcher raw_matcher_;         // normalized == false
-  AddedTokenMatcher normalized_matcher_;  // normalized == true, on the normalized content
+  AddedTokenMatcher raw_matcher_;                // normalized == false
+  AddedTokenMatcher normalized_matcher_;         // normalized == true, on the normalized content
   bool has_lstrip_ = false;
   std::uint32_t vocab_size_ = 0;
   bool cuts_at_newlines_ = false;

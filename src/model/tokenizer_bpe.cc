@@ -243,9 +243,7 @@ struct Candidate {
   std::uint32_t pos;
   std::uint32_t new_id;
   // std::priority_queue pops the largest: invert so the lowest rank, then position, comes first.
-  bool operator<(const Candidate& o) const {
-    return rank != o.rank ? rank > o.rank : pos > o.pos;
-  }
+  bool operator<(const Candidate& o) const { return rank != o.rank ? rank > o.rank : pos > o.pos; }
 };
 
 }  // namespace
@@ -266,7 +264,8 @@ void BpeModel::merge_word(std::string_view word, std::vector<std::uint32_t>& out
   auto push_pair = [&](std::size_t pos) {
     const std::int32_t next = sym[pos].next;
     if (next < 0) return;
-    auto it = merges_.find((std::uint64_t{sym[pos].id} << 32) | sym[static_cast<std::size_t>(next)].id);
+    auto it =
+        merges_.find((std::uint64_t{sym[pos].id} << 32) | sym[static_cast<std::size_t>(next)].id);
     if (it != merges_.end()) {
       queue.push(Candidate{it->second.first, static_cast<std::uint32_t>(pos), it->second.second});
     }
@@ -285,7 +284,8 @@ void BpeModel::merge_word(std::string_view word, std::vector<std::uint32_t>& out
     left.len += right.len;
     left.next = right.next;
     right.len = 0;
-    if (right.next >= 0) sym[static_cast<std::size_t>(right.next)].prev = static_cast<std::int32_t>(top.pos);
+    if (right.next >= 0)
+      sym[static_cast<std::size_t>(right.next)].prev = static_cast<std::int32_t>(top.pos);
     if (left.prev >= 0) push_pair(static_cast<std::size_t>(left.prev));
     push_pair(top.pos);
   }

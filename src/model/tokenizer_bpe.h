@@ -22,7 +22,8 @@ struct StringHash {
 };
 using StringIdMap = std::unordered_map<std::string, std::uint32_t, StringHash, std::equal_to<>>;
 
-// Results of words already tokenized. One per thread (it is not locked); bounded, cleared when full.
+// Results of words already tokenized. One per thread (it is not locked); bounded, cleared when
+// full.
 class BpeCache {
  public:
   explicit BpeCache(std::size_t capacity = 1 << 18) : capacity_(capacity) {}

@@ -136,7 +136,8 @@ Result<TokenizeFileStats> tokenize_file(const Tokenizer& tokenizer, const std::s
     std::vector<std::size_t> cuts{0};
     if (stats.parallel) {
       for (int k = 1; k < threads; ++k) {
-        const std::size_t target = end / static_cast<std::size_t>(threads) * static_cast<std::size_t>(k);
+        const std::size_t target =
+            end / static_cast<std::size_t>(threads) * static_cast<std::size_t>(k);
         const std::size_t c = next_safe_cut(tokenizer, buf, std::max(target, cuts.back() + 1), end);
         if (c >= end) break;
         cuts.push_back(c);
@@ -177,7 +178,8 @@ Result<std::uint64_t> detokenize_file(const Tokenizer& tokenizer, const std::str
                                       const std::string& out_path) {
   TZ_ASSIGN_OR_RETURN(TokenData data, load_tokens(token_path, tokenizer.vocab_size()));
   if (data.byte_level) {
-    return Status::invalid_argument(token_path + ": not an llm.c token file (no magic); "
+    return Status::invalid_argument(token_path +
+                                    ": not an llm.c token file (no magic); "
                                     "detokenize reads what `data tokenize` writes");
   }
   auto text = tokenizer.decode(data.tokens);
@@ -196,10 +198,14 @@ nlohmann::ordered_json byte_level_skeleton() {
   j["padding"] = nullptr;
   j["added_tokens"] = nlohmann::ordered_json::array();
   j["normalizer"] = nullptr;
-  j["pre_tokenizer"] = {{"type", "ByteLevel"}, {"add_prefix_space", false},
-                        {"trim_offsets", true}, {"use_regex", true}};
+  j["pre_tokenizer"] = {{"type", "ByteLevel"},
+                        {"add_prefix_space", false},
+                        {"trim_offsets", true},
+                        {"use_regex", true}};
   j["post_processor"] = nullptr;
-  j["decoder"] = {{"type", "ByteLevel"}, {"add_prefix_space", true}, {"trim_offsets", true},
+  j["decoder"] = {{"type", "ByteLevel"},
+                  {"add_prefix_space", true},
+                  {"trim_offsets", true},
                   {"use_regex", true}};
   return j;
 }
@@ -217,14 +223,17 @@ struct TrainWord {
 Result<std::string> train_byte_level_bpe(const std::vector<std::string>& text_paths,
                                          const TrainTokenizerOptions& options) {
   if (options.vocab < 257 || options.vocab > 0x7fffffff) {
-    return Status::invalid_argument("train-tokenizer: --vocab " + std::to_string(options.vocab) +
+    return Status::invalid_argument("byte-level BPE trainer: vocab " +
+                                    std::to_string(options.vocab) +
                                     " must be at least 257 (256 bytes and <|endoftext|>)");
   }
-  if (text_paths.empty()) return Status::invalid_argument("train-tokenizer: no text files");
+  if (text_paths.empty()) {
+    return Status::invalid_argument("byte-level BPE trainer: no text files");
+  }
   nlohmann::ordered_json j = byte_level_skeleton();
-  TZ_ASSIGN_OR_RETURN(std::vector<PreTokenizer> pre,
-                      parse_pre_tokenizers(nlohmann::json::parse(j["pre_tokenizer"].dump()),
-                                           "<trainer>"));
+  TZ_ASSIGN_OR_RETURN(
+      std::vector<PreTokenizer> pre,
+      parse_pre_tokenizers(nlohmann::json::parse(j["pre_tokenizer"].dump()), "<trainer>"));
   const int threads = thread_count(options.threads);
 
   // Word counts: each file cut at newlines into one part per thread, pre-tokenized as the written
@@ -239,7 +248,8 @@ Result<std::string> train_byte_level_bpe(const std::vector<std::string>& text_pa
     }
     std::vector<std::size_t> cuts{0};
     for (int k = 1; k < threads; ++k) {
-      const std::size_t target = text.size() / static_cast<std::size_t>(threads) * static_cast<std::size_t>(k);
+      const std::size_t target =
+          text.size() / static_cast<std::size_t>(threads) * static_cast<std::size_t>(k);
       const std::size_t nl = text.find('\n', std::max(target, cuts.back()));
       if (nl == std::string::npos) break;
       cuts.push_back(nl + 1);
@@ -353,7 +363,8 @@ Result<std::string> train_byte_level_bpe(const std::vector<std::string>& text_pa
       bool has = false;
       for (std::size_t i = 0; i + 1 < s.size() && !has; ++i) has = s[i] == a && s[i + 1] == b;
       if (!has) continue;
-      for (std::size_t i = 0; i + 1 < s.size(); ++i) pair_counts[pair_key(s[i], s[i + 1])] -= word.count;
+      for (std::size_t i = 0; i + 1 < s.size(); ++i)
+        pair_counts[pair_key(s[i], s[i + 1])] -= word.count;
       std::vector<std::uint32_t> next;
       next.reserve(s.size());
       for (std::size_t i = 0; i < s.size(); ++i) {

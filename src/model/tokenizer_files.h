@@ -14,9 +14,9 @@
 namespace tz::model {
 
 struct TokenizeFileOptions {
-  int threads = 0;                           // 0: the machine's hardware threads
-  std::size_t block_bytes = 32u << 20;       // text read per round (split over the threads)
-  Progress* progress = nullptr;              // advanced by bytes of text encoded
+  int threads = 0;                      // 0: the machine's hardware threads
+  std::size_t block_bytes = 32u << 20;  // text read per round (split over the threads)
+  Progress* progress = nullptr;         // advanced by bytes of text encoded
 };
 
 struct TokenizeFileStats {

@@ -30,12 +30,13 @@ Status parse_pattern(const nlohmann::json& j, const std::string& file, const std
     return Status::ok();
   }
   if (j.is_object() && j.contains("Regex") && j["Regex"].is_string()) {
-    TZ_ASSIGN_OR_RETURN(text::Regex r, text::Regex::compile(j["Regex"].get<std::string>(),
-                                                            file + ": " + what));
+    TZ_ASSIGN_OR_RETURN(text::Regex r,
+                        text::Regex::compile(j["Regex"].get<std::string>(), file + ": " + what));
     *regex = std::move(r);
     return Status::ok();
   }
-  return Status::invalid_argument(file + ": " + what + " pattern is neither {\"String\": ...} nor "
+  return Status::invalid_argument(file + ": " + what +
+                                  " pattern is neither {\"String\": ...} nor "
                                   "{\"Regex\": ...}");
 }
 
@@ -149,7 +150,8 @@ Result<SplitBehavior> parse_behavior(const nlohmann::json& j, const std::string&
   if (b == "MergedWithPrevious") return SplitBehavior::kMergedWithPrevious;
   if (b == "MergedWithNext") return SplitBehavior::kMergedWithNext;
   if (b == "Contiguous") return SplitBehavior::kContiguous;
-  return Status::invalid_argument(file + ": Split behavior \"" + b + "\" is not one of Removed, "
+  return Status::invalid_argument(file + ": Split behavior \"" + b +
+                                  "\" is not one of Removed, "
                                   "Isolated, MergedWithPrevious, MergedWithNext, Contiguous");
 }
 
@@ -224,7 +226,8 @@ Status parse_pre_tokenizer_into(const nlohmann::json& j, const std::string& file
     p.add_prefix_space = j.value("add_prefix_space", true);
     p.use_regex = j.value("use_regex", true);
     if (p.use_regex) {
-      TZ_ASSIGN_OR_RETURN(text::Regex r, text::Regex::compile(kByteLevelPattern, file + ": ByteLevel"));
+      TZ_ASSIGN_OR_RETURN(text::Regex r,
+                          text::Regex::compile(kByteLevelPattern, file + ": ByteLevel"));
       p.regex = std::move(r);
     }
   } else if (type == "Split") {
@@ -332,10 +335,9 @@ void pre_tokenize_one(const PreTokenizer& p, std::vector<PreToken>& pieces) {
           }
         }
         const bool starts = s.compare(0, p.replacement.size(), p.replacement) == 0;
-        const bool prepend =
-            !s.empty() && !starts && !piece.continuation &&
-            (p.prepend == PreTokenizer::Prepend::kAlways ||
-             (p.prepend == PreTokenizer::Prepend::kFirst && piece.text_start));
+        const bool prepend = !s.empty() && !starts && !piece.continuation &&
+                             (p.prepend == PreTokenizer::Prepend::kAlways ||
+                              (p.prepend == PreTokenizer::Prepend::kFirst && piece.text_start));
         if (prepend) s.insert(0, p.replacement);
         piece.text = std::move(s);
         if (p.split) {
@@ -355,8 +357,8 @@ void pre_tokenize_one(const PreTokenizer& p, std::vector<PreToken>& pieces) {
           i += len;
         }
         split_by(piece, matches,
-                 p.individual_digits ? SplitBehavior::kIsolated : SplitBehavior::kContiguous,
-                 false, out);
+                 p.individual_digits ? SplitBehavior::kIsolated : SplitBehavior::kContiguous, false,
+                 out);
         break;
       }
     }
@@ -368,8 +370,8 @@ void pre_tokenize_one(const PreTokenizer& p, std::vector<PreToken>& pieces) {
 void strip_chars(std::string& s, const std::string& c, int start, int stop) {
   if (c.empty()) return;
   for (int i = 0; i < start && s.compare(0, c.size(), c) == 0; ++i) s.erase(0, c.size());
-  for (int i = 0; i < stop && s.size() >= c.size() && s.compare(s.size() - c.size(), c.size(), c) == 0;
-       ++i) {
+  for (int i = 0;
+       i < stop && s.size() >= c.size() && s.compare(s.size() - c.size(), c.size(), c) == 0; ++i) {
     s.erase(s.size() - c.size());
   }
 }
@@ -482,7 +484,8 @@ void decode_one(const Decoder& d, std::vector<std::string>& tokens) {
 
 }  // namespace
 
-Result<std::vector<Normalizer>> parse_normalizers(const nlohmann::json& j, const std::string& file) {
+Result<std::vector<Normalizer>> parse_normalizers(const nlohmann::json& j,
+                                                  const std::string& file) {
   std::vector<Normalizer> out;
   if (!j.is_null()) TZ_RETURN_IF_ERROR(parse_normalizer_into(j, file, out));
   return out;

@@ -21,9 +21,9 @@ struct Normalizer {
   enum class Kind { kUnicode, kPrepend, kReplace };
   Kind kind = Kind::kUnicode;
   text::NormalForm form = text::NormalForm::kNfc;
-  std::string prepend;                 // kPrepend
-  std::string pattern, content;        // kReplace with a String pattern
-  std::optional<text::Regex> regex;    // kReplace with a Regex pattern
+  std::string prepend;               // kPrepend
+  std::string pattern, content;      // kReplace with a String pattern
+  std::optional<text::Regex> regex;  // kReplace with a Regex pattern
 };
 
 // Parses "normalizer" (null gives an empty list). kInvalidArgument names the type and `file`.
@@ -46,8 +46,8 @@ enum class SplitBehavior { kRemoved, kIsolated, kMergedWithPrevious, kMergedWith
 struct PreTokenizer {
   enum class Kind { kByteLevel, kSplit, kMetaspace, kDigits };
   Kind kind = Kind::kByteLevel;
-  bool add_prefix_space = false;  // ByteLevel
-  bool use_regex = true;          // ByteLevel
+  bool add_prefix_space = false;     // ByteLevel
+  bool use_regex = true;             // ByteLevel
   std::optional<text::Regex> regex;  // Split (Regex) and ByteLevel's own
   std::string literal;               // Split with a String pattern
   SplitBehavior behavior = SplitBehavior::kIsolated;

@@ -142,10 +142,17 @@ bool is_word_char(char32_t c) {
   if (c == 0x200c || c == 0x200d) return true;
   const utf8proc_category_t cat = utf8proc_category(static_cast<utf8proc_int32_t>(c));
   switch (cat) {
-    case UTF8PROC_CATEGORY_LU: case UTF8PROC_CATEGORY_LL: case UTF8PROC_CATEGORY_LT:
-    case UTF8PROC_CATEGORY_LM: case UTF8PROC_CATEGORY_LO: case UTF8PROC_CATEGORY_MN:
-    case UTF8PROC_CATEGORY_MC: case UTF8PROC_CATEGORY_ME: case UTF8PROC_CATEGORY_ND:
-    case UTF8PROC_CATEGORY_NL: case UTF8PROC_CATEGORY_PC:
+    case UTF8PROC_CATEGORY_LU:
+    case UTF8PROC_CATEGORY_LL:
+    case UTF8PROC_CATEGORY_LT:
+    case UTF8PROC_CATEGORY_LM:
+    case UTF8PROC_CATEGORY_LO:
+    case UTF8PROC_CATEGORY_MN:
+    case UTF8PROC_CATEGORY_MC:
+    case UTF8PROC_CATEGORY_ME:
+    case UTF8PROC_CATEGORY_ND:
+    case UTF8PROC_CATEGORY_NL:
+    case UTF8PROC_CATEGORY_PC:
       return true;
     default:
       return false;
@@ -169,16 +176,23 @@ std::string normalize(std::string_view s, NormalForm form) {
   if (ascii || s.empty()) return std::string(s);
   int options = UTF8PROC_STABLE;
   switch (form) {
-    case NormalForm::kNfc: options |= UTF8PROC_COMPOSE; break;
-    case NormalForm::kNfkc: options |= UTF8PROC_COMPOSE | UTF8PROC_COMPAT; break;
-    case NormalForm::kNfd: options |= UTF8PROC_DECOMPOSE; break;
-    case NormalForm::kNfkd: options |= UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT; break;
+    case NormalForm::kNfc:
+      options |= UTF8PROC_COMPOSE;
+      break;
+    case NormalForm::kNfkc:
+      options |= UTF8PROC_COMPOSE | UTF8PROC_COMPAT;
+      break;
+    case NormalForm::kNfd:
+      options |= UTF8PROC_DECOMPOSE;
+      break;
+    case NormalForm::kNfkd:
+      options |= UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT;
+      break;
   }
   utf8proc_uint8_t* out = nullptr;
-  const utf8proc_ssize_t n =
-      utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(s.data()),
-                   static_cast<utf8proc_ssize_t>(s.size()), &out,
-                   static_cast<utf8proc_option_t>(options));
+  const utf8proc_ssize_t n = utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(s.data()),
+                                          static_cast<utf8proc_ssize_t>(s.size()), &out,
+                                          static_cast<utf8proc_option_t>(options));
   // The input was validated as UTF-8 before it reached a normalizer, so utf8proc cannot fail on it.
   TZ_ASSERT(n >= 0, "utf8proc_map failed on validated UTF-8");
   std::string result(reinterpret_cast<const char*>(out), static_cast<std::size_t>(n));
@@ -267,14 +281,15 @@ Result<Regex> Regex::compile(std::string_view pattern, const std::string& what) 
   if (code == nullptr) {
     PCRE2_UCHAR msg[256];
     pcre2_get_error_message(err, msg, sizeof(msg));
-    return Status::invalid_argument(what + ": regex " + std::string(pattern) + " does not compile (" +
-                                    reinterpret_cast<const char*>(msg) + " at offset " +
-                                    std::to_string(err_offset) + ")");
+    return Status::invalid_argument(what + ": regex " + std::string(pattern) +
+                                    " does not compile (" + reinterpret_cast<const char*>(msg) +
+                                    " at offset " + std::to_string(err_offset) + ")");
   }
   // JIT is an optimization: without it (an unsupported CPU) pcre2_match interprets the pattern.
   (void)pcre2_jit_compile(code, PCRE2_JIT_COMPLETE);
   Regex r;
-  r.code_ = std::shared_ptr<void>(code, [](void* c) { pcre2_code_free(static_cast<pcre2_code*>(c)); });
+  r.code_ =
+      std::shared_ptr<void>(code, [](void* c) { pcre2_code_free(static_cast<pcre2_code*>(c)); });
   return r;
 }
 

@@ -101,8 +101,11 @@ TEST_F(DataTest, Version2TokenFilesHoldUint32Ids) {
   const std::vector<std::uint32_t> tokens = {0, 65535, 65536, 128255, 7, 2000000000};
   std::vector<unsigned char> bytes(1024, 0);
   const std::uint32_t header[3] = {20240520, 2, 6};
-  for (std::size_t h = 0; h < 3; ++h)
-    for (int i = 0; i < 4; ++i) bytes[4 * h + static_cast<std::size_t>(i)] = static_cast<unsigned char>(header[h] >> (8 * i));
+  for (std::size_t h = 0; h < 3; ++h) {
+    for (std::size_t i = 0; i < 4; ++i) {
+      bytes[4 * h + i] = static_cast<unsigned char>(header[h] >> (8 * i));
+    }
+  }
   for (std::uint32_t t : tokens)
     for (int i = 0; i < 4; ++i) bytes.push_back(static_cast<unsigned char>(t >> (8 * i)));
   write_bytes(path("v2.bin"), bytes);

@@ -144,9 +144,13 @@ TEST_F(TokenizerFilesTest, IdsPast65535GoToVersion2Files) {
   const std::uint32_t base = 500;
   ASSERT_EQ(j["model"]["vocab"].size(), base);
   for (std::uint32_t i = 0; i < 65100; ++i) {
-    j["added_tokens"].push_back({{"id", base + i}, {"content", "<extra_" + std::to_string(i) + ">"},
-                                 {"single_word", false}, {"lstrip", false}, {"rstrip", false},
-                                 {"normalized", false}, {"special", true}});
+    j["added_tokens"].push_back({{"id", base + i},
+                                 {"content", "<extra_" + std::to_string(i) + ">"},
+                                 {"single_word", false},
+                                 {"lstrip", false},
+                                 {"rstrip", false},
+                                 {"normalized", false},
+                                 {"special", true}});
   }
   const std::string tok_path = write("big.json", j.dump());
   auto tok = Tokenizer::load(tok_path);

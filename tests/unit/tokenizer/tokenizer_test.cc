@@ -22,7 +22,9 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::string data_path(const std::string& name) { return std::string(TZ_TOKENIZER_TEST_DATA) + "/" + name; }
+std::string data_path(const std::string& name) {
+  return std::string(TZ_TOKENIZER_TEST_DATA) + "/" + name;
+}
 
 nlohmann::json read_json(const std::string& path) {
   std::ifstream in(path);
@@ -139,11 +141,11 @@ TEST_F(TokenizerFiles, MergesLowestRankFirstThenLeftmost) {
   ASSERT_TRUE(tok.is_ok()) << tok.status().message();
   using Ids = std::vector<std::uint32_t>;
   // No pre-tokenizer: the whole text is one word.
-  EXPECT_EQ(*tok->encode("aaa"), Ids{3});         // aa·a, then aa·a
-  EXPECT_EQ(*tok->encode("aaaa"), (Ids{2, 2}));   // a·a twice; aa·aa is no merge
+  EXPECT_EQ(*tok->encode("aaa"), Ids{3});        // aa·a, then aa·a
+  EXPECT_EQ(*tok->encode("aaaa"), (Ids{2, 2}));  // a·a twice; aa·aa is no merge
   EXPECT_EQ(*tok->encode("aaaaa"), (Ids{2, 3}));
-  EXPECT_EQ(*tok->encode("aab"), Ids{5});         // a·a, then aa·b
-  EXPECT_EQ(*tok->encode("aaab"), (Ids{3, 1}));   // aaa·b is no merge
+  EXPECT_EQ(*tok->encode("aab"), Ids{5});        // a·a, then aa·b
+  EXPECT_EQ(*tok->encode("aaab"), (Ids{3, 1}));  // aaa·b is no merge
   EXPECT_EQ(*tok->encode("baaa"), (Ids{1, 3}));
   EXPECT_EQ(*tok->encode(""), Ids{});
   // No decoder: HF joins the tokens with spaces.
@@ -159,7 +161,10 @@ TEST(TokenizerText, Utf8ValidationNamesTheFirstBadByte) {
   EXPECT_EQ(invalid_utf8_offset("a\xed\xa0\x80"), 1u);      // surrogate
   EXPECT_EQ(invalid_utf8_offset("a\xf4\x90\x80\x80"), 1u);  // past U+10FFFF
   EXPECT_EQ(invalid_utf8_offset("ab\xe4\xb8"), 2u);         // truncated
-  EXPECT_EQ(text::utf8_lossy("a\xff" "b\xe4\xb8z"), "a\xef\xbf\xbd" "b\xef\xbf\xbdz");
+  EXPECT_EQ(text::utf8_lossy("a\xff"
+                             "b\xe4\xb8z"),
+            "a\xef\xbf\xbd"
+            "b\xef\xbf\xbdz");
 }
 
 TEST(TokenizerText, ByteLevelTableIsABijection) {
@@ -179,14 +184,18 @@ TEST(TokenizerText, NormalFormsOfCombiningAndCompatibilityCharacters) {
   EXPECT_EQ(text::normalize("\xc3\xa9", text::NormalForm::kNfd), "e\xcc\x81");
   EXPECT_EQ(text::normalize("\xef\xac\x81", text::NormalForm::kNfc), "\xef\xac\x81");  // 'ﬁ'
   EXPECT_EQ(text::normalize("\xef\xac\x81", text::NormalForm::kNfkc), "fi");
-  EXPECT_EQ(text::normalize(std::string("a\0b", 3), text::NormalForm::kNfkc), std::string("a\0b", 3));
+  EXPECT_EQ(text::normalize(std::string("a\0b", 3), text::NormalForm::kNfkc),
+            std::string("a\0b", 3));
 }
 
 TEST(TokenizerText, RegexWhitespaceIsUnicodeWhiteSpace) {
   auto re = text::Regex::compile(R"(\s+|[^\s]+)", "test");
   ASSERT_TRUE(re.is_ok());
   std::vector<std::pair<std::size_t, std::size_t>> m;
-  re->find_all("a\xc2\x85\xc2\xa0" "b", m);  // NEL and NBSP are White_Space
+  re->find_all(
+      "a\xc2\x85\xc2\xa0"
+      "b",
+      m);  // NEL and NBSP are White_Space
   EXPECT_EQ(m, (std::vector<std::pair<std::size_t, std::size_t>>{{0, 1}, {1, 5}, {5, 6}}));
 }
 
@@ -207,7 +216,8 @@ TEST_F(TokenizerFiles, RefusesComponentsItDoesNotImplementByName) {
   };
   const Case cases[] = {
       {"normalizer", R"({"type": "Lowercase"})", "Lowercase"},
-      {"normalizer", R"({"type": "Sequence", "normalizers": [{"type": "NFC"}, {"type": "BertNormalizer"}]})",
+      {"normalizer",
+       R"({"type": "Sequence", "normalizers": [{"type": "NFC"}, {"type": "BertNormalizer"}]})",
        "BertNormalizer"},
       {"pre_tokenizer", R"({"type": "Whitespace"})", "Whitespace"},
       {"decoder", R"({"type": "WordPiece"})", "WordPiece"},
@@ -215,7 +225,8 @@ TEST_F(TokenizerFiles, RefusesComponentsItDoesNotImplementByName) {
       {"model", R"({"type": "WordPiece", "vocab": {}})", "WordPiece"},
   };
   for (const Case& c : cases) {
-    const std::string p = edited([&](nlohmann::json& j) { j[c.key] = nlohmann::json::parse(c.json); });
+    const std::string p =
+        edited([&](nlohmann::json& j) { j[c.key] = nlohmann::json::parse(c.json); });
     auto r = Tokenizer::load(p);
     ASSERT_FALSE(r.is_ok()) << c.json;
     EXPECT_NE(r.status().message().find(c.named), std::string::npos) << r.status().message();
@@ -232,7 +243,8 @@ TEST_F(TokenizerFiles, RefusesBrokenFiles) {
   ASSERT_FALSE(not_json.is_ok());
   EXPECT_NE(not_json.status().message().find("bad.json"), std::string::npos);
 
-  auto bad_merge = Tokenizer::load(edited([](nlohmann::json& j) { j["model"]["merges"][0] = "nosuch token"; }));
+  auto bad_merge =
+      Tokenizer::load(edited([](nlohmann::json& j) { j["model"]["merges"][0] = "nosuch token"; }));
   ASSERT_FALSE(bad_merge.is_ok());
   EXPECT_NE(bad_merge.status().message().find("merge 0"), std::string::npos)
       << bad_merge.status().message();
@@ -243,13 +255,15 @@ TEST_F(TokenizerFiles, RefusesBrokenFiles) {
 
   // HF gives an added token that the model lacks the next id after the vocabulary: a file that says
   // otherwise would encode differently in HF and here.
-  auto moved = Tokenizer::load(edited([](nlohmann::json& j) { j["added_tokens"][0]["id"] = 70000; }));
+  auto moved =
+      Tokenizer::load(edited([](nlohmann::json& j) { j["added_tokens"][0]["id"] = 70000; }));
   ASSERT_FALSE(moved.is_ok());
   EXPECT_NE(moved.status().message().find("<|endoftext|>"), std::string::npos)
       << moved.status().message();
 
   auto bad_regex = Tokenizer::load(edited([](nlohmann::json& j) {
-    j["pre_tokenizer"] = {{"type", "Split"}, {"pattern", {{"Regex", "(unclosed"}}}, {"behavior", "Isolated"}};
+    j["pre_tokenizer"] = {
+        {"type", "Split"}, {"pattern", {{"Regex", "(unclosed"}}}, {"behavior", "Isolated"}};
   }));
   ASSERT_FALSE(bad_regex.is_ok());
   EXPECT_NE(bad_regex.status().message().find("(unclosed"), std::string::npos);
@@ -260,7 +274,8 @@ TEST(Tokenizer, RefusesToDecodeAnIdOutsideTheVocabulary) {
   ASSERT_TRUE(tok.is_ok());
   auto r = tok->decode(std::vector<std::uint32_t>{10, 11, 500});
   ASSERT_FALSE(r.is_ok());
-  EXPECT_NE(r.status().message().find("500 at position 2"), std::string::npos) << r.status().message();
+  EXPECT_NE(r.status().message().find("500 at position 2"), std::string::npos)
+      << r.status().message();
 }
 
 }  // namespace
