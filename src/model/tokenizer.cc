@@ -312,7 +312,14 @@ Result<std::string> Tokenizer::decode(std::span<const std::uint32_t> ids,
 }
 
 bool Tokenizer::is_safe_cut(std::string_view text, std::size_t pos) const {
-  if (!cuts_at_newlines_ || pos == 0 || pos >= text.size() || text[pos - 1] != '\n') return false;
+  return cuts_at_newlines_ && cut_candidate(text, pos);
+}
+
+bool Tokenizer::cut_candidate(std::string_view text, std::size_t pos) const {
+  if (pos < 2 || pos >= text.size() || text[pos - 1] != '\n') return false;
+  // Whitespace before the newline could join it in one pre-token when the text ends there (GPT-2's
+  // `\s+(?!\S)` takes " \n" or "\r\n" whole at the end of a text, but not before a letter).
+  if (text::is_whitespace(char_before(text, pos - 1))) return false;
   const auto c = static_cast<unsigned char>(text[pos]);
   if (c < 0x80) {
     if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9'))) return false;
@@ -356,9 +363,7 @@ bool Tokenizer::probe_cuts() const {
     std::vector<std::uint32_t> whole;
     if (!encode_valid(s, false, nullptr, whole).is_ok()) return false;
     for (std::size_t cut = 1; cut < s.size(); ++cut) {
-      if (s[cut - 1] != '\n') continue;
-      const auto c = static_cast<unsigned char>(s[cut]);
-      if (c == '\n' || c == '\r' || c == '\t' || c == ' ') continue;
+      if (!cut_candidate(s, cut)) continue;
       std::vector<std::uint32_t> parts;
       if (!encode_valid(s.substr(0, cut), false, nullptr, parts).is_ok()) return false;
       if (!encode_valid(s.substr(cut), true, nullptr, parts).is_ok()) return false;

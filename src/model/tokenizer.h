@@ -79,8 +79,9 @@ class Tokenizer {
   // continuation = true) giving the ids of the whole: true when the pre-tokenizer splits there or
   // the model never merges the newline's token, and probe texts confirm it.
   bool cuts_at_newlines() const { return cuts_at_newlines_; }
-  // Whether `text` may be cut at `pos`: text[pos - 1] is '\n', text[pos] starts a letter or ASCII
-  // digit, and no added token with lstrip starts there. False when !cuts_at_newlines().
+  // Whether `text` may be cut at `pos`: text[pos - 1] is '\n' after a character that is not
+  // whitespace, text[pos] starts a letter or ASCII digit, and no added token with lstrip starts
+  // there. False when !cuts_at_newlines().
   bool is_safe_cut(std::string_view text, std::size_t pos) const;
 
  private:
@@ -92,6 +93,7 @@ class Tokenizer {
                    std::vector<Segment>& out) const;
   Status encode_valid(std::string_view text, bool continuation, BpeCache* cache,
                       std::vector<std::uint32_t>& out) const;
+  bool cut_candidate(std::string_view text, std::size_t pos) const;
   bool probe_cuts() const;
 
   std::string file_;
