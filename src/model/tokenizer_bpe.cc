@@ -3,6 +3,7 @@
 // skipped when its symbols changed since it was pushed.
 #include "model/tokenizer_bpe.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <queue>
 
@@ -315,6 +316,44 @@ Status BpeModel::tokenize(std::string_view word, std::vector<std::uint32_t>& out
   ids.reserve(word.size());
   lens.reserve(word.size());
   TZ_RETURN_IF_ERROR(symbols_of(word, ids, lens));
+  // A long word (a whole line or text when there is no pre-tokenizer, as SentencePiece-style
+  // files have) is merged piece by piece between symbols that are part of no merge: no merge can
+  // cross such a symbol, and merges on either side never meet, so the result is the one of the
+  // whole word, with smaller heaps and cacheable pieces. Without a prefix or suffix a piece's
+  // symbols depend on its bytes alone, so its bytes key the cache.
+  // (HF can emit an unk after byte-fallback tokens that follow it, out of byte order: a word with
+  // an unk goes whole.)
+  if (ids.size() > 64 && continuing_subword_prefix_.empty() && end_of_word_suffix_.empty() &&
+      !(unk_id_ && std::find(ids.begin(), ids.end(), *unk_id_) != ids.end())) {
+    std::vector<std::uint32_t> piece;
+    std::size_t piece_begin = 0, piece_byte = 0, byte = 0;
+    auto flush = [&](std::size_t end, std::size_t end_byte) {
+      if (end == piece_begin) return;
+      const std::string_view key = word.substr(piece_byte, end_byte - piece_byte);
+      if (cache != nullptr) {
+        if (const auto* hit = cache->find(key)) {
+          out.insert(out.end(), hit->begin(), hit->end());
+          return;
+        }
+      }
+      piece.assign(ids.begin() + static_cast<std::ptrdiff_t>(piece_begin),
+                   ids.begin() + static_cast<std::ptrdiff_t>(end));
+      merge_word(key, piece);
+      if (cache != nullptr && key.size() < 256) cache->insert(key, piece);
+      out.insert(out.end(), piece.begin(), piece.end());
+    };
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+      if (!in_any_merge(ids[i])) {
+        flush(i, byte);
+        out.push_back(ids[i]);
+        piece_begin = i + 1;
+        piece_byte = byte + lens[i];
+      }
+      byte += lens[i];
+    }
+    flush(ids.size(), byte);
+    return Status::ok();
+  }
   merge_word(word, ids);
   if (cache != nullptr && word.size() < 256) cache->insert(word, ids);
   out.insert(out.end(), ids.begin(), ids.end());
