@@ -10,7 +10,7 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libopenmpi-dev openmpi-bin
   nlohmann-json3-dev libcli11-dev libxxhash-dev libhwy-dev libdnnl-dev
-  libopenblas-pthread-dev libblis-dev libblis4-pthread
+  libopenblas-pthread-dev libblis-dev libblis4-pthread libpcre2-dev libutf8proc-dev
   fio util-linux e2fsprogs python3 python3-venv
   bible-kjv
 )

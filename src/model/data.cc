@@ -50,7 +50,8 @@ void write_le_i32(unsigned char* p, std::int32_t value) {
   for (int i = 0; i < 4; ++i) p[i] = static_cast<unsigned char>(v >> (8 * i));
 }
 
-Status bad_token(const std::string& path, std::size_t index, unsigned value, int vocab) {
+Status bad_token(const std::string& path, std::size_t index, std::uint64_t value,
+                 std::int64_t vocab) {
   return Status::invalid_argument(path + ": token " + std::to_string(value) + " at position " +
                                   std::to_string(index) + " is >= the model's vocab " +
                                   std::to_string(vocab) +
@@ -58,7 +59,7 @@ Status bad_token(const std::string& path, std::size_t index, unsigned value, int
 }
 
 Result<TokenData> parse_token_file(const std::string& path, const std::vector<unsigned char>& bytes,
-                                   int vocab) {
+                                   std::int64_t vocab) {
   if (bytes.size() < kTokenFileHeaderBytes) {
     return Status::corrupt(path + ": " + std::to_string(bytes.size()) +
                            " bytes, shorter than the 1024-byte header of an llm.c token file");
@@ -71,37 +72,51 @@ Result<TokenData> parse_token_file(const std::string& path, const std::vector<un
                            " (an llm.c token file has " + std::to_string(kTokenFileMagic) +
                            "; plain text files must not end in .bin)");
   }
-  if (version != kTokenFileVersion) {
+  if (version != kTokenFileVersion && version != kTokenFileVersionU32) {
     return Status::corrupt(path + ": unsupported token file version " + std::to_string(version) +
-                           " (only version 1, uint16 GPT-2 tokens, is read)");
+                           " (version 1 holds uint16 tokens, version 2 uint32)");
   }
   if (count < 0) {
     return Status::corrupt(path + ": negative token count " + std::to_string(count) +
                            " in the header");
   }
-  const std::uint64_t expected = kTokenFileHeaderBytes + 2 * static_cast<std::uint64_t>(count);
+  const std::uint64_t width = version == kTokenFileVersion ? 2 : 4;
+  const std::uint64_t expected = kTokenFileHeaderBytes + width * static_cast<std::uint64_t>(count);
   if (bytes.size() != expected) {
     return Status::corrupt(path + ": file is " + std::to_string(bytes.size()) +
-                           " bytes but its header says " + std::to_string(count) + " tokens (" +
+                           " bytes but its version " + std::to_string(version) +
+                           " header says " + std::to_string(count) + " tokens (" +
                            std::to_string(expected) +
                            " bytes); truncated or not written by a token writer");
   }
   TokenData data;
   data.path = path;
+  data.version = version;
   data.tokens.resize(static_cast<std::size_t>(count));
   const unsigned char* p = bytes.data() + kTokenFileHeaderBytes;
   for (std::size_t i = 0; i < data.tokens.size(); ++i) {
-    const unsigned v = static_cast<unsigned>(p[2 * i]) | (static_cast<unsigned>(p[2 * i + 1]) << 8);
-    if (v >= static_cast<unsigned>(vocab)) return bad_token(path, i, v, vocab);
-    data.tokens[i] = static_cast<std::uint16_t>(v);
+    std::uint32_t v = 0;
+    for (std::uint64_t k = width; k-- > 0;) v = (v << 8) | p[width * i + k];
+    if (v >= static_cast<std::uint64_t>(vocab)) return bad_token(path, i, v, vocab);
+    data.tokens[i] = v;
   }
   return data;
 }
 
+Status check_count(const std::string& path, std::uint64_t count) {
+  if (count > static_cast<std::uint64_t>(std::numeric_limits<std::int32_t>::max())) {
+    return Status::invalid_argument(
+        path + ": " + std::to_string(count) +
+        " tokens do not fit the header's int32 count; split the corpus");
+  }
+  return Status::ok();
+}
+
 }  // namespace
 
-Result<TokenData> load_tokens(const std::string& path, int vocab) {
-  TZ_ASSERT(vocab > 0 && vocab <= 65536, "vocab out of the uint16 token range");
+Result<TokenData> load_tokens(const std::string& path, std::int64_t vocab) {
+  TZ_ASSERT(vocab > 0 && vocab <= std::numeric_limits<std::int32_t>::max(),
+            "vocab out of the token range");
   TZ_ASSIGN_OR_RETURN(std::vector<unsigned char> bytes, read_file(path));
   if (bytes.empty()) return Status::invalid_argument(path + ": empty data file");
   const bool token_file = ends_with(path, ".bin") ||
@@ -118,31 +133,99 @@ Result<TokenData> load_tokens(const std::string& path, int vocab) {
   return data;
 }
 
-Status write_token_file(const std::string& path, std::span<const std::uint16_t> tokens) {
-  if (tokens.size() > static_cast<std::size_t>(std::numeric_limits<std::int32_t>::max())) {
-    return Status::invalid_argument(
-        path + ": " + std::to_string(tokens.size()) +
-        " tokens do not fit the header's int32 count; split the corpus");
+TokenFileWriter::TokenFileWriter(std::string path, std::FILE* file, std::int32_t version)
+    : path_(std::move(path)), tmp_path_(path_ + ".tmp"), file_(file), version_(version) {}
+
+TokenFileWriter::TokenFileWriter(TokenFileWriter&& other) noexcept
+    : path_(std::move(other.path_)),
+      tmp_path_(std::move(other.tmp_path_)),
+      file_(std::exchange(other.file_, nullptr)),
+      version_(other.version_),
+      count_(other.count_),
+      buffer_(std::move(other.buffer_)) {}
+
+TokenFileWriter::~TokenFileWriter() {
+  if (file_ != nullptr) {
+    std::fclose(file_);
+    std::remove(tmp_path_.c_str());
   }
-  std::vector<unsigned char> out(kTokenFileHeaderBytes + 2 * tokens.size(), 0);
-  write_le_i32(out.data(), kTokenFileMagic);
-  write_le_i32(out.data() + 4, kTokenFileVersion);
-  write_le_i32(out.data() + 8, static_cast<std::int32_t>(tokens.size()));
-  unsigned char* p = out.data() + kTokenFileHeaderBytes;
+}
+
+Result<TokenFileWriter> TokenFileWriter::create(const std::string& path, std::int32_t version) {
+  TZ_ASSERT(version == kTokenFileVersion || version == kTokenFileVersionU32, "token file version");
+  const std::string tmp = path + ".tmp";
+  std::FILE* f = std::fopen(tmp.c_str(), "wb");
+  if (f == nullptr) return Status::from_errno(errno, "create token file", tmp);
+  TokenFileWriter w(path, f, version);
+  const std::vector<unsigned char> header(kTokenFileHeaderBytes, 0);
+  if (std::fwrite(header.data(), 1, header.size(), f) != header.size()) {
+    return Status::from_errno(errno, "write token file", tmp);
+  }
+  return w;
+}
+
+Status TokenFileWriter::append(std::span<const std::uint32_t> tokens) {
+  TZ_ASSERT(file_ != nullptr, "append after finish");
+  TZ_RETURN_IF_ERROR(check_count(path_, count_ + tokens.size()));
+  const std::size_t width = version_ == kTokenFileVersion ? 2 : 4;
+  buffer_.resize(tokens.size() * width);
   for (std::size_t i = 0; i < tokens.size(); ++i) {
-    p[2 * i] = static_cast<unsigned char>(tokens[i] & 0xff);
-    p[2 * i + 1] = static_cast<unsigned char>(tokens[i] >> 8);
+    const std::uint32_t t = tokens[i];
+    if (width == 2 && t > 0xffff) {
+      return Status::invalid_argument(path_ + ": token " + std::to_string(t) + " at position " +
+                                      std::to_string(count_ + i) +
+                                      " does not fit a version 1 (uint16) token file");
+    }
+    for (std::size_t k = 0; k < width; ++k) {
+      buffer_[width * i + k] = static_cast<unsigned char>(t >> (8 * k));
+    }
   }
-  std::FILE* f = std::fopen(path.c_str(), "wb");
-  if (f == nullptr) return Status::from_errno(errno, "create token file", path);
-  const std::size_t n = std::fwrite(out.data(), 1, out.size(), f);
-  const int write_err = errno;
-  if (n != out.size()) {
-    std::fclose(f);
-    return Status::from_errno(write_err, "write token file", path);
+  if (std::fwrite(buffer_.data(), 1, buffer_.size(), file_) != buffer_.size()) {
+    return Status::from_errno(errno, "write token file", tmp_path_);
   }
-  if (std::fclose(f) != 0) return Status::from_errno(errno, "close token file", path);
+  count_ += tokens.size();
   return Status::ok();
+}
+
+Status TokenFileWriter::finish() {
+  TZ_ASSERT(file_ != nullptr, "finish twice");
+  unsigned char header[12];
+  write_le_i32(header, kTokenFileMagic);
+  write_le_i32(header + 4, version_);
+  write_le_i32(header + 8, static_cast<std::int32_t>(count_));
+  if (std::fseek(file_, 0, SEEK_SET) != 0 || std::fwrite(header, 1, sizeof(header), file_) != 12) {
+    return Status::from_errno(errno, "write token file header", tmp_path_);
+  }
+  std::FILE* f = std::exchange(file_, nullptr);
+  if (std::fclose(f) != 0) {
+    const int err = errno;
+    std::remove(tmp_path_.c_str());
+    return Status::from_errno(err, "close token file", tmp_path_);
+  }
+  if (std::rename(tmp_path_.c_str(), path_.c_str()) != 0) {
+    const int err = errno;
+    std::remove(tmp_path_.c_str());
+    return Status::from_errno(err, "rename token file into place", path_);
+  }
+  return Status::ok();
+}
+
+Status write_token_file(const std::string& path, std::span<const std::uint32_t> tokens,
+                        std::int32_t version) {
+  TZ_RETURN_IF_ERROR(check_count(path, tokens.size()));
+  if (version == 0) {
+    std::uint32_t max_token = 0;
+    for (std::uint32_t t : tokens) max_token = std::max(max_token, t);
+    version = max_token <= 0xffff ? kTokenFileVersion : kTokenFileVersionU32;
+  }
+  TZ_ASSIGN_OR_RETURN(TokenFileWriter w, TokenFileWriter::create(path, version));
+  TZ_RETURN_IF_ERROR(w.append(tokens));
+  return w.finish();
+}
+
+Status write_token_file(const std::string& path, std::span<const std::uint16_t> tokens) {
+  const std::vector<std::uint32_t> wide(tokens.begin(), tokens.end());
+  return write_token_file(path, wide, kTokenFileVersion);
 }
 
 std::vector<std::uint32_t> shuffled_order(std::int64_t n, std::uint64_t seed, std::int64_t epoch) {
@@ -226,11 +309,11 @@ void DataLoader::batch(std::int64_t b, std::span<std::int32_t> tokens,
   const auto t = static_cast<std::size_t>(opt_.seq);
   for (int row = 0; row < opt_.micro_batch; ++row) {
     const auto start = static_cast<std::size_t>(sequence_of(b, row)) * t;
-    const std::uint16_t* src = data_->tokens.data() + start;
+    const std::uint32_t* src = data_->tokens.data() + start;
     const std::size_t off = static_cast<std::size_t>(row) * t;
     for (std::size_t j = 0; j < t; ++j) {
-      tokens[off + j] = src[j];
-      targets[off + j] = src[j + 1];
+      tokens[off + j] = static_cast<std::int32_t>(src[j]);
+      targets[off + j] = static_cast<std::int32_t>(src[j + 1]);
     }
   }
 }

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdio>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <span>
@@ -15,9 +16,11 @@
 namespace tz::model {
 
 // llm.c's token file: 256 little-endian int32 (magic, version, token count, then zeros), followed
-// by `count` uint16 tokens. Version 1 is GPT-2's uint16 format (llm.c's version 2 is uint32).
+// by `count` tokens: uint16 in version 1 (GPT-2's format), uint32 in version 2 (llm.c's format for
+// vocabularies past 65,536 ids, such as Llama 3's).
 inline constexpr std::int32_t kTokenFileMagic = 20240520;
-inline constexpr std::int32_t kTokenFileVersion = 1;
+inline constexpr std::int32_t kTokenFileVersion = 1;     // uint16 tokens
+inline constexpr std::int32_t kTokenFileVersionU32 = 2;  // uint32 tokens
 inline constexpr std::size_t kTokenFileHeaderInts = 256;
 inline constexpr std::size_t kTokenFileHeaderBytes = kTokenFileHeaderInts * 4;
 
@@ -25,18 +28,54 @@ inline constexpr std::size_t kTokenFileHeaderBytes = kTokenFileHeaderInts * 4;
 struct TokenData {
   std::string path;
   bool byte_level = false;  // plain text read as bytes (vocab 256), not a token file
-  std::vector<std::uint16_t> tokens;
+  int version = 0;          // the token file's version (1 or 2); 0 for plain text
+  std::vector<std::uint32_t> tokens;
 };
 
-// Reads `path` as a token file when it ends in ".bin" or starts with the magic, else as plain text
-// (each byte one token). Errors (kCorrupt / kInvalidArgument / an errno) name the file and what is
-// wrong: wrong magic or version, a size that disagrees with the header's count, a token >= `vocab`
-// (its value and position), an empty file, an unreadable file.
-Result<TokenData> load_tokens(const std::string& path, int vocab);
+// Reads `path` as a token file (version 1 or 2) when it ends in ".bin" or starts with the magic,
+// else as plain text (each byte one token). Errors (kCorrupt / kInvalidArgument / an errno) name
+// the file and what is wrong: wrong magic or version, a size that disagrees with the header's
+// count, a token >= `vocab` (its value and position), an empty file, an unreadable file.
+Result<TokenData> load_tokens(const std::string& path, std::int64_t vocab);
 
-// Writes `tokens` as a version-1 token file (header + uint16). kInvalidArgument when there are more
-// tokens than the header's int32 count can hold; errno errors name the file.
+// The version a file of tokens below `vocab` needs: 1 when every id fits uint16, else 2.
+inline std::int32_t token_file_version_for(std::int64_t vocab) {
+  return vocab <= 65536 ? kTokenFileVersion : kTokenFileVersionU32;
+}
+
+// Writes `tokens` as a token file of `version` (0: 1 when every token fits uint16, else 2), to a
+// temporary name renamed over `path` when complete. kInvalidArgument when there are more tokens
+// than the header's int32 count can hold or a token does not fit version 1; errno errors name the
+// file.
+Status write_token_file(const std::string& path, std::span<const std::uint32_t> tokens,
+                        std::int32_t version = 0);
 Status write_token_file(const std::string& path, std::span<const std::uint16_t> tokens);
+
+// Writes a token file as its tokens arrive (tokenizing a corpus larger than memory): the tokens go
+// to `path`.tmp after a blank header; finish() writes the header and renames the file to `path`.
+// Without finish() (an error, a crash) `path` is untouched and the destructor removes the .tmp.
+class TokenFileWriter {
+ public:
+  static Result<TokenFileWriter> create(const std::string& path, std::int32_t version);
+  TokenFileWriter(TokenFileWriter&& other) noexcept;
+  TokenFileWriter& operator=(TokenFileWriter&&) = delete;
+  TokenFileWriter(const TokenFileWriter&) = delete;
+  ~TokenFileWriter();
+
+  // kInvalidArgument for a token that does not fit the version, or past 2^31 - 1 tokens.
+  Status append(std::span<const std::uint32_t> tokens);
+  Status finish();
+  std::uint64_t count() const { return count_; }
+
+ private:
+  TokenFileWriter(std::string path, std::FILE* file, std::int32_t version);
+  std::string path_;
+  std::string tmp_path_;
+  std::FILE* file_ = nullptr;
+  std::int32_t version_ = 1;
+  std::uint64_t count_ = 0;
+  std::vector<unsigned char> buffer_;
+};
 
 struct LoaderOptions {
   int micro_batch = 4;  // B: sequences per micro-batch

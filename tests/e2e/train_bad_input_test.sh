@@ -18,7 +18,7 @@ open(path, "wb").write(hdr + b"".join(struct.pack("<H", int(t)) for t in toks))
 PY
 }
 tokfile "$work/magic.bin" 20240521 1 3 1 2 3
-tokfile "$work/version.bin" 20240520 2 3 1 2 3
+tokfile "$work/version.bin" 20240520 3 3 1 2 3
 tokfile "$work/size.bin" 20240520 1 5 1 2 3
 tokfile "$work/vocab.bin" 20240520 1 3 1 300 3
 printf 'hi' > "$work/short.txt"
@@ -41,7 +41,7 @@ base=(--config "$work/stage0.json" --model "$model" --steps 1)
 expect unknown_model "gpt2-9b" --config "$work/stage0.json" --model gpt2-9b --data "$work/good.txt"
 expect seq_too_long "longer than" "${base[@]}" --seq 64 --data "$work/good.txt"
 expect wrong_magic "wrong magic 20240521" "${base[@]}" --data "$work/magic.bin"
-expect wrong_version "version 2" "${base[@]}" --data "$work/version.bin"
+expect wrong_version "version 3" "${base[@]}" --data "$work/version.bin"
 expect size_vs_header "header says 5 tokens" "${base[@]}" --data "$work/size.bin"
 expect token_ge_vocab "token 300 at position 1" "${base[@]}" --data "$work/vocab.bin"
 expect val_token_ge_vocab "vocab.bin" "${base[@]}" --data "$work/good.txt" --val-data "$work/vocab.bin"

@@ -91,7 +91,63 @@ TEST_F(DataTest, TokenFileRoundTripHasLlmcHeader) {
   auto r = load_tokens(p, 50257);
   ASSERT_TRUE(r.is_ok()) << r.status().to_string();
   EXPECT_FALSE(r->byte_level);
+  EXPECT_EQ(r->version, 1);
+  EXPECT_EQ(r->tokens, std::vector<std::uint32_t>(tokens.begin(), tokens.end()));
+}
+
+// Version 2 (uint32 tokens) built byte by byte, read back, and written back identically; ids past
+// 65,535 (Llama 3's vocabulary) survive both ways.
+TEST_F(DataTest, Version2TokenFilesHoldUint32Ids) {
+  const std::vector<std::uint32_t> tokens = {0, 65535, 65536, 128255, 7, 2000000000};
+  std::vector<unsigned char> bytes(1024, 0);
+  const std::uint32_t header[3] = {20240520, 2, 6};
+  for (std::size_t h = 0; h < 3; ++h) {
+    for (std::size_t i = 0; i < 4; ++i) {
+      bytes[4 * h + i] = static_cast<unsigned char>(header[h] >> (8 * i));
+    }
+  }
+  for (std::uint32_t t : tokens)
+    for (int i = 0; i < 4; ++i) bytes.push_back(static_cast<unsigned char>(t >> (8 * i)));
+  write_bytes(path("v2.bin"), bytes);
+  auto r = load_tokens(path("v2.bin"), 2000000001);
+  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  EXPECT_EQ(r->version, 2);
   EXPECT_EQ(r->tokens, tokens);
+  // The writer picks version 2 because an id does not fit uint16.
+  ASSERT_TRUE(write_token_file(path("out.bin"), tokens).is_ok());
+  EXPECT_EQ(read_bytes(path("out.bin")), bytes);
+  EXPECT_FALSE(fs::exists(path("out.bin.tmp")));
+  EXPECT_NE(expect_error(path("v2.bin"), 128256).find("token 2000000000 at position 5"),
+            std::string::npos);
+  // Version 1 refuses an id it cannot hold instead of truncating it.
+  auto st = write_token_file(path("v1.bin"), tokens, kTokenFileVersion);
+  EXPECT_FALSE(st.is_ok());
+  EXPECT_NE(st.message().find("token 65536 at position 2"), std::string::npos) << st.message();
+  EXPECT_FALSE(fs::exists(path("v1.bin")));
+  EXPECT_FALSE(fs::exists(path("v1.bin.tmp")));
+}
+
+// The streaming writer: appends in pieces, nothing at the final name until finish(), and the
+// temporary file removed when it is dropped unfinished.
+TEST_F(DataTest, StreamingWriterRenamesWhenComplete) {
+  {
+    auto w = TokenFileWriter::create(path("s.bin"), kTokenFileVersion);
+    ASSERT_TRUE(w.is_ok());
+    ASSERT_TRUE(w->append(std::vector<std::uint32_t>{1, 2}).is_ok());
+    ASSERT_TRUE(w->append(std::vector<std::uint32_t>{}).is_ok());
+    ASSERT_TRUE(w->append(std::vector<std::uint32_t>{3}).is_ok());
+    EXPECT_FALSE(fs::exists(path("s.bin")));
+    ASSERT_TRUE(w->finish().is_ok());
+  }
+  EXPECT_EQ(read_bytes(path("s.bin")), token_file_bytes(20240520, 1, 3, {1, 2, 3}));
+  {
+    auto w = TokenFileWriter::create(path("dropped.bin"), kTokenFileVersionU32);
+    ASSERT_TRUE(w.is_ok());
+    ASSERT_TRUE(w->append(std::vector<std::uint32_t>{1}).is_ok());
+    EXPECT_TRUE(fs::exists(path("dropped.bin.tmp")));
+  }
+  EXPECT_FALSE(fs::exists(path("dropped.bin.tmp")));
+  EXPECT_FALSE(fs::exists(path("dropped.bin")));
 }
 
 TEST_F(DataTest, MagicIdentifiesTokenFileWithoutBinSuffix) {
@@ -100,7 +156,7 @@ TEST_F(DataTest, MagicIdentifiesTokenFileWithoutBinSuffix) {
   write_bytes(p, token_file_bytes(20240520, 1, 4, tokens));
   auto r = load_tokens(p, 65536);
   ASSERT_TRUE(r.is_ok()) << r.status().to_string();
-  EXPECT_EQ(r->tokens, tokens);
+  EXPECT_EQ(r->tokens, std::vector<std::uint32_t>(tokens.begin(), tokens.end()));
 }
 
 TEST_F(DataTest, PlainTextIsReadAsBytes) {
@@ -121,8 +177,13 @@ TEST_F(DataTest, BadFilesNameTheFileAndTheProblem) {
   write_bytes(path("magic.bin"), token_file_bytes(20240521, 1, 4, tokens));
   EXPECT_NE(expect_error(path("magic.bin"), 256).find("wrong magic 20240521"), std::string::npos);
 
-  write_bytes(path("version.bin"), token_file_bytes(20240520, 2, 4, tokens));
-  EXPECT_NE(expect_error(path("version.bin"), 256).find("version 2"), std::string::npos);
+  write_bytes(path("version.bin"), token_file_bytes(20240520, 3, 4, tokens));
+  EXPECT_NE(expect_error(path("version.bin"), 256).find("version 3"), std::string::npos);
+
+  // A version 2 header over uint16 tokens: the size disagrees with 4 uint32 tokens.
+  write_bytes(path("v2short.bin"), token_file_bytes(20240520, 2, 4, tokens));
+  EXPECT_NE(expect_error(path("v2short.bin"), 256).find("version 2 header says 4 tokens"),
+            std::string::npos);
 
   auto truncated = token_file_bytes(20240520, 1, 4, tokens);
   truncated.pop_back();
