@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "cli/command.h"
+#include "core/output_file.h"
 #include "core/progress.h"
 #include "model/data.h"
 #include "model/tokenizer.h"
@@ -33,6 +34,10 @@ std::uint64_t file_size(const std::string& path) {
 }
 
 int tokenize_bytes(const std::string& text_path, const std::string& out_path) {
+  // The output is checked before the text is read: writable, and never the text itself.
+  if (Status st = check_output("--out", out_path, {text_path}); !st.is_ok()) {
+    return fail("tokenize", st);
+  }
   // Loading as text with vocab 256 accepts every byte; a file that is already a token file (it
   // starts with the magic or ends in .bin) is refused rather than tokenized twice.
   auto data = model::load_tokens(text_path, 256);
@@ -41,7 +46,8 @@ int tokenize_bytes(const std::string& text_path, const std::string& out_path) {
     std::fprintf(stderr, "tierzero data tokenize: %s is already a token file\n", text_path.c_str());
     return 1;
   }
-  const Status st = model::write_token_file(out_path, data->tokens, model::kTokenFileVersion);
+  const Status st =
+      model::write_token_file(out_path, data->tokens, model::kTokenFileVersion, {text_path});
   if (!st.is_ok()) return fail("tokenize", st);
   std::printf("%s: %zu byte tokens (vocab 256) from %s\n", out_path.c_str(), data->tokens.size(),
               text_path.c_str());

@@ -133,46 +133,23 @@ Result<TokenData> load_tokens(const std::string& path, std::int64_t vocab) {
   return data;
 }
 
-TokenFileWriter::TokenFileWriter(std::string path, std::FILE* file, std::int32_t version)
-    : path_(std::move(path)), tmp_path_(path_ + ".tmp"), file_(file), version_(version) {}
-
-TokenFileWriter::TokenFileWriter(TokenFileWriter&& other) noexcept
-    : path_(std::move(other.path_)),
-      tmp_path_(std::move(other.tmp_path_)),
-      file_(std::exchange(other.file_, nullptr)),
-      version_(other.version_),
-      count_(other.count_),
-      buffer_(std::move(other.buffer_)) {}
-
-TokenFileWriter::~TokenFileWriter() {
-  if (file_ != nullptr) {
-    std::fclose(file_);
-    std::remove(tmp_path_.c_str());
-  }
-}
-
-Result<TokenFileWriter> TokenFileWriter::create(const std::string& path, std::int32_t version) {
+Result<TokenFileWriter> TokenFileWriter::create(const std::string& path, std::int32_t version,
+                                                const std::vector<std::string>& inputs) {
   TZ_ASSERT(version == kTokenFileVersion || version == kTokenFileVersionU32, "token file version");
-  const std::string tmp = path + ".tmp";
-  std::FILE* f = std::fopen(tmp.c_str(), "wb");
-  if (f == nullptr) return Status::from_errno(errno, "create token file", tmp);
-  TokenFileWriter w(path, f, version);
-  const std::vector<unsigned char> header(kTokenFileHeaderBytes, 0);
-  if (std::fwrite(header.data(), 1, header.size(), f) != header.size()) {
-    return Status::from_errno(errno, "write token file", tmp);
-  }
-  return w;
+  TZ_ASSIGN_OR_RETURN(OutputFile out, OutputFile::create("", path, inputs));
+  const std::vector<std::byte> header(kTokenFileHeaderBytes, std::byte{0});
+  TZ_RETURN_IF_ERROR(out.write(header));
+  return TokenFileWriter(std::move(out), version);
 }
 
 Status TokenFileWriter::append(std::span<const std::uint32_t> tokens) {
-  TZ_ASSERT(file_ != nullptr, "append after finish");
-  TZ_RETURN_IF_ERROR(check_count(path_, count_ + tokens.size()));
+  TZ_RETURN_IF_ERROR(check_count(out_.path(), count_ + tokens.size()));
   const std::size_t width = version_ == kTokenFileVersion ? 2 : 4;
   buffer_.resize(tokens.size() * width);
   for (std::size_t i = 0; i < tokens.size(); ++i) {
     const std::uint32_t t = tokens[i];
     if (width == 2 && t > 0xffff) {
-      return Status::invalid_argument(path_ + ": token " + std::to_string(t) + " at position " +
+      return Status::invalid_argument(out_.path() + ": token " + std::to_string(t) + " at position " +
                                       std::to_string(count_ + i) +
                                       " does not fit a version 1 (uint16) token file");
     }
@@ -180,45 +157,29 @@ Status TokenFileWriter::append(std::span<const std::uint32_t> tokens) {
       buffer_[width * i + k] = static_cast<unsigned char>(t >> (8 * k));
     }
   }
-  if (std::fwrite(buffer_.data(), 1, buffer_.size(), file_) != buffer_.size()) {
-    return Status::from_errno(errno, "write token file", tmp_path_);
-  }
+  TZ_RETURN_IF_ERROR(out_.write(std::as_bytes(std::span<const unsigned char>(buffer_))));
   count_ += tokens.size();
   return Status::ok();
 }
 
 Status TokenFileWriter::finish() {
-  TZ_ASSERT(file_ != nullptr, "finish twice");
   unsigned char header[12];
   write_le_i32(header, kTokenFileMagic);
   write_le_i32(header + 4, version_);
   write_le_i32(header + 8, static_cast<std::int32_t>(count_));
-  if (std::fseek(file_, 0, SEEK_SET) != 0 || std::fwrite(header, 1, sizeof(header), file_) != 12) {
-    return Status::from_errno(errno, "write token file header", tmp_path_);
-  }
-  std::FILE* f = std::exchange(file_, nullptr);
-  if (std::fclose(f) != 0) {
-    const int err = errno;
-    std::remove(tmp_path_.c_str());
-    return Status::from_errno(err, "close token file", tmp_path_);
-  }
-  if (std::rename(tmp_path_.c_str(), path_.c_str()) != 0) {
-    const int err = errno;
-    std::remove(tmp_path_.c_str());
-    return Status::from_errno(err, "rename token file into place", path_);
-  }
-  return Status::ok();
+  TZ_RETURN_IF_ERROR(out_.write_at(0, std::as_bytes(std::span<const unsigned char>(header))));
+  return out_.commit();
 }
 
 Status write_token_file(const std::string& path, std::span<const std::uint32_t> tokens,
-                        std::int32_t version) {
+                        std::int32_t version, const std::vector<std::string>& inputs) {
   TZ_RETURN_IF_ERROR(check_count(path, tokens.size()));
   if (version == 0) {
     std::uint32_t max_token = 0;
     for (std::uint32_t t : tokens) max_token = std::max(max_token, t);
     version = max_token <= 0xffff ? kTokenFileVersion : kTokenFileVersionU32;
   }
-  TZ_ASSIGN_OR_RETURN(TokenFileWriter w, TokenFileWriter::create(path, version));
+  TZ_ASSIGN_OR_RETURN(TokenFileWriter w, TokenFileWriter::create(path, version, inputs));
   TZ_RETURN_IF_ERROR(w.append(tokens));
   return w.finish();
 }

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "core/output_file.h"
 #include "core/status.h"
 
 namespace tz::model {
@@ -43,24 +44,25 @@ inline std::int32_t token_file_version_for(std::int64_t vocab) {
   return vocab <= 65536 ? kTokenFileVersion : kTokenFileVersionU32;
 }
 
-// Writes `tokens` as a token file of `version` (0: 1 when every token fits uint16, else 2), to a
-// temporary name renamed over `path` when complete. kInvalidArgument when there are more tokens
-// than the header's int32 count can hold or a token does not fit version 1; errno errors name the
-// file.
+// Writes `tokens` as a token file of `version` (0: 1 when every token fits uint16, else 2) by
+// core/output_file.h's rule (a temporary name renamed over `path` when complete; `path` is never
+// one of `inputs`). kInvalidArgument when there are more tokens than the header's int32 count can
+// hold or a token does not fit version 1; errno errors name the file.
 Status write_token_file(const std::string& path, std::span<const std::uint32_t> tokens,
-                        std::int32_t version = 0);
+                        std::int32_t version = 0, const std::vector<std::string>& inputs = {});
 Status write_token_file(const std::string& path, std::span<const std::uint16_t> tokens);
 
 // Writes a token file as its tokens arrive (tokenizing a corpus larger than memory): the tokens go
-// to `path`.tmp after a blank header; finish() writes the header and renames the file to `path`.
-// Without finish() (an error, a crash) `path` is untouched and the destructor removes the .tmp.
+// to a temporary file after a blank header; finish() writes the header and renames the file to
+// `path`. Without finish() (an error, a crash) `path` is untouched and the temporary file is
+// removed. `path` may not be one of `inputs` (the text being tokenized).
 class TokenFileWriter {
  public:
-  static Result<TokenFileWriter> create(const std::string& path, std::int32_t version);
-  TokenFileWriter(TokenFileWriter&& other) noexcept;
+  static Result<TokenFileWriter> create(const std::string& path, std::int32_t version,
+                                        const std::vector<std::string>& inputs = {});
+  TokenFileWriter(TokenFileWriter&& other) noexcept = default;
   TokenFileWriter& operator=(TokenFileWriter&&) = delete;
   TokenFileWriter(const TokenFileWriter&) = delete;
-  ~TokenFileWriter();
 
   // kInvalidArgument for a token that does not fit the version, or past 2^31 - 1 tokens.
   Status append(std::span<const std::uint32_t> tokens);
@@ -68,10 +70,9 @@ class TokenFileWriter {
   std::uint64_t count() const { return count_; }
 
  private:
-  TokenFileWriter(std::string path, std::FILE* file, std::int32_t version);
-  std::string path_;
-  std::string tmp_path_;
-  std::FILE* file_ = nullptr;
+  TokenFileWriter(OutputFile out, std::int32_t version)
+      : out_(std::move(out)), version_(version) {}
+  OutputFile out_;
   std::int32_t version_ = 1;
   std::uint64_t count_ = 0;
   std::vector<unsigned char> buffer_;

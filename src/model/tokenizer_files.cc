@@ -13,6 +13,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "core/output_file.h"
 #include "model/data.h"
 #include "model/tokenizer_text.h"
 
@@ -60,30 +61,6 @@ std::size_t next_safe_cut(const Tokenizer& tok, std::string_view text, std::size
   }
 }
 
-Status write_whole_file(const std::string& path, std::string_view body) {
-  const std::string tmp = path + ".tmp";
-  std::FILE* f = std::fopen(tmp.c_str(), "wb");
-  if (f == nullptr) return Status::from_errno(errno, "create", tmp);
-  const std::size_t n = std::fwrite(body.data(), 1, body.size(), f);
-  const int err = errno;
-  if (n != body.size()) {
-    std::fclose(f);
-    std::remove(tmp.c_str());
-    return Status::from_errno(err, "write", tmp);
-  }
-  if (std::fclose(f) != 0) {
-    const int e = errno;
-    std::remove(tmp.c_str());
-    return Status::from_errno(e, "close", tmp);
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    const int e = errno;
-    std::remove(tmp.c_str());
-    return Status::from_errno(e, "rename into place", path);
-  }
-  return Status::ok();
-}
-
 Result<std::string> read_whole_file(const std::string& path) {
   std::FILE* f = std::fopen(path.c_str(), "rb");
   if (f == nullptr) return Status::from_errno(errno, "open text file", path);
@@ -115,7 +92,8 @@ Result<TokenizeFileStats> tokenize_file(const Tokenizer& tokenizer, const std::s
     std::FILE* f;
     ~Closer() { std::fclose(f); }
   } closer{f};
-  TZ_ASSIGN_OR_RETURN(TokenFileWriter writer, TokenFileWriter::create(out_path, stats.version));
+  TZ_ASSIGN_OR_RETURN(TokenFileWriter writer,
+                      TokenFileWriter::create(out_path, stats.version, {text_path}));
   std::vector<BpeCache> caches(static_cast<std::size_t>(threads));
   std::string buf;
   std::uint64_t buf_offset = 0;  // offset in the file of buf[0]
@@ -184,7 +162,7 @@ Result<std::uint64_t> detokenize_file(const Tokenizer& tokenizer, const std::str
   }
   auto text = tokenizer.decode(data.tokens);
   if (!text.is_ok()) return Status::invalid_argument(token_path + ": " + text.status().message());
-  TZ_RETURN_IF_ERROR(write_whole_file(out_path, *text));
+  TZ_RETURN_IF_ERROR(write_output_file("--out", out_path, *text, {token_path}));
   return static_cast<std::uint64_t>(text->size());
 }
 
@@ -414,10 +392,7 @@ Result<std::string> train_byte_level_bpe(const std::vector<std::string>& text_pa
 }
 
 Status write_tokenizer_json(const std::string& dir, const std::string& json) {
-  if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) {
-    return Status::from_errno(errno, "create tokenizer folder", dir);
-  }
-  return write_whole_file(dir + "/tokenizer.json", json);
+  return write_output_file("", dir + "/tokenizer.json", json);
 }
 
 }  // namespace tz::model
