@@ -126,11 +126,6 @@ struct NormAccumulator {
   std::uint64_t nonfinite_count = 0;
 };
 
-// The host's form of Device::sum_squares, for data in host memory (the same fixed order, so its
-// sum is bit-identical to the devices'): acc.sum_squares += the sum, acc.nonfinite_count += the
-// Inf/NaN count.
-void sum_squares_fixed_order(const void* src, DType dtype, std::size_t n, NormAccumulator& acc);
-
 class Device {
  public:
   virtual ~Device() = default;
@@ -197,9 +192,8 @@ class Device {
                       Stream& stream) = 0;
   // data[i] *= factor (computed in fp32, rounded to `dtype`).
   virtual Status scale(void* data, DType dtype, std::size_t n, float factor, Stream& stream) = 0;
-  // acc->sum_squares += sum of x^2 over finite x (accumulated in fp64, in the fixed order of
-  // gpu/elementwise.h, so the result is bit-identical on every backend and run);
-  // acc->nonfinite_count += number of Inf/NaN elements. `acc` points to device memory.
+  // acc->sum_squares += sum of x^2 over finite x (accumulated in fp64); acc->nonfinite_count +=
+  // number of Inf/NaN elements. `acc` points to device memory.
   virtual Status sum_squares(const void* src, DType dtype, std::size_t n, NormAccumulator* acc,
                              Stream& stream) = 0;
   // One optimizer update of a shard (gpu/optimizer_step.h): the per-element functors of

@@ -75,6 +75,13 @@ TZ_HOST_DEVICE inline double norm_lane_tree(double* lanes) {
   return lanes[0];
 }
 
+struct NormAccumulator;  // gpu/device.h
+
+// The host's form of Device::sum_squares (gpu/host_device.cc), for data in host memory, in the same
+// fixed order, so its sum is bit-identical to every device's: acc.sum_squares += the sum,
+// acc.nonfinite_count += the Inf/NaN count.
+void sum_squares_fixed_order(const void* src, DType dtype, std::size_t n, NormAccumulator& acc);
+
 // Calls f(T{}) with T the C++ type of `dtype` (float, bf16 or fp16).
 template <typename F>
 inline void dispatch_dtype(DType dtype, F&& f) {

@@ -28,6 +28,7 @@
 #include "core/log.h"
 #include "cpu/optimizer.h"
 #include "cpu/pinned_pool.h"
+#include "gpu/elementwise.h"
 #include "gpu/host_device.h"
 #include "gpu/pinned_registration.h"
 #include "nvme/io_engine.h"
