@@ -29,12 +29,14 @@
 # Results: $OUT/summary.txt (the table), $OUT/summary.json, $OUT/logs.tar.gz (every log, gtest
 # JSON, metrics); $OUT unset: build/gpu-check/. At most 8 files come back from $OUT: keep it so.
 #
-# Environment: PAYLOAD (default build/gpu-payload), TZ_GPU_NVME (swap folder, default
+# Environment: PAYLOAD (the carried folder, default build/gpu-payload: payload.tar.gz is unpacked
+# under /tmp), TZ_GPU_NVME (swap folder, default
 # /var/tmp/tierzero-gpu-check: a disk with O_DIRECT, not tmpfs), DEADLINE_S (450).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
-PAYLOAD=$(readlink -f "${PAYLOAD:-build/gpu-payload}")
+CARRIED=$(readlink -f "${PAYLOAD:-build/gpu-payload}")  # payload.tar.gz, MANIFEST.txt
+PAYLOAD=$(mktemp -d /tmp/tz-gpu-payload.XXXXXX)             # unpacked: bin/, lib/
 RESULTS=${OUT:-$ROOT/build/gpu-check}
 WORK=$(mktemp -d /tmp/tz-gpu-check.XXXXXX)
 NVME=${TZ_GPU_NVME:-/var/tmp/tierzero-gpu-check}
@@ -94,15 +96,17 @@ cuda_lib_path() {
 
 payload_ok=0
 s=$(date +%s)
+tar -C "$PAYLOAD" -xzf "$CARRIED/payload.tar.gz" 2>"$WORK/unpack.err" || cat "$WORK/unpack.err"
 if [ ! -x "$TZ" ] || [ ! -f "$PAYLOAD/machine-libs.txt" ]; then
-  record payload fail 0 "no payload at $PAYLOAD: run scripts/gpu-payload.sh here and carry build/gpu-payload"
+  record payload fail 0 "no payload in $CARRIED: run scripts/gpu-payload.sh here and carry build/gpu-payload"
 else
-  head -5 "$PAYLOAD/MANIFEST.txt"
+  head -6 "$CARRIED/MANIFEST.txt"
   cuda_dirs=$(cuda_lib_path)
   if [[ $cuda_dirs == *MISSING:* ]]; then
     record payload fail 0 "CUDA libraries not found on this machine: $(echo "$cuda_dirs" | grep -o 'MISSING:[^ ]*' | tr '\n' ' ')"
   else
     export LD_LIBRARY_PATH="$PAYLOAD/lib${cuda_dirs:+:$cuda_dirs}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    export HWLOC_PLUGINS_PATH=$PAYLOAD/lib/hwloc  # empty: no optional hwloc plugins, as verified here
     if ! "$TZ" --version >"$WORK/version.txt" 2>&1; then
       # The machine's libstdc++ (or libgcc_s) is older than the programs need: the payload's.
       export LD_LIBRARY_PATH="$PAYLOAD/lib:$PAYLOAD/lib/fallback:${LD_LIBRARY_PATH#"$PAYLOAD/lib:"}"
@@ -271,7 +275,7 @@ fi
 
 # --- Summary ----------------------------------------------------------------------------------
 say "summary"
-cp "$PAYLOAD/MANIFEST.txt" "$WORK/" 2>/dev/null
+cp "$CARRIED/MANIFEST.txt" "$WORK/" 2>/dev/null
 python3 - "$STEPS" "$RESULTS" "$(elapsed)" "$DEADLINE_S" <<'PY'
 import json, sys
 steps_path, results, secs, deadline = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
@@ -297,6 +301,6 @@ json.dump({"pass": ok, "seconds": secs,
 PY
 verdict=$?
 tar -C "$WORK" -czf "$RESULTS/logs.tar.gz" . 2>/dev/null
-rm -rf "$WORK"
+rm -rf "$WORK" "$PAYLOAD"
 echo "results in $RESULTS (summary.txt, summary.json, logs.tar.gz)"
 grep -q "^verdict: PASS" "$RESULTS/summary.txt" && [ "$verdict" -eq 0 ]

@@ -92,11 +92,15 @@ tree_bytes() {
     xargs -0 -r stat -c %s -- 2>/dev/null | awk '{s += $1} END {print s + 0}'
 }
 
+# verify PAYLOAD_DIR CUDA_DIRS...: unpacks PAYLOAD_DIR/payload.tar.gz as gpu-check.sh does and
+# runs the programs from there.
 verify() {
-  local payload=$1; shift
+  local archive=$1/payload.tar.gz; shift
   local -a cuda_dirs=("$@")
-  [ -x "$payload/bin/tierzero" ] || die "verify: no $payload/bin/tierzero"
-  payload=$(readlink -f "$payload")
+  [ -f "$archive" ] || die "verify: no $archive"
+  local payload; payload=$(mktemp -d)
+  tar -C "$payload" -xzf "$archive"
+  [ -x "$payload/bin/tierzero" ] || die "verify: no bin/tierzero in $archive"
   local libpath="$payload/lib:$payload/lib/fallback" d
   for d in "${cuda_dirs[@]}"; do libpath+=":$(readlink -f "$d")"; done
   local tmp; tmp=$(mktemp -d)
@@ -108,6 +112,7 @@ verify() {
     rm -f "$tmp"/ld.*
     local rc=0
     env -i PATH=/usr/bin:/bin HOME="$tmp" TZ_LOG_LEVEL=warn LD_LIBRARY_PATH="$libpath" \
+      HWLOC_PLUGINS_PATH="$payload/lib/hwloc" \
       LD_DEBUG=libs LD_DEBUG_OUTPUT="$tmp/ld" "$payload/bin/$name" "$@" >"$tmp/out" 2>&1 || rc=$?
     local loaded; loaded=$(sed -n 's/.*calling init: //p' "$tmp"/ld.* 2>/dev/null | sort -u)
     local bad="" path base
@@ -131,7 +136,7 @@ verify() {
   run_isolated tierzero info
   run_isolated tz_gpu_cuda_tests --gtest_list_tests
   run_isolated tz_ops_cuda_tests --gtest_list_tests
-  rm -rf "$tmp"
+  rm -rf "$tmp" "$payload"
   [ "$failed" -eq 0 ] || die "verify failed: a library the GPU machine lacks is missing from the payload"
   echo "verify: all programs ran with only the payload, the C library and CUDA's libraries"
 }
@@ -162,8 +167,12 @@ fi
 if [ "$(cache_value "$BUILD" TZ_CUDA)" != ON ]; then
   echo "gpu-payload: skipped: $BUILD was configured without CUDA (TZ_CUDA=OFF: no nvcc)"; exit 77
 fi
-ARCHS=$(cache_value "$BUILD" CMAKE_CUDA_ARCHITECTURES)
-[[ ";$ARCHS;" =~ \;90[a-z-]*\; ]] || die "$BUILD targets CUDA architectures '$ARCHS': the H200 needs 90 (sm_90)"
+# The machine code the build generates (nvcc's -gencode flags): sm_90 is the H200's.
+ARCHS=$(cat "$BUILD/build.ninja" "$BUILD"/CMakeFiles/*.dir/flags.make 2>/dev/null |
+        grep -o 'code=\[[^]]*\]' | grep -o 'sm_[0-9a-z]*' | sort -u | tr '\n' ' ' || true)
+[[ " $ARCHS" == *" sm_90"* ]] || die "$BUILD generates machine code for '$ARCHS': the H200 needs sm_90"
+NVCC_VERSION=$(sed -n 's/^set(CMAKE_CUDA_COMPILER_VERSION "\(.*\)")/\1/p' \
+               "$BUILD"/CMakeFiles/*/CMakeCUDACompiler.cmake 2>/dev/null | head -1 || true)
 declare -A SRC=([tierzero]=src/cli/tierzero [tz_gpu_cuda_tests]=tests/gpu/tz_gpu_cuda_tests
                 [tz_ops_cuda_tests]=tests/gpu/tz_ops_cuda_tests)
 for p in "${PROGRAMS[@]}"; do
@@ -171,10 +180,14 @@ for p in "${PROGRAMS[@]}"; do
 done
 
 # --- The payload --------------------------------------------------------------------------------
+STAGE=$(mktemp -d)
+trap 'rm -rf "$STAGE"' EXIT
 rm -rf "$OUT"
-mkdir -p "$OUT/bin" "$OUT/lib/fallback"
+# lib/hwloc/ stays empty: hwloc's optional plugins (pci, gl, opencl, xml) are not shipped, and
+# HWLOC_PLUGINS_PATH points there in --verify and on the GPU machine, so both load none.
+mkdir -p "$OUT" "$STAGE/bin" "$STAGE/lib/fallback" "$STAGE/lib/hwloc"
 for p in "${PROGRAMS[@]}"; do
-  strip --strip-all -o "$OUT/bin/$p" "$BUILD/${SRC[$p]}"
+  strip --strip-all -o "$STAGE/bin/$p" "$BUILD/${SRC[$p]}"
 done
 : >"$OUT/machine-libs.txt"
 declare -A SEEN=()
@@ -194,37 +207,42 @@ for p in "${PROGRAMS[@]}"; do
     elif [[ $soname =~ $CUDA_LIBRARY_RE ]]; then
       echo "$soname" >>"$OUT/machine-libs.txt"
     elif [[ $soname =~ $FALLBACK_RE ]]; then
-      cp -L "$path" "$OUT/lib/fallback/$soname"
+      cp -L "$path" "$STAGE/lib/fallback/$soname"
     else
-      cp -L "$path" "$OUT/lib/$soname"
+      cp -L "$path" "$STAGE/lib/$soname"
     fi
   done < <(ldd "$BUILD/${SRC[$p]}")
 done
 sort -u -o "$OUT/machine-libs.txt" "$OUT/machine-libs.txt"
 
-glibc_needed=$(objdump -T "$OUT"/bin/* "$OUT"/lib/*.so* 2>/dev/null | grep -o 'GLIBC_[0-9.]*' |
+glibc_needed=$(objdump -T "$STAGE"/bin/* "$STAGE"/lib/*.so* 2>/dev/null | grep -o 'GLIBC_[0-9.]*' |
                sort -Vu | tail -1)
-glibcxx_needed=$(objdump -T "$OUT"/bin/* "$OUT"/lib/*.so* 2>/dev/null | grep -o 'GLIBCXX_[0-9.]*' |
+glibcxx_needed=$(objdump -T "$STAGE"/bin/* "$STAGE"/lib/*.so* 2>/dev/null | grep -o 'GLIBCXX_[0-9.]*' |
                  sort -Vu | tail -1)
 {
   echo "tierzero GPU payload"
   echo "commit: $(git rev-parse HEAD)$(git diff --quiet HEAD -- 2>/dev/null || echo ' (with uncommitted changes)')"
   echo "built: $(date -u +%FT%TZ) on $(uname -m), from $BUILD"
-  echo "cuda architectures: $ARCHS; nvcc: $(cache_value "$BUILD" CMAKE_CUDA_COMPILER_VERSION)"
+  echo "cuda machine code: $ARCHS; nvcc: $NVCC_VERSION"
   echo "TZ_MPI=$(cache_value "$BUILD" TZ_MPI) TZ_NCCL=$(cache_value "$BUILD" TZ_NCCL)"
   echo "needs from the machine: glibc >= ${glibc_needed#GLIBC_}, libstdc++ with ${glibcxx_needed:-none} (else lib/fallback/), and: $(tr '\n' ' ' <"$OUT/machine-libs.txt")"
   echo
-  (cd "$OUT" && find bin lib -type f -printf '%s\t%p\n' | sort -k2 |
+  (cd "$STAGE" && find bin lib -type f -printf '%s\t%p\n' | sort -k2 |
      while IFS=$'\t' read -r size f; do printf '%10d  %s  %s\n' "$size" "$(sha256sum "$f" | cut -c1-16)" "$f"; done)
 } >"$OUT/MANIFEST.txt"
 
+cp "$OUT/machine-libs.txt" "$STAGE/"
+# One gzip'ed tar (gzip is on every machine): OpenBLAS alone is 36 MiB unpacked, 21 MiB packed
+# with everything else.
+tar -C "$STAGE" -czf "$OUT/payload.tar.gz" bin lib machine-libs.txt
 payload_bytes=$(du -sb "$OUT" | cut -f1)
 tree=$(tree_bytes)
 total=$(( payload_bytes + tree ))
 limit=$(( MAX_MIB * 1024 * 1024 ))
 mib() { awk -v b="$1" 'BEGIN {printf "%.1f", b / 1048576}'; }
-echo "payload $OUT: $(mib "$payload_bytes") MiB ($(find "$OUT/lib" -maxdepth 1 -type f | wc -l)" \
-     "libraries, $(find "$OUT/lib/fallback" -type f | wc -l) fallback); tree $(mib "$tree") MiB;" \
+echo "payload $OUT: $(mib "$payload_bytes") MiB packed, $(mib "$(du -sb "$STAGE" | cut -f1)") MiB" \
+     "unpacked ($(find "$STAGE/lib" -maxdepth 1 -type f | wc -l) libraries, $(find "$STAGE/lib/fallback" -type f | wc -l)" \
+     "fallback); tree $(mib "$tree") MiB;" \
      "together $(mib "$total") MiB of $MAX_MIB MiB allowed"
 echo "from the GPU machine: $(tr '\n' ' ' <"$OUT/machine-libs.txt")(glibc >= ${glibc_needed#GLIBC_})"
 [ "$total" -le "$limit" ] || die "payload + tree = $total B > $MAX_MIB MiB: too large to carry"
