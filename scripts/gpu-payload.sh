@@ -88,8 +88,12 @@ default_cuda_lib_dirs() {
 # Bytes of what the device tool sends besides carried paths: tracked files and untracked files
 # that git does not ignore.
 tree_bytes() {
-  { git ls-files -z --cached; git ls-files -z --others --exclude-standard; } |
-    xargs -0 -r stat -c %s -- 2>/dev/null | awk '{s += $1} END {print s + 0}'
+  if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then
+    { git ls-files -z --cached; git ls-files -z --others --exclude-standard; } |
+      xargs -0 -r stat -c %s -- 2>/dev/null | awk '{s += $1} END {print s + 0}' || true
+  else  # not a git checkout: everything but build trees
+    du -sb --exclude='./build*' --exclude=./.git . | cut -f1
+  fi
 }
 
 # verify PAYLOAD_DIR CUDA_DIRS...: unpacks PAYLOAD_DIR/payload.tar.gz as gpu-check.sh does and
