@@ -1,142 +1,306 @@
 #!/usr/bin/env bash
-# GPU check: on a machine with an NVIDIA GPU, configures and builds tierzero with CUDA, runs the
-# tests labelled `gpu` (CudaDevice conformance, kernels vs CPU references, NcclComm), then
-# `tierzero bench copy` and `tierzero bench comm` on the GPU, and prints a short summary table
-# last. Meant to finish in one call of under 8 minutes: only the needed targets are built, with
-# every core. Results (JSON lines and logs) go to $OUT if set, else build/gpu-check/results.
+# gpu-check.sh: the verdict of one call on the borrowed GPU machine (one H200, 16 cores, nvcc 13,
+# PyTorch's venv with the nvidia-* wheels; no package registry). Nothing is built there: the
+# programs and the libraries the machine lacks travel as the payload that scripts/gpu-payload.sh
+# makes here, and CUDA's own libraries (cudart, cuBLAS, NCCL) are found on the machine.
 #
-#   scripts/gpu-check.sh            # BUILD_DIR=build/gpu-check, CUDA_ARCHS="80;90"
-#   CUDA_ARCHS=native scripts/gpu-check.sh
+# WHAT TO SEND AND RUN (device tool), after `scripts/gpu-payload.sh` here has printed its size:
+#     run(command="scripts/gpu-check.sh", carry=["build/gpu-payload"], timeout_s=540)
+# The tree travels with it (the configs under configs/train/ are read from it). One command,
+# under 8 minutes: DEADLINE_S=450 for the checks, whose caps add up to 435 s (payload 30, gpu
+# tests 60, ops tests 90, bench copy 30, bench ops 45, train cpu 75, train gpu 45, speed 60).
+#
+# What it checks, each a row of the summary; the exit status is 0 only when every row passed:
+#   payload        the three programs start with the machine's libraries (libstdc++ from the
+#                  payload's fallback only if the machine's is too old); `tierzero info` runs
+#   gpu tests      tz_gpu_cuda_tests: CudaDevice conformance, the kernels bit for bit, NcclComm
+#   ops tests      tz_ops_cuda_tests: every ops/ CUDA kernel and cuBLAS against the CPU backend
+#                  (a missing program, a failed, or a SKIPPED test fails the row: no passing by
+#                  skipping)
+#   bench copy     host<->device bandwidth on cuda (the result must name a cuda device)
+#   bench ops      every kernel on cuda, bf16; each must pass its own check against the CPU
+#   train cpu/gpu  gpt2-124m, 3 steps, fp32, stage 3, parameters and optimizer states on NVMe,
+#                  once on the CPU (TZ_DEVICE=host) and once on the GPU (TZ_DEVICE=cuda: no
+#                  silent fallback to HostDevice, a failure to open the GPU fails); each step's
+#                  loss on the GPU within 1e-3 (relative) of the CPU's
+#   train speed    gpt2-124m, bf16, seq 1024, NVMe offload, on cuda: tokens/s and model TFLOPS
+#                  ((6 N + 12 L T d) FLOP per token), reported, not judged
+#   llama-3.2-1b   PENDING: added when the open-models issue lands (a marked place below)
+# Results: $OUT/summary.txt (the table), $OUT/summary.json, $OUT/logs.tar.gz (every log, gtest
+# JSON, metrics); $OUT unset: build/gpu-check/. At most 8 files come back from $OUT: keep it so.
+#
+# Environment: PAYLOAD (the carried folder, default build/gpu-payload: payload.tar.gz is unpacked
+# under /tmp), TZ_GPU_NVME (swap folder, default
+# /var/tmp/tierzero-gpu-check: a disk with O_DIRECT, not tmpfs), DEADLINE_S (450).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-
-BUILD_DIR=${BUILD_DIR:-build/gpu-check}
-RESULTS=${OUT:-$BUILD_DIR/results}
-CUDA_ARCHS=${CUDA_ARCHS:-80;90}
-COPY_SIZE=${COPY_SIZE:-1G}
-JOBS=$(nproc)
-mkdir -p "$RESULTS"
+ROOT=$PWD
+CARRIED=$(readlink -f "${PAYLOAD:-build/gpu-payload}")  # payload.tar.gz, MANIFEST.txt
+PAYLOAD=$(mktemp -d /tmp/tz-gpu-payload.XXXXXX)             # unpacked: bin/, lib/
+RESULTS=${OUT:-$ROOT/build/gpu-check}
+WORK=$(mktemp -d /tmp/tz-gpu-check.XXXXXX)
+NVME=${TZ_GPU_NVME:-/var/tmp/tierzero-gpu-check}
+DEADLINE_S=${DEADLINE_S:-450}
+mkdir -p "$RESULTS" "$NVME"
 t0=$(date +%s)
-DEADLINE_S=${DEADLINE_S:-450}  # everything, summary included, stays under 8 minutes
-step() { echo "=== [$(( $(date +%s) - t0 ))s] $*"; }
-# Seconds a step may take: its own cap, or what is left before the deadline (at least 5).
-budget() { local left=$(( DEADLINE_S - ($(date +%s) - t0) )); [ "$left" -lt "$1" ] && echo $(( left > 5 ? left : 5 )) || echo "$1"; }
-status_build=fail status_tests=fail status_copy=skip status_comm=skip
+STEPS=$WORK/steps.tsv
+: >"$STEPS"
 
-step "machine"
+elapsed() { echo $(( $(date +%s) - t0 )); }
+say() { echo "=== [$(elapsed)s] $*"; }
+# Seconds a step may take: its cap, or what is left before the deadline (at least 5).
+budget() {
+  local left=$(( DEADLINE_S - $(elapsed) ))
+  if [ "$left" -lt "$1" ]; then echo $(( left > 5 ? left : 5 )); else echo "$1"; fi
+}
+# record NAME pass|fail SECONDS NOTE: one row of the summary.
+record() { printf '%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$4" >>"$STEPS"; echo "--- $1: $2 ($3 s) $4"; }
+
+# --- The machine and the payload --------------------------------------------------------------
+say "machine"
 date -u
-nvidia-smi --query-gpu=index,name,memory.total,driver_version,pci.bus_id --format=csv,noheader \
-  2>&1 | tee "$RESULTS/nvidia-smi.txt" || echo "nvidia-smi not available"
-NVCC=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
-"$NVCC" --version | tail -1 || { echo "no nvcc: cannot build the CUDA backend"; exit 1; }
-NGPU=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
-NGPU=${NGPU:-0}
+nvidia-smi --query-gpu=index,name,memory.total,driver_version,compute_cap --format=csv,noheader \
+  >"$WORK/nvidia-smi.txt" 2>&1 || echo "nvidia-smi failed" >>"$WORK/nvidia-smi.txt"
+cat "$WORK/nvidia-smi.txt"
+(ldd --version | head -1; uname -a; nproc; python3 --version) >"$WORK/machine.txt" 2>&1
+TZ=$PAYLOAD/bin/tierzero
 
-step "configure (CUDA archs $CUDA_ARCHS)"
-GEN=(-G Ninja)
-command -v ninja >/dev/null || GEN=(-G "Unix Makefiles")
-# One CUDA runtime (the shared one) for every target, as CUDA::cudart is.
-cmake -S . -B "$BUILD_DIR" "${GEN[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTZ_CUDA=ON \
-  -DCMAKE_CUDA_COMPILER="$NVCC" "-DCMAKE_CUDA_ARCHITECTURES=$CUDA_ARCHS" \
-  -DCMAKE_CUDA_RUNTIME_LIBRARY=Shared > "$RESULTS/configure.log" 2>&1 \
-  || { tail -30 "$RESULTS/configure.log"; exit 1; }
-grep "tierzero: TZ_CUDA" "$RESULTS/configure.log"
-
-step "build (-j$JOBS): gpu tests, then tierzero"
-if timeout "$(budget 300)" cmake --build "$BUILD_DIR" -j"$JOBS" --target tz_gpu_cuda_tests tz_ops_cuda_tests \
-     > "$RESULTS/build-tests.log" 2>&1; then
-  status_build=ok
-else
-  tail -40 "$RESULTS/build-tests.log"
-fi
-have_cli=no
-if timeout "$(budget 150)" cmake --build "$BUILD_DIR" -j"$JOBS" --target tierzero > "$RESULTS/build-cli.log" 2>&1; then
-  have_cli=yes
-else
-  echo "tierzero did not build (benchmarks skipped):"; tail -20 "$RESULTS/build-cli.log"
-fi
-
-if [ "$status_build" = ok ]; then
-  step "tests labelled gpu"
-  if timeout "$(budget 120)" ctest --test-dir "$BUILD_DIR" -L gpu --output-on-failure \
-       > "$RESULTS/ctest-gpu.log" 2>&1; then
-    status_tests=ok
-  fi
-  tail -15 "$RESULTS/ctest-gpu.log"
-  grep -h "SKIPPED\|skipped:" "$RESULTS/ctest-gpu.log" | head -5
-  # The gpu binary itself, for the per-test skip/pass lines.
-  timeout "$(budget 60)" "$BUILD_DIR/tests/gpu/tz_gpu_cuda_tests" \
-    > "$RESULTS/gpu-tests-detail.log" 2>&1 || true
-  grep -E "^\[  (PASSED|FAILED|SKIPPED) " "$RESULTS/gpu-tests-detail.log" | head -20
-  if [ "$NGPU" -gt 1 ] && command -v mpirun >/dev/null; then
-    step "NcclComm across $NGPU GPUs (mpirun)"
-    if timeout "$(budget 90)" mpirun --allow-run-as-root -np "$NGPU" \
-         "$BUILD_DIR/tests/gpu/tz_gpu_cuda_tests" --gtest_filter='NcclComm.*' \
-         > "$RESULTS/nccl-multi.log" 2>&1; then
-      echo "NcclComm with $NGPU ranks: ok"
+# CUDA's libraries from the machine: each soname of machine-libs.txt from the dynamic linker's
+# cache, else from the CUDA toolkit, else from the nvidia-* wheels of python3's venv.
+cuda_lib_path() {
+  local dirs=() soname found d
+  local candidates=(/usr/local/cuda/lib64 /usr/local/cuda/lib /usr/local/cuda/targets/x86_64-linux/lib)
+  local wheels
+  wheels=$(python3 -c 'import nvidia, os; print("\n".join(os.path.realpath(p) for p in nvidia.__path__))' 2>/dev/null)
+  while read -r soname; do
+    [ -z "$soname" ] && continue
+    [ "$soname" = libcuda.so.1 ] && continue  # the driver: the loader's business
+    if ldconfig -p 2>/dev/null | grep -q "^[[:space:]]*$soname "; then continue; fi
+    found=""
+    for d in "${candidates[@]}"; do
+      [ -e "$d/$soname" ] && { found=$d; break; }
+    done
+    if [ -z "$found" ] && [ -n "$wheels" ]; then
+      found=$(find $wheels -name "$soname" -print -quit 2>/dev/null)
+      [ -n "$found" ] && found=$(dirname "$found")
+    fi
+    if [ -z "$found" ]; then
+      echo "MISSING:$soname"
     else
-      status_tests=fail; tail -20 "$RESULTS/nccl-multi.log"
+      dirs+=("$found")
+    fi
+  done <"$PAYLOAD/machine-libs.txt"
+  local IFS=:
+  echo "${dirs[*]}"
+}
+
+payload_ok=0
+s=$(date +%s)
+tar -C "$PAYLOAD" -xzf "$CARRIED/payload.tar.gz" 2>"$WORK/unpack.err" || cat "$WORK/unpack.err"
+if [ ! -x "$TZ" ] || [ ! -f "$PAYLOAD/machine-libs.txt" ]; then
+  record payload fail 0 "no payload in $CARRIED: run scripts/gpu-payload.sh here and carry build/gpu-payload"
+else
+  head -6 "$CARRIED/MANIFEST.txt"
+  cuda_dirs=$(cuda_lib_path)
+  if [[ $cuda_dirs == *MISSING:* ]]; then
+    record payload fail 0 "CUDA libraries not found on this machine: $(echo "$cuda_dirs" | grep -o 'MISSING:[^ ]*' | tr '\n' ' ')"
+  else
+    export LD_LIBRARY_PATH="$PAYLOAD/lib${cuda_dirs:+:$cuda_dirs}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    export HWLOC_PLUGINS_PATH=$PAYLOAD/lib/hwloc  # empty: no optional hwloc plugins, as verified here
+    if ! "$TZ" --version >"$WORK/version.txt" 2>&1; then
+      # The machine's libstdc++ (or libgcc_s) is older than the programs need: the payload's.
+      export LD_LIBRARY_PATH="$PAYLOAD/lib:$PAYLOAD/lib/fallback:${LD_LIBRARY_PATH#"$PAYLOAD/lib:"}"
+      echo "using the payload's libstdc++ ($(tr '\n' ' ' <"$WORK/version.txt"))"
+    fi
+    echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH" | tee "$WORK/ld-library-path.txt"
+    if "$TZ" --version >"$WORK/version.txt" 2>&1 &&
+       timeout 30 "$TZ" info --path "$NVME" >"$WORK/info.txt" 2>&1; then
+      payload_ok=1
+      record payload pass $(( $(date +%s) - s )) "$(head -1 "$WORK/version.txt")"
+      grep -i -E "gpu|cuda|nccl|o_direct" "$WORK/info.txt" | head -12
+    else
+      record payload fail $(( $(date +%s) - s )) "tierzero does not start: $(tail -2 "$WORK/version.txt" "$WORK/info.txt" 2>/dev/null | tr '\n' ' ')"
     fi
   fi
 fi
 
-TZ=$BUILD_DIR/src/cli/tierzero
-if [ "$have_cli" = yes ]; then
-  step "bench copy (cuda, $COPY_SIZE)"
-  if timeout "$(budget 60)" "$TZ" bench copy --device cuda --size "$COPY_SIZE" --repeats 5 --json \
-       > "$RESULTS/bench-copy.jsonl" 2> "$RESULTS/bench-copy.err"; then
-    status_copy=ok
-  else
-    status_copy=fail; cat "$RESULTS/bench-copy.err"
+# --- The CUDA test programs: run, nothing failed, nothing skipped -----------------------------
+# gtest_row NAME PROGRAM CAP
+gtest_row() {
+  local name=$1 prog=$2 cap=$3 s rc=0 verdict note
+  s=$(date +%s)
+  if [ ! -x "$PAYLOAD/bin/$prog" ]; then
+    record "$name" fail 0 "$prog is not in the payload (not built)"; return
   fi
-  step "bench comm (nccl, $NGPU GPU(s))"
-  comm_cmd=("$TZ" bench comm --device cuda --backend nccl --min-bytes 1M --max-bytes 1G --factor 8
-            --iters 20 --repeats 3 --json)
-  if [ "$NGPU" -gt 1 ] && command -v mpirun >/dev/null; then
-    comm_cmd=(mpirun --allow-run-as-root -np "$NGPU" "${comm_cmd[@]}")
-  fi
-  if timeout "$(budget 90)" "${comm_cmd[@]}" > "$RESULTS/bench-comm.jsonl" 2> "$RESULTS/bench-comm.err"; then
-    status_comm=ok
-  else
-    status_comm=fail; tail -20 "$RESULTS/bench-comm.err"
-  fi
-  # The kernels (their CUDA-vs-CPU tests ran with -L gpu above) and the model on the GPU: bench ops
-  # in bf16, gpt2-124m for 20 steps without offload, gpt2-1.5b with both offloads on NVMe.
-  step "bench ops (cuda, bf16)"
-  timeout "$(budget 90)" "$TZ" bench ops --device cuda --dtype bf16 --repeat 5 --json \
-    > "$RESULTS/bench-ops.jsonl" 2> "$RESULTS/bench-ops.err" || tail -20 "$RESULTS/bench-ops.err"
-  step "train gpt2-124m, 20 steps, no offload"
-  timeout "$(budget 120)" "$TZ" train --config configs/train/gpu_bf16.json --model gpt2-124m \
-    --steps 20 --seq 1024 --json > "$RESULTS/train-124m.json" 2> "$RESULTS/train-124m.err" \
-    || tail -20 "$RESULTS/train-124m.err"
-  step "train gpt2-1.5b, 5 steps, parameters and optimizer on NVMe"
-  timeout "$(budget 180)" "$TZ" train --config configs/good/ds_zero3_nvme_offload.json --model gpt2-1.5b \
-    --steps 5 --seq 1024 --nvme-path "${TZ_GPU_NVME:-/tmp}" --json \
-    > "$RESULTS/train-1.5b.json" 2> "$RESULTS/train-1.5b.err" || tail -20 "$RESULTS/train-1.5b.err"
+  say "$name: $prog"
+  timeout "$(budget "$cap")" "$PAYLOAD/bin/$prog" --gtest_output="json:$WORK/$prog.json" \
+    >"$WORK/$prog.log" 2>&1 || rc=$?
+  note=$(python3 - "$WORK/$prog.json" "$rc" <<'PY'
+import json, sys
+path, rc = sys.argv[1], int(sys.argv[2])
+try:
+    d = json.load(open(path))
+except Exception as e:
+    print(f"fail\texit {rc}, no gtest report ({'timed out' if rc in (124, 137) else e})"); sys.exit()
+ran, failed, skipped = 0, [], []
+for suite in d.get("testsuites", []):
+    for t in suite.get("testsuite", []):
+        name = f"{suite['name']}.{t['name']}"
+        if t.get("status") == "NOTRUN":
+            continue
+        ran += 1
+        if t.get("failures"):
+            failed.append(name)
+        elif t.get("result") == "SKIPPED":
+            skipped.append(name)
+ok = rc == 0 and ran > 0 and not failed and not skipped
+note = f"{ran} tests, {len(failed)} failed, {len(skipped)} skipped"
+if failed: note += "; failed: " + " ".join(failed[:6])
+if skipped: note += "; skipped (a failure here): " + " ".join(skipped[:6])
+if rc != 0 and not failed: note += f"; exit {rc}"
+print(("pass" if ok else "fail") + "\t" + note)
+PY
+)
+  verdict=${note%%$'\t'*}
+  record "$name" "$verdict" $(( $(date +%s) - s )) "${note#*$'\t'}"
+  [ "$verdict" = pass ] || grep -E "^\[  (FAILED|SKIPPED) |Failure|error" "$WORK/$prog.log" | head -20
+}
+
+if [ "$payload_ok" = 1 ]; then
+  gtest_row "gpu tests" tz_gpu_cuda_tests 60
+  gtest_row "ops tests" tz_ops_cuda_tests 90
+
+  # --- Benchmarks on the GPU ----------------------------------------------------------------
+  say "bench copy (cuda, 1G)"
+  s=$(date +%s); rc=0
+  timeout "$(budget 30)" "$TZ" bench copy --device cuda --size 1G --repeats 5 --json \
+    >"$WORK/bench-copy.jsonl" 2>"$WORK/bench-copy.err" || rc=$?
+  note=$(python3 - "$WORK/bench-copy.jsonl" "$rc" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
+rc = int(sys.argv[2])
+ok = rc == 0 and rows and all("cuda:" in r["device"] for r in rows)
+best = {f"{r['direction']}/{r['host_memory']}": r["median_gbps"] for r in rows}
+print(("pass" if ok else "fail") + "\t" + (f"exit {rc}; " if rc else "") +
+      (rows[0]["device"] + ": " if rows else "no results") +
+      ", ".join(f"{k} {v:.1f} GB/s" for k, v in best.items()))
+PY
+)
+  record "bench copy" "${note%%$'\t'*}" $(( $(date +%s) - s )) "${note#*$'\t'}"
+
+  say "bench ops (cuda, bf16)"
+  s=$(date +%s); rc=0
+  timeout "$(budget 45)" "$TZ" bench ops --device cuda --dtype bf16 --repeat 5 --json \
+    >"$WORK/bench-ops.jsonl" 2>"$WORK/bench-ops.err" || rc=$?
+  note=$(python3 - "$WORK/bench-ops.jsonl" "$rc" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
+rc = int(sys.argv[2])
+bad = [f"{r['op']}/{r.get('pass')}" for r in rows if r.get("pass") is False]
+cuda = rows and all(str(r["backend"]).startswith("cuda") for r in rows)
+ok = rc == 0 and rows and cuda and not bad
+gemm = [r for r in rows if "fraction_of_peak" in r]
+peak = max((r.get("peak_gflops", 0) for r in gemm), default=0)
+print(("pass" if ok else "fail") + "\t" + (f"exit {rc}; " if rc else "") +
+      f"{len(rows)} kernels on {rows[0]['backend'] if rows else '?'}" +
+      (f"; failed checks: {' '.join(bad)}" if bad else "") +
+      (f"; same-run GEMM {peak / 1e3:.0f} TFLOP/s" if peak else ""))
+PY
+)
+  record "bench ops" "${note%%$'\t'*}" $(( $(date +%s) - s )) "${note#*$'\t'}"
+
+  # --- Training: the same steps on the CPU and on the GPU, both offloads on NVMe --------------
+  # train_run NAME DEVICE CAP CONFIG SEQ STEPS: sets TRAIN_RC and TRAIN_SECS.
+  train_run() {
+    local name=$1 device=$2 cap=$3 config=$4 seq=$5 steps=$6 rc=0 s
+    s=$(date +%s)
+    say "train $name: gpt2-124m on $device, $config, seq $seq, $steps steps, NVMe at $NVME"
+    rm -rf "${NVME:?}/$name"; mkdir -p "$NVME/$name"
+    TZ_DEVICE=$device timeout "$(budget "$cap")" "$TZ" train --config "configs/train/$config" \
+      --model gpt2-124m --seq "$seq" --steps "$steps" --seed 1234 --nvme-path "$NVME/$name" \
+      --metrics "$WORK/train-$name.jsonl" --json >"$WORK/train-$name.json" 2>"$WORK/train-$name.err" ||
+      rc=$?
+    rm -rf "${NVME:?}/$name"
+    [ "$rc" -eq 0 ] || tail -5 "$WORK/train-$name.err"
+    TRAIN_RC=$rc
+    TRAIN_SECS=$(( $(date +%s) - s ))
+  }
+  train_run cpu host 75 gpu_check_nvme_fp32.json 256 3
+  rc_cpu=$TRAIN_RC secs_cpu=$TRAIN_SECS
+  train_run gpu cuda 45 gpu_check_nvme_fp32.json 256 3
+  rc_gpu=$TRAIN_RC secs_gpu=$TRAIN_SECS
+  note=$(python3 - "$WORK" "$rc_cpu" "$rc_gpu" <<'PY'
+import json, sys, pathlib
+w, rc_cpu, rc_gpu = pathlib.Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+def losses(name):
+    p = w / f"train-{name}.jsonl"
+    return [json.loads(l)["loss"] for l in p.read_text().splitlines() if l.startswith("{")] if p.exists() else []
+cpu, gpu = losses("cpu"), losses("gpu")
+if rc_cpu or rc_gpu or len(cpu) != 3 or len(gpu) != 3:
+    err = (w / "train-gpu.err").read_text().strip().splitlines()[-1:] if rc_gpu else []
+    print(f"fail\texit cpu {rc_cpu} gpu {rc_gpu}, steps cpu {len(cpu)} gpu {len(gpu)} {' '.join(err)}")
+    sys.exit()
+rel = [abs(g - c) / abs(c) for c, g in zip(cpu, gpu)]
+ok = max(rel) <= 1e-3
+print(("pass" if ok else "fail") + "\tlosses cpu " + " ".join(f"{x:.5f}" for x in cpu) +
+      " | gpu " + " ".join(f"{x:.5f}" for x in gpu) + f" | max rel diff {max(rel):.1e} (limit 1e-3)")
+PY
+)
+  record "train cpu vs gpu" "${note%%$'\t'*}" $(( secs_cpu + secs_gpu )) "${note#*$'\t'}"
+
+  train_run speed cuda 60 gpu_check_nvme_bf16.json 1024 6
+  rc_speed=$TRAIN_RC secs_speed=$TRAIN_SECS
+  note=$(python3 - "$WORK/train-speed.json" "$rc_speed" <<'PY'
+import json, sys
+rc = int(sys.argv[2])
+try:
+    j = json.loads([l for l in open(sys.argv[1]) if l.startswith("{")][-1])
+except Exception:
+    print(f"fail\texit {rc}, no summary"); sys.exit()
+L, d, T = 12, 768, 1024  # gpt2-124m
+flop_per_token = 6 * j["params"] + 12 * L * T * d
+tflops = j["tokens_per_s"] * flop_per_token / 1e12
+ok = rc == 0 and j["steps"] == 6
+print(("pass" if ok else "fail") + f"\t{j['tokens_per_s']:.0f} tokens/s, {tflops:.1f} model TFLOP/s, "
+      f"median step {j['step_s_median']:.3f} s (bound {j['bound_s']:.3f} s), final loss {j['final_loss']:.4f}")
+PY
+)
+  record "train speed" "${note%%$'\t'*}" "$secs_speed" "${note#*$'\t'}"
+
+  # --- llama-3.2-1b: PENDING until the open-models issue lands --------------------------------
+  # Place for: the same CPU-vs-GPU loss comparison and the speed run on `--model llama-3.2-1b`
+  # (parameters and optimizer states on NVMe). No row is faked meanwhile; the summary says so.
+  echo "llama-3.2-1b: pending (the open-models issue has not landed: no such --model yet)"
 fi
 
-step "summary"
-python3 - "$RESULTS" "$status_build" "$status_tests" "$status_copy" "$status_comm" <<'PY' || cat "$RESULTS"/*.jsonl
-import json, pathlib, sys
-res = pathlib.Path(sys.argv[1])
-print(f"build {sys.argv[2]} | gpu tests {sys.argv[3]} | bench copy {sys.argv[4]} | bench comm {sys.argv[5]}")
-def rows(name):
-    p = res / name
-    if not p.exists():
-        return []
-    return [json.loads(l) for l in p.read_text().splitlines() if l.startswith("{")]
-copy = rows("bench-copy.jsonl")
-if copy:
-    print(f"\nbench copy on {copy[0]['device']}, {copy[0]['bytes'] / 2**20:.0f} MiB")
-    print(f"{'dir':6} {'memory':9} {'GB/s':>8} {'min':>8} {'max':>8}")
-    for r in copy:
-        print(f"{r['direction']:6} {r['host_memory']:9} {r['median_gbps']:8.2f} {r['min_gbps']:8.2f} {r['max_gbps']:8.2f}")
-comm = rows("bench-comm.jsonl")
-if comm:
-    print(f"\nbench comm: {comm[0]['backend']}, {comm[0]['ranks']} rank(s), {comm[0]['device']}")
-    print(f"{'op':15} {'bytes':>12} {'time_us':>10} {'algbw':>8} {'busbw':>8}")
-    for r in comm:
-        print(f"{r['op']:15} {r['bytes']:12d} {r['time_us_median']:10.1f} {r['algbw_gbps']:8.2f} {r['busbw_gbps']:8.2f}")
+# --- Summary ----------------------------------------------------------------------------------
+say "summary"
+cp "$CARRIED/MANIFEST.txt" "$WORK/" 2>/dev/null
+python3 - "$STEPS" "$RESULTS" "$(elapsed)" "$DEADLINE_S" <<'PY'
+import json, sys
+steps_path, results, secs, deadline = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+rows = [l.rstrip("\n").split("\t") for l in open(steps_path) if l.strip()]
+expected = ["payload", "gpu tests", "ops tests", "bench copy", "bench ops", "train cpu vs gpu",
+            "train speed"]
+have = {r[0] for r in rows}
+for name in expected:  # a check that never ran is a failure, never a silent gap
+    if name not in have:
+        rows.append([name, "fail", "0", "not run (an earlier check failed)"])
+rows.append(["llama-3.2-1b", "pending", "0", "added when the open-models issue lands"])
+ok = all(r[1] == "pass" for r in rows if r[1] != "pending")
+w = max(len(r[0]) for r in rows)
+lines = [f"{'check':{w}}  {'result':7}  {'s':>4}  details"]
+lines += [f"{r[0]:{w}}  {r[1].upper():7}  {r[2]:>4}  {r[3]}" for r in rows]
+lines.append(f"verdict: {'PASS' if ok else 'FAIL'} ({secs} s of {deadline} s)")
+text = "\n".join(lines)
+print(text)
+open(f"{results}/summary.txt", "w").write(text + "\n")
+json.dump({"pass": ok, "seconds": secs,
+           "checks": [{"check": r[0], "result": r[1], "seconds": int(r[2]), "details": r[3]} for r in rows]},
+          open(f"{results}/summary.json", "w"), indent=1)
 PY
-echo "results in $RESULTS ($(( $(date +%s) - t0 ))s)"
-[ "$status_build" = ok ] && [ "$status_tests" = ok ]
+verdict=$?
+tar -C "$WORK" -czf "$RESULTS/logs.tar.gz" . 2>/dev/null
+rm -rf "$WORK" "$PAYLOAD"
+echo "results in $RESULTS (summary.txt, summary.json, logs.tar.gz)"
+grep -q "^verdict: PASS" "$RESULTS/summary.txt" && [ "$verdict" -eq 0 ]

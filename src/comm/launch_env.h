@@ -1,20 +1,12 @@
-// Rank, world size and local rank as the launcher set them: Open MPI (OMPI_COMM_WORLD_*), MPICH
-// / Intel MPI (PMI_*, MPI_LOCALRANKID), Slurm (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID) or
-// torchrun (RANK, WORLD_SIZE, LOCAL_RANK), first match wins.
+// The launcher's rank, world size and local rank for the communicators: gpu/launch_env.h, the
+// one reader of the launcher variables (the device choice reads the same local rank there).
 #pragma once
 
-#include <string>
+#include "gpu/launch_env.h"
 
 namespace tz::comm {
 
-struct LaunchEnv {
-  int rank = 0;
-  int world_size = 1;
-  int local_rank = 0;
-  // "openmpi", "pmi", "slurm", "torchrun", or "none" (a single process).
-  std::string launcher = "none";
-};
-
-LaunchEnv detect_launch_env();
+using gpu::detect_launch_env;
+using gpu::LaunchEnv;
 
 }  // namespace tz::comm

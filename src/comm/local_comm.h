@@ -14,7 +14,8 @@ class LocalComm {
  public:
   // `world_size` communicators sharing one group; element r is rank r. Give each rank its own
   // thread and its own stream (two ranks on one stream would wait for each other forever), on a
-  // host-accessible device. The communicators may be destroyed in any order once their
+  // host-accessible device; a group of one rank runs on any device (its collectives are copies
+  // on the stream), so one GPU trains without NCCL. The communicators may be destroyed in any order once their
   // operations have completed. kInvalidArgument when world_size < 1.
   static Result<std::vector<std::unique_ptr<Comm>>> create_group(int world_size);
 };

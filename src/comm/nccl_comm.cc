@@ -148,21 +148,24 @@ Result<std::unique_ptr<Comm>> NcclComm::create(gpu::Device& device) {
   int rank = 0;
   int size = 1;
   int local_rank = 0;
-#if defined(TZ_HAVE_MPI)
-  TZ_RETURN_IF_ERROR(ensure_mpi_initialized());
-  TZ_MPI_RETURN_IF_ERROR(MPI_Comm_rank(MPI_COMM_WORLD, &rank));
-  TZ_MPI_RETURN_IF_ERROR(MPI_Comm_size(MPI_COMM_WORLD, &size));
-  if (rank == 0) TZ_NCCL_RETURN_IF_ERROR(ncclGetUniqueId(&id));
-  TZ_MPI_RETURN_IF_ERROR(MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, MPI_COMM_WORLD));
-  local_rank = detect_launch_env().local_rank;
-#else
+  // One process makes its own NCCL id: MPI is initialized only when there are ranks to share it
+  // with, so a single GPU trains without an MPI runtime (the GPU check's machine has none).
   const LaunchEnv env = detect_launch_env();
   if (env.world_size > 1) {
+#if defined(TZ_HAVE_MPI)
+    TZ_RETURN_IF_ERROR(ensure_mpi_initialized());
+    TZ_MPI_RETURN_IF_ERROR(MPI_Comm_rank(MPI_COMM_WORLD, &rank));
+    TZ_MPI_RETURN_IF_ERROR(MPI_Comm_size(MPI_COMM_WORLD, &size));
+    if (rank == 0) TZ_NCCL_RETURN_IF_ERROR(ncclGetUniqueId(&id));
+    TZ_MPI_RETURN_IF_ERROR(MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, MPI_COMM_WORLD));
+    local_rank = env.local_rank;
+#else
     return Status::unavailable("NcclComm: " + std::to_string(env.world_size) +
                                " ranks need MPI to exchange the NCCL id; rebuild with TZ_MPI=ON");
-  }
-  TZ_NCCL_RETURN_IF_ERROR(ncclGetUniqueId(&id));
 #endif
+  } else {
+    TZ_NCCL_RETURN_IF_ERROR(ncclGetUniqueId(&id));
+  }
   TZ_RETURN_IF_ERROR(cuda_check(cudaSetDevice(device.cuda_ordinal()), "cudaSetDevice"));
   TZ_ASSIGN_OR_RETURN(gpu::DeviceBuffer scratch, device.allocate(sizeof(float)));
   ncclComm_t comm = nullptr;

@@ -214,9 +214,10 @@ template <typename Body>
 Status RingComm::enqueue(gpu::Stream& stream, const char* what, Body body) {
   gpu::Device& device = stream.device();
   if (!device.host_accessible()) {
-    return Status::invalid_argument(backend_ + " comm: " + what + " on " + device.name() +
+    return Status::invalid_argument(backend_ + " comm: " + what + " across " +
+                                    std::to_string(world_size()) + " ranks on " + device.name() +
                                     " needs host-accessible buffers (HostDevice); use NcclComm "
-                                    "for CUDA devices");
+                                    "for CUDA devices (one rank needs neither)");
   }
   return device.host_callback(stream, [this, what, body = std::move(body)]() mutable {
     {
@@ -233,6 +234,17 @@ Status RingComm::enqueue(gpu::Stream& stream, const char* what, Body body) {
   });
 }
 
+Status RingComm::single_rank(CollectiveOp op, const void* send, void* recv, std::size_t bytes,
+                             gpu::Stream& stream) {
+  TZ_ASSERT(world_size() == 1);
+  if (bytes > 0 && send != recv) {
+    TZ_RETURN_IF_ERROR(stream.device().copy_async(recv, send, bytes,
+                                                  gpu::CopyKind::kDeviceToDevice, stream));
+  }
+  count(op, 0, 0);
+  return Status::ok();
+}
+
 Status RingComm::async_error() const {
   std::lock_guard lock(error_mu_);
   return first_error_;
@@ -240,18 +252,28 @@ Status RingComm::async_error() const {
 
 Status RingComm::all_gather(const void* send, void* recv, std::size_t count, DType dtype,
                             gpu::Stream& stream) {
+  if (world_size() == 1) {
+    return single_rank(CollectiveOp::kAllGather, send, recv, count * dtype_size(dtype), stream);
+  }
   return enqueue(stream, "all_gather",
                  [=, this] { return run_all_gather(send, recv, count, dtype); });
 }
 
 Status RingComm::reduce_scatter(const void* send, void* recv, std::size_t count, DType dtype,
                                 ReduceOp op, gpu::Stream& stream) {
+  if (world_size() == 1) {  // the sum (and the average) over one rank is its own chunk
+    return single_rank(CollectiveOp::kReduceScatter, send, recv, count * dtype_size(dtype),
+                       stream);
+  }
   return enqueue(stream, "reduce_scatter",
                  [=, this] { return run_reduce_scatter(send, recv, count, dtype, op); });
 }
 
 Status RingComm::all_reduce(const void* send, void* recv, std::size_t count, DType dtype,
                             ReduceOp op, gpu::Stream& stream) {
+  if (world_size() == 1) {
+    return single_rank(CollectiveOp::kAllReduce, send, recv, count * dtype_size(dtype), stream);
+  }
   return enqueue(stream, "all_reduce",
                  [=, this] { return run_all_reduce(send, recv, count, dtype, op); });
 }
@@ -262,11 +284,13 @@ Status RingComm::broadcast(void* buffer, std::size_t count, DType dtype, int roo
     return Status::invalid_argument("broadcast: root " + std::to_string(root) +
                                     " outside [0, " + std::to_string(world_size()) + ")");
   }
+  if (world_size() == 1) return single_rank(CollectiveOp::kBroadcast, buffer, buffer, 0, stream);
   return enqueue(stream, "broadcast",
                  [=, this] { return run_broadcast(buffer, count, dtype, root); });
 }
 
 Status RingComm::barrier(gpu::Stream& stream) {
+  if (world_size() == 1) return single_rank(CollectiveOp::kBarrier, nullptr, nullptr, 0, stream);
   return enqueue(stream, "barrier", [this] { return run_barrier(); });
 }
 

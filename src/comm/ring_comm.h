@@ -85,6 +85,11 @@ class RingComm : public Comm {
   // body's error (if any) becomes async_error() and later bodies are skipped.
   template <typename Body>
   Status enqueue(gpu::Stream& stream, const char* what, Body body);
+  // A world of one rank: the collective is a device-to-device copy of `bytes` from `send` to
+  // `recv` on `stream` (nothing when they are the same buffer or bytes is 0), so it runs on any
+  // device, a GPU's included, with nothing sent or received.
+  Status single_rank(CollectiveOp op, const void* send, void* recv, std::size_t bytes,
+                     gpu::Stream& stream);
   Status sendrecv(CollectiveOp op, const void* send, std::size_t send_bytes, void* recv,
                   std::size_t recv_bytes, std::uint64_t& sent, std::uint64_t& received);
 

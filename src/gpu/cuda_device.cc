@@ -1,8 +1,11 @@
 // CudaDevice: the Device interface on a real GPU. Memory comes from CUDA's stream-ordered
-// allocator (a per-device pool that keeps freed memory cached) under our byte budget; copies run
-// on dedicated non-blocking streams per direction; typed operations are the kernels of
-// kernels.cu. Every CUDA call goes through TZ_CUDA_CHECK. Built without CUDA, only the factory
-// exists and reports "no GPU".
+// allocator, from a pool of the device's own (not the process-wide default pool, which cuBLAS,
+// NCCL and other code share), under our byte budget; the pool keeps at most the budget cached
+// across synchronizations and is trimmed and retried once when the GPU runs out. Copies run on
+// dedicated non-blocking streams per direction; typed operations are the kernels of kernels.cu,
+// each launched through gpu/launch_check.h. Every CUDA call goes through TZ_CUDA_CHECK. A GPU
+// older than the build's oldest target is refused, naming both. Built without CUDA, only the
+// factory exists and reports "no GPU".
 #include <string>
 
 #include "gpu/select.h"
@@ -19,6 +22,7 @@
 #include "core/log.h"
 #include "gpu/cuda_check.h"
 #include "gpu/cuda_kernels.h"
+#include "gpu/launch_check.h"
 
 namespace tz::gpu {
 namespace {
@@ -117,6 +121,8 @@ class CudaDevice final : public Device {
     TZ_CUDA_RETURN_IF_ERROR(cudaSetDevice(chosen));
     cudaDeviceProp prop{};
     TZ_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, chosen));
+    TZ_RETURN_IF_ERROR(check_compute_capability(prop.name, chosen, prop.major, prop.minor,
+                                                build_min_compute_capability()));
     int pools_supported = 0;
     TZ_CUDA_RETURN_IF_ERROR(
         cudaDeviceGetAttribute(&pools_supported, cudaDevAttrMemoryPoolsSupported, chosen));
@@ -127,12 +133,18 @@ class CudaDevice final : public Device {
     std::size_t free_bytes = 0;
     std::size_t total_bytes = 0;
     TZ_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free_bytes, &total_bytes));
-    if (budget_bytes == 0) budget_bytes = free_bytes / 100 * 95;
+    if (budget_bytes == 0) budget_bytes = default_cuda_budget_bytes(free_bytes);
 
     std::unique_ptr<CudaDevice> device(new CudaDevice(chosen, budget_bytes, prop.name));
-    // Keep freed memory in the pool instead of returning it to the driver at each sync.
-    TZ_CUDA_RETURN_IF_ERROR(cudaDeviceGetDefaultMemPool(&device->pool_, chosen));
-    std::uint64_t threshold = UINT64_MAX;
+    // The device's own pool: its settings touch no other user of the GPU. It keeps up to the
+    // budget cached across synchronizations instead of returning freed memory to the driver each
+    // time; allocate_raw trims it when the GPU runs out.
+    cudaMemPoolProps props{};
+    props.allocType = cudaMemAllocationTypePinned;
+    props.location.type = cudaMemLocationTypeDevice;
+    props.location.id = chosen;
+    TZ_CUDA_RETURN_IF_ERROR(cudaMemPoolCreate(&device->pool_, &props));
+    std::uint64_t threshold = budget_bytes;
     TZ_CUDA_RETURN_IF_ERROR(
         cudaMemPoolSetAttribute(device->pool_, cudaMemPoolAttrReleaseThreshold, &threshold));
     TZ_ASSIGN_OR_RETURN(device->alloc_stream_, device->make_stream("cuda:alloc"));
@@ -147,6 +159,10 @@ class CudaDevice final : public Device {
     release_default_streams();  // synchronizes and destroys them
     TZ_ASSERT(memory_stats().live_allocations == 0, "CudaDevice destroyed while buffers are alive");
     alloc_stream_.reset();
+    if (pool_ != nullptr) {
+      const Status st = TZ_CUDA_CHECK(cudaMemPoolDestroy(pool_));
+      if (!st.is_ok()) TZ_LOG_ERROR("destroying the memory pool: %s", st.to_string().c_str());
+    }
   }
 
   DeviceKind kind() const override { return DeviceKind::kCuda; }
@@ -202,35 +218,47 @@ class CudaDevice final : public Device {
 
   Status fill(void* dst, DType dtype, std::size_t n, float value, Stream& stream) override {
     TZ_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_));
-    return launched(kernels::fill(dst, dtype, n, value, raw(stream)), "fill kernel");
+    return checked_launch(cuda_launch_errors(), "fill kernel",
+                          [&] { return kernels::fill(dst, dtype, n, value, raw(stream)); });
   }
   Status cast(const void* src, DType src_dtype, void* dst, DType dst_dtype, std::size_t n,
               Stream& stream) override {
     TZ_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_));
-    return launched(kernels::cast(src, src_dtype, dst, dst_dtype, n, raw(stream)), "cast kernel");
+    return checked_launch(cuda_launch_errors(), "cast kernel", [&] {
+      return kernels::cast(src, src_dtype, dst, dst_dtype, n, raw(stream));
+    });
   }
   Status scale(void* data, DType dtype, std::size_t n, float factor, Stream& stream) override {
     TZ_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_));
-    return launched(kernels::scale(data, dtype, n, factor, raw(stream)), "scale kernel");
+    return checked_launch(cuda_launch_errors(), "scale kernel",
+                          [&] { return kernels::scale(data, dtype, n, factor, raw(stream)); });
   }
   Status sum_squares(const void* src, DType dtype, std::size_t n, NormAccumulator* acc,
                      Stream& stream) override {
+    if (n == 0) return Status::ok();
     TZ_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_));
-    return launched(kernels::sum_squares(src, dtype, n, acc, raw(stream)), "sum_squares kernel");
+    // The chunk sums' scratch is stream-ordered memory of the device's pool: taken and given back
+    // on `stream` around the two kernels (16 B per 4096 elements, within the memory the default
+    // budget leaves beside the pool).
+    void* scratch = nullptr;
+    TZ_CUDA_RETURN_IF_ERROR(cudaMallocFromPoolAsync(&scratch, kernels::sum_squares_scratch_bytes(n),
+                                                    pool_, raw(stream)));
+    const Status launched = checked_launch(cuda_launch_errors(), "sum_squares kernels", [&] {
+      return kernels::sum_squares(src, dtype, n, acc, scratch, raw(stream));
+    });
+    TZ_CUDA_RETURN_IF_ERROR(cudaFreeAsync(scratch, raw(stream)));
+    return launched;
   }
   Status optimizer_step(const OptimizerStepArgs& args, Stream& stream) override {
     TZ_RETURN_IF_ERROR(validate_optimizer_step(args));
     TZ_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_));
-    return launched(kernels::optimizer_step(args, raw(stream)), "optimizer_step kernel");
+    return checked_launch(cuda_launch_errors(), "optimizer_step kernel",
+                          [&] { return kernels::optimizer_step(args, raw(stream)); });
   }
 
  private:
   CudaDevice(int ordinal, std::uint64_t budget_bytes, std::string gpu_name)
       : Device(budget_bytes), ordinal_(ordinal), gpu_name_(std::move(gpu_name)) {}
-
-  static Status launched(int err, const char* what) {
-    return cuda_status(static_cast<cudaError_t>(err), what);
-  }
 
   cudaStream_t raw(Stream& stream) {
     TZ_ASSERT(&stream.device() == this, "operation enqueued on a stream of another device");
@@ -247,9 +275,17 @@ class CudaDevice final : public Device {
   Result<void*> allocate_raw(std::size_t bytes) override {
     TZ_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_));
     void* ptr = nullptr;
-    const cudaError_t err = cudaMallocFromPoolAsync(&ptr, bytes, pool_, alloc_stream_->raw());
+    cudaError_t err = cudaMallocFromPoolAsync(&ptr, bytes, pool_, alloc_stream_->raw());
     if (err == cudaErrorMemoryAllocation) {
       // Allocation failures are not sticky; reading the last error clears it for later calls.
+      static_cast<void>(cudaGetLastError());
+      // The pool's cached free memory may be in pieces too small, or wanted by cuBLAS/NCCL:
+      // give it back to the driver once and retry.
+      TZ_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(alloc_stream_->raw()));
+      TZ_CUDA_RETURN_IF_ERROR(cudaMemPoolTrimTo(pool_, 0));
+      err = cudaMallocFromPoolAsync(&ptr, bytes, pool_, alloc_stream_->raw());
+    }
+    if (err == cudaErrorMemoryAllocation) {
       static_cast<void>(cudaGetLastError());
       return Status::out_of_memory("CudaDevice " + name() + ": the GPU has no " +
                                    std::to_string(bytes) + " B left (under the budget, but "
@@ -277,7 +313,7 @@ class CudaDevice final : public Device {
 }  // namespace
 
 Result<std::unique_ptr<Device>> create_cuda_device(int ordinal, std::uint64_t budget_bytes) {
-  return CudaDevice::create(ordinal < 0 ? 0 : ordinal, budget_bytes);
+  return CudaDevice::create(ordinal < 0 ? default_cuda_ordinal() : ordinal, budget_bytes);
 }
 
 }  // namespace tz::gpu

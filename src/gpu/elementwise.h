@@ -54,6 +54,34 @@ struct SumSquaresOp {
   }
 };
 
+// The sum of squares in one fixed order, the same on every backend and for every launch
+// configuration, so a gradient norm is bit-identical run to run and between HostDevice and
+// CudaDevice (fp64 addition is exact IEEE arithmetic on both; a float's square is exact in fp64):
+//  1. the elements are cut into chunks of kNormChunk; in a chunk, lane l of kNormLanes adds the
+//     squares of elements l, l + kNormLanes, l + 2 kNormLanes, ... in that order, then the lanes
+//     are added as a tree: for s = kNormLanes/2, ..., 1, lane l += lane l + s (l < s);
+//  2. the chunk sums are added the same way in one group of kNormLanes lanes (lane l takes chunk
+//     sums l, l + kNormLanes, ...; then the tree), and the total is added to the accumulator.
+// The CUDA backend runs one thread block per chunk and one block for step 2 (gpu/kernels.cu);
+// norm_lane_tree and sum_squares_fixed_order (gpu/host_device.cc) are the host's form.
+inline constexpr std::size_t kNormLanes = 256;
+inline constexpr std::size_t kNormChunk = kNormLanes * 16;
+
+// Step 1's and step 2's tree over kNormLanes lane sums; the result is lanes[0].
+TZ_HOST_DEVICE inline double norm_lane_tree(double* lanes) {
+  for (std::size_t s = kNormLanes / 2; s > 0; s /= 2) {
+    for (std::size_t l = 0; l < s; ++l) lanes[l] += lanes[l + s];
+  }
+  return lanes[0];
+}
+
+struct NormAccumulator;  // gpu/device.h
+
+// The host's form of Device::sum_squares (gpu/host_device.cc), for data in host memory, in the same
+// fixed order, so its sum is bit-identical to every device's: acc.sum_squares += the sum,
+// acc.nonfinite_count += the Inf/NaN count.
+void sum_squares_fixed_order(const void* src, DType dtype, std::size_t n, NormAccumulator& acc);
+
 // Calls f(T{}) with T the C++ type of `dtype` (float, bf16 or fp16).
 template <typename F>
 inline void dispatch_dtype(DType dtype, F&& f) {

@@ -164,6 +164,37 @@ Status HostStream::wait(const Event& event) {
 
 // ---- HostDevice --------------------------------------------------------------------------------
 
+namespace {
+
+// Step 1 of the fixed order (gpu/elementwise.h) over elements [begin, end) of one chunk.
+template <typename T>
+double chunk_sum_squares(const T* src, std::size_t begin, std::size_t end,
+                         std::uint64_t& nonfinite) {
+  const SumSquaresOp<T> op;
+  double lanes[kNormLanes] = {};
+  for (std::size_t i = begin; i < end; ++i) op(src, i, lanes[(i - begin) % kNormLanes], nonfinite);
+  return norm_lane_tree(lanes);
+}
+
+}  // namespace
+
+void sum_squares_fixed_order(const void* src, DType dtype, std::size_t n, NormAccumulator& acc) {
+  if (n == 0) return;
+  dispatch_dtype(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    const auto* s = static_cast<const T*>(src);
+    double lanes[kNormLanes] = {};  // step 2: chunk c goes to lane c % kNormLanes, in order
+    std::uint64_t nonfinite = 0;
+    std::size_t chunk = 0;
+    for (std::size_t begin = 0; begin < n; begin += kNormChunk, ++chunk) {
+      const std::size_t end = begin + kNormChunk < n ? begin + kNormChunk : n;
+      lanes[chunk % kNormLanes] += chunk_sum_squares(s, begin, end, nonfinite);
+    }
+    acc.sum_squares += norm_lane_tree(lanes);
+    acc.nonfinite_count += nonfinite;
+  });
+}
+
 Result<std::unique_ptr<HostDevice>> HostDevice::create(std::uint64_t budget_bytes) {
   std::unique_ptr<HostDevice> device(new HostDevice(budget_bytes));
 #if !defined(__SANITIZE_ADDRESS__)  // under ASan every free is a real one, so it sees reuse
@@ -390,16 +421,8 @@ Status HostDevice::scale(void* data, DType dtype, std::size_t n, float factor, S
 Status HostDevice::sum_squares(const void* src, DType dtype, std::size_t n, NormAccumulator* acc,
                                Stream& stream) {
   TZ_ASSERT(acc != nullptr);
-  dispatch_dtype(dtype, [&](auto tag) {
-    using T = decltype(tag);
-    host_stream(stream).enqueue("sum_squares", [s = static_cast<const T*>(src), n, acc] {
-      const SumSquaresOp<T> op;
-      double sum = 0;
-      std::uint64_t nonfinite = 0;
-      for (std::size_t i = 0; i < n; ++i) op(s, i, sum, nonfinite);
-      acc->sum_squares += sum;
-      acc->nonfinite_count += nonfinite;
-    });
+  host_stream(stream).enqueue("sum_squares", [src, dtype, n, acc] {
+    sum_squares_fixed_order(src, dtype, n, *acc);
   });
   return Status::ok();
 }

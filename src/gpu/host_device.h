@@ -77,7 +77,11 @@ class HostDevice final : public Device {
 
   DeviceKind kind() const override { return DeviceKind::kHost; }
   std::string name() const override { return "host (HostDevice)"; }
-  bool host_accessible() const override { return true; }
+  bool host_accessible() const override { return host_accessible_; }
+  // Makes this device report host_accessible() == false, as a GPU does, so that the paths code
+  // takes for devices without host access (a CudaDevice's) run and are tested on the CPU. The
+  // memory stays host memory; only what the device claims changes. Call before first use.
+  void claim_no_host_access() { host_accessible_ = false; }
 
   Result<std::unique_ptr<Stream>> create_stream(std::string name) override;
   Result<std::unique_ptr<Event>> create_event() override;
@@ -137,6 +141,7 @@ class HostDevice final : public Device {
   void remove_stream(HostStream* stream);
 
   bool poison_ = false;
+  bool host_accessible_ = true;
   std::function<void(const char*)> observer_;
   // Freed buffers kept by (rounded) size for the next allocation of that size, as CUDA's caching
   // allocators keep them: glibc returns a buffer above its mmap threshold (32 MiB at most) to the

@@ -8,21 +8,10 @@
 
 #include "core/log.h"
 #include "gpu/host_device.h"
+#include "gpu/launch_env.h"
 
 namespace tz::gpu {
 namespace {
-
-int local_rank_from_env() {
-  for (const char* var : {"LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID",
-                          "SLURM_LOCALID"}) {
-    if (const char* v = std::getenv(var); v != nullptr && *v != '\0') {
-      char* end = nullptr;
-      const long r = std::strtol(v, &end, 10);
-      if (end != v && *end == '\0' && r >= 0) return static_cast<int>(r);
-    }
-  }
-  return 0;
-}
 
 Result<std::unique_ptr<Device>> open_host(std::uint64_t budget_bytes) {
   TZ_ASSIGN_OR_RETURN(auto host,
@@ -40,6 +29,32 @@ Result<DeviceChoice> parse_device_choice(std::string_view text) {
   return Status::invalid_argument("device '" + std::string(text) +
                                   "': expected one of auto, host, cuda");
 }
+
+int build_min_compute_capability() {
+#if defined(TZ_CUDA_MIN_ARCH)
+  return TZ_CUDA_MIN_ARCH;
+#else
+  return 0;
+#endif
+}
+
+Status check_compute_capability(std::string_view gpu_name, int ordinal, int major, int minor,
+                                int min_cc) {
+  if (min_cc <= 0 || major * 10 + minor >= min_cc) return Status::ok();
+  return Status::unavailable("no GPU: " + std::string(gpu_name) + " (cuda:" +
+                             std::to_string(ordinal) + ") has compute capability " +
+                             std::to_string(major) + "." + std::to_string(minor) + ", below " +
+                             std::to_string(min_cc / 10) + "." + std::to_string(min_cc % 10) +
+                             ", the oldest this build has kernels for (CMAKE_CUDA_ARCHITECTURES)");
+}
+
+std::uint64_t default_cuda_budget_bytes(std::uint64_t free_bytes) {
+  const std::uint64_t usable = free_bytes / 100 * 95;
+  const std::uint64_t floor = usable / 4;
+  return usable > kCudaLibraryReserveBytes + floor ? usable - kCudaLibraryReserveBytes : floor;
+}
+
+int default_cuda_ordinal() { return detect_launch_env().local_rank; }
 
 std::uint64_t default_host_budget_bytes() {
   const long pages = sysconf(_SC_PHYS_PAGES);
@@ -59,7 +74,7 @@ Result<std::unique_ptr<Device>> open_device(const DeviceOptions& options) {
       source = "TZ_DEVICE";
     }
   }
-  const int ordinal = options.cuda_ordinal >= 0 ? options.cuda_ordinal : local_rank_from_env();
+  const int ordinal = options.cuda_ordinal >= 0 ? options.cuda_ordinal : default_cuda_ordinal();
   switch (choice) {
     case DeviceChoice::kHost:
       return open_host(options.budget_bytes);

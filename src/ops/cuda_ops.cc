@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "gpu/cuda_check.h"
+#include "gpu/launch_check.h"
 #include "ops/internal/backends.h"
 #include "ops/internal/cuda_kernels.h"
 
@@ -326,13 +327,14 @@ class CudaOps final : public Ops {
   // is this device's).
   Status prepare(gpu::Stream& stream) {
     TZ_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_.cuda_ordinal()));
+    // An error pending from an earlier call is not this op's (gpu/launch_check.h).
+    TZ_RETURN_IF_ERROR(gpu::clear_before_launch(gpu::cuda_launch_errors(), "ops kernel"));
     return cublas_status(cublasSetStream(handle_, static_cast<cudaStream_t>(raw(stream))),
                          "cublasSetStream");
   }
 
   static Status launched(std::string_view op, int err) {
-    if (err == 0) return Status::ok();
-    return gpu::cuda_status(static_cast<cudaError_t>(err), std::string(op).c_str());
+    return gpu::launch_result(gpu::cuda_launch_errors(), err, op);
   }
 
   // Column-major C (m, n) = op(A) op(B) + beta C, all of dtype dt, fp32 accumulation.

@@ -28,6 +28,7 @@
 #include "core/log.h"
 #include "cpu/optimizer.h"
 #include "cpu/pinned_pool.h"
+#include "gpu/elementwise.h"
 #include "gpu/host_device.h"
 #include "gpu/pinned_registration.h"
 #include "nvme/io_engine.h"
@@ -1162,15 +1163,8 @@ class EngineImpl final : public Engine {
         TZ_RETURN_IF_ERROR(
             device_.sum_squares(l.data(), DType::kF32, u.layout.shard, dev_acc, st));
         leases.push_back(std::move(l));
-      } else {
-        const auto* g = static_cast<const float*>(l.data());
-        for (std::size_t i = 0; i < u.layout.shard; ++i) {
-          if (std::isfinite(g[i])) {
-            host_acc.sum_squares += static_cast<double>(g[i]) * g[i];
-          } else {
-            ++host_acc.nonfinite_count;
-          }
-        }
+      } else {  // the devices' fixed order on the host: the same bits wherever shards live
+        gpu::sum_squares_fixed_order(l.data(), DType::kF32, u.layout.shard, host_acc);
       }
     }
     if (device_sums) {

@@ -38,6 +38,10 @@ TEST_F(CudaDeviceTest, FillKernel) { testing::check_fill(*device_); }
 TEST_F(CudaDeviceTest, CastKernel) { testing::check_cast(*device_); }
 TEST_F(CudaDeviceTest, ScaleKernel) { testing::check_scale(*device_); }
 TEST_F(CudaDeviceTest, SumSquaresKernel) { testing::check_sum_squares(*device_); }
+// Bit for bit the host's fixed order: the gradient norm does not depend on where shards live.
+TEST_F(CudaDeviceTest, SumSquaresKernelsMatchTheHostBitForBit) {
+  testing::check_sum_squares_fixed_order(*device_);
+}
 TEST_F(CudaDeviceTest, OptimizerKernelMatchesSharedFunctors) {
   testing::check_optimizer_step_matches_shared_functors(*device_);
 }

@@ -1,9 +1,11 @@
-// NcclComm on a real GPU (one rank per process; run under mpirun for more): the collective
-// checks LocalComm passes, on CUDA device buffers. Skips without a GPU or without NCCL.
+// NcclComm on a real GPU (one rank per process, each on its local rank's GPU; run under mpirun for
+// more): the collective checks LocalComm passes, on CUDA device buffers. Skips without a GPU or
+// without NCCL.
 #include <gtest/gtest.h>
 
 #include "collective_checks.h"
 #include "comm/nccl_comm.h"
+#include "gpu/probe.h"
 #include "gpu/select.h"
 
 namespace tz::comm {
@@ -15,6 +17,10 @@ TEST(NcclComm, AllCollectivesMatchReference) {
   if (!device.is_ok()) GTEST_SKIP() << "skipped: " << device.status().message();
   auto comm = NcclComm::create(**device);
   ASSERT_TRUE(comm.is_ok()) << comm.status().to_string();
+  // Each rank on its own GPU: the local rank's (the one reading of the launcher's variables).
+  const auto gpus = static_cast<int>(gpu::probe_gpus()["gpus"].size());
+  ASSERT_GT(gpus, 0);
+  EXPECT_EQ((*device)->cuda_ordinal(), (*comm)->local_rank() % gpus);
   auto stream = (*device)->create_stream("nccl");
   ASSERT_TRUE(stream.is_ok());
   testing::Harness h{**comm, **device, **stream, 20261129u};

@@ -218,6 +218,97 @@ TEST(CommSelect, SingleProcessIsLocal) {
   EXPECT_FALSE(nccl.is_ok()) << "NCCL accepted a host device";
 }
 
+// One rank needs no transport: on a device without host access (a HostDevice claiming none, as a
+// GPU does) every collective is a copy on the stream, in place or not, and nothing is sent; two
+// ranks on such a device are refused with a message that names the device.
+TEST(LocalCommSingleRank, RunsOnADeviceWithoutHostAccess) {
+  auto device = make_device();
+  device->claim_no_host_access();
+  ASSERT_FALSE(device->host_accessible());
+  auto comms = LocalComm::create_group(1);
+  ASSERT_TRUE(comms.is_ok());
+  Comm& comm = *comms->front();
+  gpu::Stream& stream = device->compute_stream();
+  std::mt19937 rng(seed());
+  const std::size_t n = 1001;
+  std::vector<float> values(n);
+  for (float& v : values) v = static_cast<float>(rng() % 20001) / 100.0f - 100.0f;
+  auto send = device->allocate(n * sizeof(float));
+  auto recv = device->allocate(n * sizeof(float));
+  ASSERT_TRUE(send.is_ok() && recv.is_ok());
+  auto upload = [&] {
+    ASSERT_TRUE(device->copy_async(send->data(), values.data(), n * sizeof(float),
+                                   gpu::CopyKind::kHostToDevice, stream).is_ok());
+    ASSERT_TRUE(device->memset_async(recv->data(), 0, n * sizeof(float), stream).is_ok());
+  };
+  auto download = [&](const gpu::DeviceBuffer& b) {
+    std::vector<float> out(n, -1.0f);
+    EXPECT_TRUE(device->copy_async(out.data(), b.data(), n * sizeof(float),
+                                   gpu::CopyKind::kDeviceToHost, stream).is_ok());
+    EXPECT_TRUE(stream.synchronize().is_ok());
+    return out;
+  };
+  for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg}) {
+    upload();
+    ASSERT_TRUE(comm.all_reduce(send->data(), recv->data(), n, DType::kF32, op, stream).is_ok());
+    EXPECT_EQ(download(*recv), values);
+    upload();
+    ASSERT_TRUE(comm.reduce_scatter(send->data(), recv->data(), n, DType::kF32, op, stream).is_ok());
+    EXPECT_EQ(download(*recv), values);
+    upload();  // in place
+    ASSERT_TRUE(comm.all_reduce(send->data(), send->data(), n, DType::kF32, op, stream).is_ok());
+    EXPECT_EQ(download(*send), values);
+  }
+  upload();
+  ASSERT_TRUE(comm.all_gather(send->data(), recv->data(), n, DType::kF32, stream).is_ok());
+  EXPECT_EQ(download(*recv), values);
+  upload();
+  ASSERT_TRUE(comm.broadcast(send->data(), n, DType::kF32, 0, stream).is_ok());
+  EXPECT_EQ(download(*send), values);
+  EXPECT_FALSE(comm.broadcast(send->data(), n, DType::kF32, 1, stream).is_ok());
+  ASSERT_TRUE(comm.barrier(stream).is_ok());
+  ASSERT_TRUE(stream.synchronize().is_ok());
+  EXPECT_TRUE(comm.async_error().is_ok());
+  const CommCounters c = comm.counters();
+  EXPECT_EQ(c[CollectiveOp::kAllReduce].calls, 4u);
+  EXPECT_EQ(c[CollectiveOp::kReduceScatter].calls, 2u);
+  EXPECT_EQ(c[CollectiveOp::kAllGather].calls, 1u);
+  EXPECT_EQ(c[CollectiveOp::kBroadcast].calls, 1u);
+  EXPECT_EQ(c[CollectiveOp::kBarrier].calls, 1u);
+  EXPECT_EQ(c.total().bytes_sent, 0u);
+  EXPECT_EQ(c.total().bytes_received, 0u);
+
+  auto pair = LocalComm::create_group(2);
+  ASSERT_TRUE(pair.is_ok());
+  const Status refused = (*pair)[0]->all_reduce(send->data(), recv->data(), n, DType::kF32,
+                                                ReduceOp::kSum, stream);
+  EXPECT_EQ(refused.code(), ErrorCode::kInvalidArgument);
+  EXPECT_NE(refused.message().find(device->name()), std::string::npos) << refused.message();
+  EXPECT_NE(refused.message().find("2 ranks"), std::string::npos) << refused.message();
+}
+
+// open_comm on a single process picks a backend that trains on the device it is given: on a
+// device without host access and without NCCL in the build, the one-rank LocalComm.
+TEST(LocalCommSingleRank, OpenCommGivesAWorkingCommForOneRank) {
+  auto device = make_device();
+  device->claim_no_host_access();
+  if (detect_launch_env().world_size > 1) GTEST_SKIP() << "running under a launcher";
+  auto comm = open_comm(*device, CommBackend::kAuto);
+  ASSERT_TRUE(comm.is_ok()) << comm.status().to_string();
+  EXPECT_EQ((*comm)->backend(), "local");
+  auto buf = device->allocate(64 * sizeof(float));
+  ASSERT_TRUE(buf.is_ok());
+  gpu::Stream& stream = device->compute_stream();
+  ASSERT_TRUE(device->fill(buf->data(), DType::kF32, 64, 2.5f, stream).is_ok());
+  ASSERT_TRUE((*comm)->all_reduce(buf->data(), buf->data(), 64, DType::kF32, ReduceOp::kAvg,
+                                  stream).is_ok());
+  std::vector<float> out(64);
+  ASSERT_TRUE(device->copy_async(out.data(), buf->data(), 64 * sizeof(float),
+                                 gpu::CopyKind::kDeviceToHost, stream).is_ok());
+  ASSERT_TRUE(stream.synchronize().is_ok());
+  EXPECT_EQ(out, std::vector<float>(64, 2.5f));
+}
+
 TEST(LaunchEnv, ReadsTorchrunStyleVariables) {
   // Only when no real launcher variables are set (ctest runs this outside mpirun).
   if (std::getenv("OMPI_COMM_WORLD_RANK") || std::getenv("PMI_RANK") || std::getenv("SLURM_PROCID")) {

@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -20,6 +21,7 @@
 #include "core/dtype.h"
 #include "cpu/optimizer_math.h"
 #include "gpu/device.h"
+#include "gpu/elementwise.h"
 
 namespace tz::gpu::testing {
 
@@ -282,6 +284,64 @@ inline void check_sum_squares(Device& device) {
       ASSERT_TRUE(s.synchronize().is_ok());
       EXPECT_EQ(got.nonfinite_count, ref_bad) << dtype_name(t);
       EXPECT_NEAR(got.sum_squares, ref, 1e-12 * ref + 1e-300) << dtype_name(t) << " seed " << test_seed();
+    }
+  }
+}
+
+// The sum of squares in gpu/elementwise.h's fixed order, written here from its description: the
+// device's result must equal it bit for bit (fp64), and so equal the host's form
+// (sum_squares_fixed_order), for a size of several chunks and more chunks than lanes.
+inline double fixed_order_reference(const std::vector<std::uint8_t>& in, DType t, std::size_t n,
+                                    std::uint64_t& bad) {
+  auto tree = [](std::vector<double> v) {
+    for (std::size_t width = v.size(); width > 1;) {
+      width /= 2;
+      for (std::size_t l = 0; l < width; ++l) v[l] += v[l + width];
+    }
+    return v[0];
+  };
+  std::vector<double> chunk_lanes(kNormLanes, 0.0);
+  std::vector<double> total_lanes(kNormLanes, 0.0);
+  const std::size_t chunks = (n + kNormChunk - 1) / kNormChunk;
+  for (std::size_t c = 0; c < chunks; ++c) {
+    std::fill(chunk_lanes.begin(), chunk_lanes.end(), 0.0);
+    for (std::size_t l = 0; l < kNormLanes; ++l) {
+      for (std::size_t i = c * kNormChunk + l; i < std::min(n, (c + 1) * kNormChunk);
+           i += kNormLanes) {
+        const double x = decode_one(&in[i * dtype_size(t)], t);
+        if (std::isfinite(x)) chunk_lanes[l] += x * x; else ++bad;
+      }
+    }
+    total_lanes[c % kNormLanes] += tree(chunk_lanes);
+  }
+  return tree(total_lanes);
+}
+
+inline void check_sum_squares_fixed_order(Device& device) {
+  const std::size_t n = kNormChunk * kNormLanes * 2 + 12345;  // 3 rounds of chunks per lane
+  std::vector<float> values = sample_values(n, test_seed() + 3);
+  values[7] = std::numeric_limits<float>::quiet_NaN();
+  for (DType t : {DType::kF32, DType::kBF16, DType::kF16}) {
+    const std::vector<std::uint8_t> in = encode(values, t);
+    std::uint64_t ref_bad = 0;
+    const double ref = fixed_order_reference(in, t, n, ref_bad);
+    NormAccumulator host;
+    sum_squares_fixed_order(in.data(), t, n, host);
+    EXPECT_EQ(host.sum_squares, ref) << dtype_name(t);
+    EXPECT_EQ(host.nonfinite_count, ref_bad) << dtype_name(t);
+    auto d = device.allocate(in.size());
+    auto acc = device.allocate(sizeof(NormAccumulator));
+    ASSERT_TRUE(d.is_ok() && acc.is_ok());
+    Stream& s = device.compute_stream();
+    ASSERT_TRUE(device.copy_async(d->data(), in.data(), in.size(), CopyKind::kHostToDevice, s).is_ok());
+    for (int run = 0; run < 3; ++run) {  // the same bits every run
+      ASSERT_TRUE(device.memset_async(acc->data(), 0, sizeof(NormAccumulator), s).is_ok());
+      ASSERT_TRUE(device.sum_squares(d->data(), t, n, acc->as<NormAccumulator>(), s).is_ok());
+      NormAccumulator got;
+      ASSERT_TRUE(device.copy_async(&got, acc->data(), sizeof(got), CopyKind::kDeviceToHost, s).is_ok());
+      ASSERT_TRUE(s.synchronize().is_ok());
+      EXPECT_EQ(got.sum_squares, ref) << dtype_name(t) << " run " << run << " seed " << test_seed();
+      EXPECT_EQ(got.nonfinite_count, ref_bad) << dtype_name(t);
     }
   }
 }

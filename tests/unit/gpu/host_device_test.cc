@@ -31,6 +31,7 @@ TEST(HostDevice, Fill) { testing::check_fill(*make_device()); }
 TEST(HostDevice, Cast) { testing::check_cast(*make_device()); }
 TEST(HostDevice, Scale) { testing::check_scale(*make_device()); }
 TEST(HostDevice, SumSquares) { testing::check_sum_squares(*make_device()); }
+TEST(HostDevice, SumSquaresInTheFixedOrder) { testing::check_sum_squares_fixed_order(*make_device()); }
 TEST(HostDevice, EventOrdering) { testing::check_event_ordering(*make_device()); }
 TEST(HostDevice, CallbackOrder) { testing::check_callback_order(*make_device()); }
 

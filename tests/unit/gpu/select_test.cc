@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
+#include "gpu/launch_env.h"
 #include "gpu/probe.h"
 
 namespace tz::gpu {
@@ -87,6 +88,33 @@ TEST(GpuProbe, ReportsWithoutCrashing) {
     EXPECT_EQ(j["error"].get<std::string>().rfind("no GPU: ", 0), 0u) << j.dump();
   }
   std::printf("probe_gpus: %s\n", j.dump().c_str());
+}
+
+// The GPU a process opens is its local rank as the launcher scheme that names its rank says, the
+// same reading the communicators use: under Open MPI a stray LOCAL_RANK (torchrun's) must not
+// win over OMPI_COMM_WORLD_LOCAL_RANK, and outside any launcher the ordinal is 0.
+TEST(DeviceSelect, LocalRankIsTheLaunchersOne) {
+  if (getenv("OMPI_COMM_WORLD_RANK") || getenv("PMI_RANK") || getenv("SLURM_PROCID") ||
+      getenv("RANK")) {
+    GTEST_SKIP() << "running under a launcher";
+  }
+  {
+    ScopedEnv local("LOCAL_RANK", "5");  // alone (no RANK/WORLD_SIZE): not a launch
+    EXPECT_EQ(default_cuda_ordinal(), 0);
+  }
+  ScopedEnv rank("OMPI_COMM_WORLD_RANK", "3");
+  ScopedEnv size("OMPI_COMM_WORLD_SIZE", "4");
+  ScopedEnv ompi_local("OMPI_COMM_WORLD_LOCAL_RANK", "2");
+  ScopedEnv torch_local("LOCAL_RANK", "1");
+  const LaunchEnv env = detect_launch_env();
+  EXPECT_EQ(env.launcher, "openmpi");
+  EXPECT_EQ(env.local_rank, 2);
+  EXPECT_EQ(default_cuda_ordinal(), 2);
+  {
+    ScopedEnv torch_rank("RANK", "1");
+    ScopedEnv torch_size("WORLD_SIZE", "2");
+    EXPECT_EQ(default_cuda_ordinal(), 2) << "Open MPI's scheme comes first, as for the comm";
+  }
 }
 
 }  // namespace

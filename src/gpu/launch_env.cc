@@ -1,9 +1,9 @@
-// Launcher environment detection (comm/launch_env.h).
-#include "comm/launch_env.h"
+// Launcher environment detection (gpu/launch_env.h).
+#include "gpu/launch_env.h"
 
 #include <cstdlib>
 
-namespace tz::comm {
+namespace tz::gpu {
 namespace {
 
 // The variable as a non-negative int, or -1 when absent or malformed.
@@ -46,4 +46,4 @@ LaunchEnv detect_launch_env() {
   return LaunchEnv{};
 }
 
-}  // namespace tz::comm
+}  // namespace tz::gpu
