@@ -22,12 +22,11 @@
 #include "core/trace.h"
 #include "core/units.h"
 #include "cpu/pinned_pool.h"
-#include "gpu/pinned_registration.h"
 #include "gpu/select.h"
 #include "nvme/io_engine.h"
-#include "nvme/probe.h"
 #include "nvme/swap_space.h"
 #include "store/pool_registration.h"
+#include "store/stack.h"
 #include "store/store.h"
 #include "store/walk.h"
 
@@ -172,32 +171,25 @@ int run(const BenchStoreOptions& o) {
   auto device = gpu::open_device(dopt);
   if (!device) return fail(device.status());
 
-  PinnedPoolOptions popt;
-  popt.slab_bytes = std::min<std::uint64_t>(1ull << 30, std::max<std::uint64_t>(256ull << 20, layer_bytes));
-  popt.budget_bytes = *host_budget + static_cast<std::uint64_t>(o.staging) * *chunk + 2 * layer_bytes +
-                      *in_flight + popt.slab_bytes;
-  auto pool = PinnedPool::create(popt);
-  if (!pool) return fail(pool.status());
-  if (Status st = gpu::register_pinned_pool(**device, *pool); !st.is_ok()) return fail(st);
-
-  auto engine_choice = nvme::choose_io_engine(o.engine, o.nvme_paths);
-  if (!engine_choice) return fail(engine_choice.status());
-  const nvme::IoEngineKind engine_kind = engine_choice->kind;
-  const char* engine_name = nvme::io_engine_name(engine_kind);
-  nvme::SwapOptions sopt;
-  sopt.paths = o.nvme_paths;
-  sopt.bytes_per_path = (*model + layer_bytes * 4) / o.nvme_paths.size() + (64ull << 20);
-  nvme::IoQueueOptions qopt;
-  qopt.block_bytes = std::min<std::uint64_t>(*chunk, 1ull << 20);
-  qopt.depth_per_file = 64;
-  // Builds a swap space with its own engine; the store calls it on its I/O thread.
-  auto make_swap = [sopt, qopt, engine_kind]() -> Result<std::unique_ptr<nvme::SwapSpace>> {
-    nvme::IoEngineOptions eopt;
-    eopt.queue_depth = 64;
-    TZ_ASSIGN_OR_RETURN(std::unique_ptr<nvme::IoEngine> engine, nvme::make_io_engine(engine_kind, eopt));
-    TZ_ASSIGN_OR_RETURN(nvme::SwapSpace swap, nvme::SwapSpace::create(sopt, std::move(engine), qopt));
-    return std::make_unique<nvme::SwapSpace>(std::move(swap));
-  };
+  store::StackDescription sd;
+  sd.pool.slab_bytes =
+      std::min<std::uint64_t>(1ull << 30, std::max<std::uint64_t>(256ull << 20, layer_bytes));
+  sd.pool.budget_bytes = *host_budget + static_cast<std::uint64_t>(o.staging) * *chunk +
+                         2 * layer_bytes + *in_flight + sd.pool.slab_bytes;
+  store::SwapDescription& sw = sd.swap.emplace();
+  sw.engine_name = o.engine;
+  sw.swap.paths = o.nvme_paths;
+  sw.swap.bytes_per_path = (*model + layer_bytes * 4) / o.nvme_paths.size() + (64ull << 20);
+  sw.queue_options.block_bytes = std::min<std::uint64_t>(*chunk, 1ull << 20);
+  sw.queue_options.depth_per_file = 64;
+  sw.engine_options.queue_depth = 64;
+  // The pool (registered with the device) and the swap factory; the store comes after the
+  // disk's own throughput is measured.
+  auto stack = store::prepare_stack(sd, **device);
+  if (!stack) return fail(stack.status());
+  PinnedPool* pool = stack->pool.get();
+  const store::Store::SwapFactory& make_swap = stack->make_swap;
+  const char* engine_name = stack->io_engine.c_str();
 
   // The disk's own throughput over the same bytes, through a swap space of its own on this
   // thread, gone before the store makes its own.
@@ -236,9 +228,8 @@ int run(const BenchStoreOptions& o) {
     grouping = raw.mixed_gbps < 0.8 * std::min(raw.read_gbps, raw.write_gbps) ? "grouped" : "mixed";
   }
   so.io_grouping = grouping == "mixed" ? store::IoGrouping::kMixed : store::IoGrouping::kGrouped;
-  auto st_or = store::Store::create(so, **device, *pool, make_swap);
-  if (!st_or) return fail(st_or.status());
-  std::unique_ptr<store::Store> s = std::move(st_or).value();
+  if (Status st = store::open_store(*stack, so, **device); !st.is_ok()) return fail(st);
+  store::Store* s = stack->store.get();
 
   std::vector<store::BlockId> ids;
   for (int i = 0; i < o.layers; ++i) {
@@ -352,7 +343,7 @@ int run(const BenchStoreOptions& o) {
   if (!o.trace_out.empty()) {
     if (Status st = Trace::global().write(o.trace_out); !st.is_ok()) return fail(st);
   }
-  s.reset();
+  stack->store.reset();  // its swap space goes before the disk is measured again
   if (!o.json) {
     std::printf("%-5s %-6s %8s %8s %8s %9s %9s %9s %10s %9s %9s %9s\n", "step", "policy",
                 "step_s", "bound_s", "ratio", "vs_serial", "stall", "nvme_rd", "nvme_wr", "rd GB/s", "wr GB/s", "h2d GB/s");

@@ -30,16 +30,14 @@
 #include "cpu/pinned_pool.h"
 #include "gpu/host_device.h"
 #include "gpu/pinned_registration.h"
-#include "nvme/io_engine.h"
-#include "nvme/nvme_config.h"
-#include "nvme/probe.h"
-#include "nvme/swap_space.h"
+#include "store/stack.h"
 #include "store/store.h"
 #include "zero/layout.h"
 #include "zero/loss_scaler.h"
 #include "zero/optimizer_args.h"
 #include "zero/plan.h"
 #include "zero/schedule.h"
+#include "zero/step_decision.h"
 
 namespace tz::zero {
 
@@ -157,9 +155,6 @@ struct DeferredFree {
   std::unique_ptr<gpu::Event> done;
   gpu::DeviceBuffer buffer;
 };
-
-// tierzero.overlap (docs/zero.md, "Overlap modes").
-enum class Overlap : std::uint8_t { kExact, kEager, kDelayed };
 
 // delayed mode's background update: one job at a time on a thread the engine owns. The job only
 // pins store blocks and runs the CPU optimizer (the store and the optimizer are safe to call from
@@ -422,34 +417,20 @@ class EngineImpl final : public Engine {
     const Tier opt_tier = tier_of(opt_place_);
     const Tier grad_tier = tier_of(grad_place_);
     const Tier param_tier = tier_of(param_place_);
-    const store::StoreOptions& so = mp.store;
-    const PinnedPoolOptions& po = mp.pool;
-    TZ_ASSIGN_OR_RETURN(PinnedPool pool, PinnedPool::create(po));
-    pool_ = std::make_unique<PinnedPool>(std::move(pool));
-    TZ_RETURN_IF_ERROR(gpu::register_pinned_pool(device_, *pool_));
-    store::Store::SwapFactory make_swap;
+    // The tiered stack (store/stack.h): the pool and its registration, the I/O engine chosen for
+    // the swap paths, the swap space and the store.
+    store::StackDescription sd;
+    sd.pool = mp.pool;
+    sd.store = mp.store;
+    sd.io_hooks = options_.io_hooks;
     if (mp.home.nvme > 0) {
-      TZ_ASSIGN_OR_RETURN(nvme::EngineChoice choice,
-                          nvme::choose_io_engine(config_.tierzero.io_engine, nvme_paths_));
-      nvme::NvmeSettings ns = nvme::nvme_settings(config_, nvme_paths_.size());
-      nvme::SwapOptions sw;
-      sw.paths = nvme_paths_;
-      sw.keep_files = ns.keep_swap_files;
-      sw.direct = choice.direct ? nvme::DirectMode::kPrefer : nvme::DirectMode::kOff;
-      sw.stripe_bytes = mp.swap_stripe_bytes;
-      sw.bytes_per_path = mp.swap_bytes_per_path;
-      const nvme::IoEngineKind kind = choice.kind;
-      const IoEngineWrapper wrap = options_.wrap_io_engine;
-      make_swap = [sw, ns, kind, wrap]() -> Result<std::unique_ptr<nvme::SwapSpace>> {
-        TZ_ASSIGN_OR_RETURN(std::unique_ptr<nvme::IoEngine> engine,
-                            nvme::make_io_engine(kind, ns.engine_options));
-        if (wrap) engine = wrap(std::move(engine));
-        TZ_ASSIGN_OR_RETURN(nvme::SwapSpace swap,
-                            nvme::SwapSpace::create(sw, std::move(engine), ns.queue_options));
-        return std::make_unique<nvme::SwapSpace>(std::move(swap));
-      };
+      sd.swap = store::swap_description(config_, nvme_paths_);
+      sd.swap->swap.stripe_bytes = mp.swap_stripe_bytes;
+      sd.swap->swap.bytes_per_path = mp.swap_bytes_per_path;
     }
-    TZ_ASSIGN_OR_RETURN(store_, store::Store::create(so, device_, *pool_, make_swap));
+    TZ_ASSIGN_OR_RETURN(store::TieredStack stack, store::build_stack(sd, device_));
+    pool_ = std::move(stack.pool);
+    store_ = std::move(stack.store);
     TZ_ASSIGN_OR_RETURN(stage16_, pool_->allocate(mp.stage16_bytes));
     TZ_ASSIGN_OR_RETURN(stage32_, pool_->allocate(mp.stage32_bytes));
     TZ_ASSIGN_OR_RETURN(norm_acc_, device_.allocate(sizeof(gpu::NormAccumulator)));
@@ -701,42 +682,45 @@ class EngineImpl final : public Engine {
     // Global norm and overflow flag from every rank's reduced shards, in unit order.
     TZ_ASSIGN_OR_RETURN(gpu::NormAccumulator local, local_norm());
     TZ_ASSIGN_OR_RETURN(gpu::NormAccumulator total, all_reduce_norm(local));
-    const bool overflow = total.nonfinite_count > 0;
-    const double divisor = report.loss_scale * static_cast<double>(world_) * k;
-    report.grad_norm = overflow ? std::numeric_limits<double>::infinity()
-                                : std::sqrt(total.sum_squares) / divisor;
+    StepInputs in;
+    in.sum_squares = total.sum_squares;
+    in.nonfinite_count = total.nonfinite_count;
+    in.loss_scale = report.loss_scale;
+    in.world_size = world_;
+    in.accumulation_steps = k;
+    in.max_norm = config_.gradient_clipping;
+    in.overlap = overlap_;
+    const StepDecision decision = decide_step(in);
+    const bool overflow = decision.skip;
+    report.grad_norm = decision.grad_norm;
     // DeepSpeed steps the schedule only after an applied update.
     report.lr = scheduled_lr(config_.scheduler, spec_.lr,
                              config_.scheduler.last_batch_iteration + updates_done_);
     report.skipped = overflow;
+    report.rolled_back = decision.roll_back;
     scaler_.update(overflow);
-    double multiplier = 1.0 / divisor;
-    bool clipped = false;
-    if (!overflow && config_.gradient_clipping > 0) {
-      // DeepSpeed's clipping: scale by max_norm / (norm + 1e-6) when that is below 1.
-      const double clip = (report.grad_norm + 1e-6) / config_.gradient_clipping;
-      if (clip > 1.0) {
-        multiplier /= clip;
-        clipped = true;
+    if (decision.roll_back) TZ_RETURN_IF_ERROR(roll_back_early_updates(overflow));
+    switch (decision.update) {
+      case StepUpdate::kNone:
+        break;
+      case StepUpdate::kEarlyKept:
+        ++updates_done_;  // the early updates were this step's
+        break;
+      case StepUpdate::kAllUnitsNow: {
+        const cpu::StepArgs args = update_args(decision.multiplier, ++updates_done_);
+        for (std::size_t i = 0; i < units_.size(); ++i) {
+          // NVMe-homed optimizer state: the next unit's reads start while this one updates (the
+          // previous unit's write-back is already in flight from its unpin).
+          if (opt_place_ == Placement::kNvme && i + 1 < units_.size()) {
+            prefetch_states(units_[i + 1]);
+          }
+          TZ_RETURN_IF_ERROR(update_unit(units_[i], args));
+        }
+        break;
       }
-    }
-    if (overlap_ == Overlap::kEager) {
-      // The early updates used 1 / divisor: right unless the step clips or overflows.
-      const bool undo = overflow || clipped;
-      report.rolled_back = undo;
-      if (undo) TZ_RETURN_IF_ERROR(roll_back_early_updates(overflow));
-      if (!overflow && !undo) ++updates_done_;  // the early updates were this step's
-    }
-    if (!overflow && (overlap_ == Overlap::kExact || report.rolled_back)) {
-      const cpu::StepArgs args = update_args(multiplier, ++updates_done_);
-      for (std::size_t i = 0; i < units_.size(); ++i) {
-        // NVMe-homed optimizer state: the next unit's reads start while this one updates (the
-        // previous unit's write-back is already in flight from its unpin).
-        if (opt_place_ == Placement::kNvme && i + 1 < units_.size()) prefetch_states(units_[i + 1]);
-        TZ_RETURN_IF_ERROR(update_unit(units_[i], args));
-      }
-    } else if (!overflow && overlap_ == Overlap::kDelayed) {
-      TZ_RETURN_IF_ERROR(start_delayed_update(update_args(multiplier, ++updates_done_)));
+      case StepUpdate::kBackground:
+        TZ_RETURN_IF_ERROR(start_delayed_update(update_args(decision.multiplier, ++updates_done_)));
+        break;
     }
     if (overflow) {
       TZ_LOG_WARN("step %lld: Inf/NaN in the gradient on some rank; update skipped (loss scale %g "
