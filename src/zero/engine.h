@@ -31,6 +31,7 @@
 #include "core/dtype.h"
 #include "core/status.h"
 #include "gpu/device.h"
+#include "zero/local_ranks.h"  // run_local_ranks, which callers of the model API use to run ranks
 
 namespace tz::store {
 struct IoHooks;  // store/stack.h
@@ -228,11 +229,5 @@ class Engine {
  protected:
   Engine() = default;
 };
-
-// Runs `world_size` ranks as threads of this process, each with its own HostDevice (a pool of
-// `device_budget_bytes`; 0 = the default) and a LocalComm of one group, and calls
-// `fn(rank, device, comm)` on rank r's thread. Returns the first rank's error, naming the rank.
-using RankFn = std::function<Status(int rank, gpu::Device& device, comm::Comm& comm)>;
-Status run_local_ranks(int world_size, std::uint64_t device_budget_bytes, const RankFn& fn);
 
 }  // namespace tz::zero
