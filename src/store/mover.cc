@@ -548,14 +548,7 @@ bool Store::Impl::finish_stage_if_done(Block& b, Op& op) {
   return finish_op(b);
 }
 
-void Store::Impl::queue_job(IoJob job) {
-  job.order = job_order++;
-  if (job.dir == nvme::IoOp::kRead) {
-    read_q.push_back(std::move(job));
-  } else {
-    write_q.push_back(std::move(job));
-  }
-}
+void Store::Impl::queue_job(IoJob job) { io_sched.queue(std::move(job)); }
 
 // Marks piece k of an NVMe copy finished (or failed) and frees its staging buffer.
 void Store::Impl::piece_done(Op& op, int staging_index) {
@@ -691,12 +684,7 @@ void Store::Impl::apply_io_done(IoJob& job) {
   auto it = blocks.find(job.block);
   TZ_ASSERT(it != blocks.end());
   Block& b = it->second;
-  in_flight_bytes -= job.io_bytes;
-  if (job.dir == nvme::IoOp::kRead) {
-    --in_flight_reads;
-  } else {
-    --in_flight_writes;
-  }
+  io_sched.complete(job);
   Op* op = find_op(b, job.op_seq);
   if (op == nullptr && b.extent_writes > 0 && job.op_seq == b.extent_write_seq) {
     finish_extent_write(b, job);
@@ -783,66 +771,18 @@ bool Store::Impl::deferrable(const Block& b) const {
   return b.ops.size() == 1 && b.ops.front().early;
 }
 
-// Picks the I/O jobs to submit now: within the in-flight bound, and in kGrouped mode one
-// direction at a time (reads first; switch when a run is long enough and the other side waits).
+// Picks the I/O jobs to submit now (io_scheduler.h): within the in-flight bound, and in kGrouped
+// mode one direction at a time (reads first; switch when a run is long enough and the other side
+// waits).
 std::vector<IoJob> Store::Impl::pick_jobs() {
-  std::vector<IoJob> out;
-  const std::uint64_t limit = options.max_io_in_flight_bytes;
-  // Writes somebody waits for (a victim's, whose space a load needs) before deferrable ones.
-  std::stable_partition(write_q.begin(), write_q.end(), [&](const IoJob& j) {
-    auto it = blocks.find(j.block);
-    return it == blocks.end() || !deferrable(it->second);
+  return io_sched.pick([this](BlockId id) {
+    auto it = blocks.find(id);
+    return it != blocks.end() && deferrable(it->second);
   });
-  auto fits = [&](const IoJob& j) {
-    return in_flight_bytes == 0 || in_flight_bytes + j.io_bytes <= limit;
-  };
-  auto take = [&](std::deque<IoJob>& q) {
-    IoJob j = std::move(q.front());
-    q.pop_front();
-    in_flight_bytes += j.io_bytes;
-    run_bytes += j.io_bytes;
-    if (j.dir == nvme::IoOp::kRead) {
-      ++in_flight_reads;
-    } else {
-      ++in_flight_writes;
-    }
-    out.push_back(std::move(j));
-  };
-  if (options.io_grouping == IoGrouping::kMixed) {
-    for (;;) {
-      std::deque<IoJob>* q = nullptr;
-      if (!read_q.empty() && (write_q.empty() || read_q.front().order < write_q.front().order)) {
-        q = &read_q;
-      } else if (!write_q.empty()) {
-        q = &write_q;
-      }
-      if (q == nullptr || !fits(q->front())) break;
-      take(*q);
-    }
-    return out;
-  }
-  for (;;) {
-    std::deque<IoJob>& cur = writing ? write_q : read_q;
-    std::deque<IoJob>& other = writing ? read_q : write_q;
-    const std::uint32_t cur_in_flight = writing ? in_flight_writes : in_flight_reads;
-    const std::uint32_t other_in_flight = writing ? in_flight_reads : in_flight_writes;
-    const bool run_over = run_bytes >= options.write_run_bytes;
-    if (!cur.empty() && !(run_over && !other.empty())) {
-      if (other_in_flight > 0 || !fits(cur.front())) break;  // drain the other side first
-      take(cur);
-      continue;
-    }
-    if (other.empty()) break;
-    // Switch direction once the current one has drained.
-    if (cur_in_flight > 0) break;
-    writing = !writing;
-    run_bytes = 0;
-  }
-  return out;
 }
 
 bool Store::Impl::idle() const {
-  if (!read_q.empty() || !write_q.empty() || in_flight_bytes > 0) return false;
+  if (!io_sched.empty()) return false;
   {
     std::lock_guard lock(wake_mu);
     if (!device_done.empty()) return false;

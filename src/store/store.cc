@@ -50,6 +50,8 @@ Result<std::unique_ptr<Store>> Store::create(const StoreOptions& options, gpu::D
   }
   auto impl = std::make_unique<Impl>();
   impl->options = options;
+  impl->io_sched = IoScheduler(options.io_grouping, options.max_io_in_flight_bytes,
+                               options.write_run_bytes);
   impl->device = &device;
   impl->pool = &pool;
   impl->budget[ti(Tier::kDevice)] = options.device_budget_bytes;

@@ -38,6 +38,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "store/io_scheduler.h"
 #include "store/store.h"
 #include "store/store_internal.h"
 
@@ -121,15 +122,8 @@ struct Store::Impl {
   std::uint32_t ahead_held = 0;
   std::set<BlockId> staged_blocks;
 
-  // I/O scheduling (mover only, under mu).
-  std::deque<IoJob> read_q;
-  std::deque<IoJob> write_q;
-  std::uint64_t job_order = 0;
-  bool writing = false;         // kGrouped: the direction being issued
-  std::uint64_t run_bytes = 0;  // bytes issued in the current direction's run
-  std::uint64_t in_flight_bytes = 0;
-  std::uint32_t in_flight_reads = 0;
-  std::uint32_t in_flight_writes = 0;
+  // I/O scheduling (mover only, under mu): the queued NVMe piece jobs and those in flight.
+  IoScheduler io_sched;
 
   // Policy.
   std::vector<TraceEntry> trace;
