@@ -264,6 +264,24 @@ void Store::Impl::note_pin(const TraceEntry& e) {
       trace_pos);
 }
 
+Store::Impl::PinTraceMark Store::Impl::begin_pin(const TraceEntry& e, bool noted) {
+  const PinTraceMark mark{trace_pos, following, stats.trace_deviations, noted};
+  if (noted) note_pin(e);
+  return mark;
+}
+
+// Undoes begin_pin: the pin leaves the record, the trace position and the deviation count are as
+// before it, and the victim keys are rebuilt if the pin had made the store leave the trace.
+void Store::Impl::undo_pin(const PinTraceMark& mark) {
+  TZ_ASSERT(!mark.noted || !record.empty(), "undo_pin: the record does not hold the pin");
+  if (mark.noted) record.pop_back();
+  trace_pos = mark.pos;
+  const bool refollow = following != mark.following;
+  following = mark.following;
+  stats.trace_deviations = mark.deviations;
+  if (refollow) rebuild_candidates();
+}
+
 void Store::Impl::build_index() {
   dev_uses.clear();
   host_uses.clear();

@@ -191,6 +191,17 @@ struct Store::Impl {
   bool try_stage(Block& b, std::uint64_t distance);
   void prefetch_ahead();
   void note_pin(const TraceEntry& e);
+  // A pin's trace bookkeeping, taken before its placement and undone when placement fails: the
+  // trace position, whether the trace was followed and the deviation count as they were, and
+  // whether the pin went into the record (NVMe pins do not).
+  struct PinTraceMark {
+    std::size_t pos = 0;
+    bool following = false;
+    std::uint64_t deviations = 0;
+    bool noted = false;
+  };
+  PinTraceMark begin_pin(const TraceEntry& e, bool noted);
+  void undo_pin(const PinTraceMark& mark);
   void build_index();
 
   // ---- mover.cc (physical operations: allocations, copies, the staging pipeline, I/O scheduling)
