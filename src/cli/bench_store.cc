@@ -72,6 +72,124 @@ struct RawBandwidth {
   double d2h_gbps = 0;
 };
 
+// The disk's time for a step's reads and writes at the given raw speeds, by the faster schedule
+// measured: one direction after the other (serial), or the bytes that pair up as concurrent
+// reads and writes at the mixed rate and the rest alone (mixed). The bound takes the faster, so
+// it never credits the store for a schedule the disk would have run slower.
+struct NvmeTime {
+  double serial_s;
+  double mixed_s;
+  double best_s() const { return std::min(serial_s, mixed_s); }
+};
+
+NvmeTime nvme_time(double rd, double wr, double read_gbps, double write_gbps, double mixed_gbps) {
+  const double serial_s = rd / (read_gbps * 1e9) + wr / (write_gbps * 1e9);
+  const double paired = std::min(rd, wr);
+  const double mixed_s = mixed_gbps > 0 ? 2 * paired / (mixed_gbps * 1e9) +
+                                              (rd - paired) / (read_gbps * 1e9) +
+                                              (wr - paired) / (write_gbps * 1e9)
+                                        : serial_s;
+  return NvmeTime{serial_s, mixed_s};
+}
+
+// Adds one step's bounds to its JSON line from the disk measured before (`raw`) and after the
+// walk (their mean), the copy ceilings and the compute time; returns how far the disk's bound
+// moves between the two measurements (relative).
+double add_bounds(nlohmann::json& j, const RawBandwidth& raw, const RawBandwidth& after_raw,
+                  double compute_s) {
+  const double rd = j["nvme_read_bytes"].get<double>();
+  const double wr = j["nvme_write_bytes"].get<double>();
+  const double h2d = j["h2d_bytes"].get<double>();
+  const double d2h = j["d2h_bytes"].get<double>();
+  const double step_s = j["step_s"].get<double>();
+  const NvmeTime t = nvme_time(rd, wr, (raw.read_gbps + after_raw.read_gbps) / 2,
+                               (raw.write_gbps + after_raw.write_gbps) / 2,
+                               (raw.mixed_gbps + after_raw.mixed_gbps) / 2);
+  const double before_s = nvme_time(rd, wr, raw.read_gbps, raw.write_gbps, raw.mixed_gbps).best_s();
+  const double after_s =
+      nvme_time(rd, wr, after_raw.read_gbps, after_raw.write_gbps, after_raw.mixed_gbps).best_s();
+  const double change = std::min(before_s, after_s) > 0
+                            ? std::abs(after_s - before_s) / std::min(before_s, after_s)
+                            : 0.0;
+  const double serial_s = t.serial_s;
+  const double mixed_s = t.mixed_s;
+  const double nvme_s = t.best_s();
+  const double bound_s = std::max({compute_s, nvme_s, h2d / (raw.h2d_gbps * 1e9),
+                                    d2h / (raw.d2h_gbps * 1e9)});
+  j["bound_s"] = bound_s;
+  j["nvme_bound_s"] = nvme_s;
+  j["nvme_serial_s"] = serial_s;
+  j["nvme_mixed_s"] = mixed_s;
+  j["step_over_serial_bound"] = step_s / std::max({compute_s, serial_s, h2d / (raw.h2d_gbps * 1e9),
+                                                   d2h / (raw.d2h_gbps * 1e9)});
+  j["step_over_bound"] = step_s / bound_s;
+  j["raw_read_gbps_after"] = after_raw.read_gbps;
+  j["raw_write_gbps_after"] = after_raw.write_gbps;
+  j["raw_mixed_gbps_after"] = after_raw.mixed_gbps;
+  j["raw_change"] = change;
+  return change;
+}
+
+// One step's line: JSON, or a row of the table.
+void print_step(const nlohmann::json& j, const BenchStoreOptions& o) {
+  if (o.json) {
+    std::printf("%s\n", j.dump().c_str());
+    return;
+  }
+  const double rd = j["nvme_read_bytes"].get<double>();
+  const double wr = j["nvme_write_bytes"].get<double>();
+  const double h2d = j["h2d_bytes"].get<double>();
+  const double step_s = j["step_s"].get<double>();
+  const double bound_s = j["bound_s"].get<double>();
+  std::printf("%-5d %-6s %8.2f %8.2f %8.3f %9.3f %8.1f%% %9s %10s %9.2f %9.2f %9.2f\n",
+              j["step"].get<int>(), o.policy.c_str(), step_s, bound_s, step_s / bound_s,
+              j["step_over_serial_bound"].get<double>(),
+              100.0 * j["stall_fraction"].get<double>(), format_bytes(rd).c_str(),
+              format_bytes(wr).c_str(), rd / step_s / 1e9, wr / step_s / 1e9, h2d / step_s / 1e9);
+}
+
+// Steps 2.. together: a write that an early write-back issues near the end of one step completes
+// (and is counted) in the next, so single steps' byte counts and bounds swing with it; the sums
+// over the steps that follow the trace do not.
+void print_summary(const std::vector<nlohmann::json>& results, double raw_change,
+                   const BenchStoreOptions& o) {
+  if (results.size() <= 1) return;
+  double step_sum = 0;
+  double bound_sum = 0;
+  double stall_sum = 0;
+  double rd_sum = 0;
+  double wr_sum = 0;
+  for (std::size_t i = 1; i < results.size(); ++i) {
+    const nlohmann::json& j = results[i];
+    step_sum += j["step_s"].get<double>();
+    bound_sum += j["bound_s"].get<double>();
+    stall_sum += j["stall_s"].get<double>();
+    rd_sum += j["nvme_read_bytes"].get<double>();
+    wr_sum += j["nvme_write_bytes"].get<double>();
+  }
+  const double n = static_cast<double>(results.size() - 1);
+  const std::string steps = "2-" + std::to_string(results.size());
+  if (o.json) {
+    nlohmann::json sum = {{"bench", "store"},
+                          {"policy", o.policy},
+                          {"summary", "steps " + steps},
+                          {"step_s", step_sum / n},
+                          {"bound_s", bound_sum / n},
+                          {"step_over_bound", step_sum / bound_sum},
+                          {"raw_change", raw_change},
+                          {"stall_fraction", stall_sum / step_sum},
+                          {"nvme_read_bytes", rd_sum / n},
+                          {"nvme_write_bytes", wr_sum / n}};
+    std::printf("%s\n", sum.dump().c_str());
+  } else {
+    std::printf("steps %s: %.2f s per step, bound %.2f s, ratio %.3f, stall %.1f%%, NVMe %s read and "
+                "%s written per step\n",
+                steps.c_str(), step_sum / n, bound_sum / n, step_sum / bound_sum,
+                100.0 * stall_sum / step_sum, format_bytes(rd_sum / n).c_str(),
+                format_bytes(wr_sum / n).c_str());
+  }
+}
+
 // Sequential O_DIRECT throughput of the swap space itself over `bytes`, the same chunking and
 // bytes in flight the store uses: what the disk gives with nothing else in the way.
 Status measure_disk(nvme::SwapSpace& swap, PinnedPool& pool, std::uint64_t bytes,
@@ -360,114 +478,15 @@ int run(const BenchStoreOptions& o) {
       return fail(st);
     }
   }
-  // The disk's time for a step's reads and writes at the given raw speeds, by the faster schedule
-  // measured: one direction after the other (serial), or the bytes that pair up as concurrent
-  // reads and writes at the mixed rate and the rest alone (mixed). The bound takes the faster, so
-  // it never credits the store for a schedule the disk would have run slower.
-  struct NvmeTime {
-    double serial_s;
-    double mixed_s;
-    double best_s() const { return std::min(serial_s, mixed_s); }
-  };
-  auto nvme_time = [](double rd, double wr, double read_gbps, double write_gbps,
-                      double mixed_gbps) {
-    const double serial_s = rd / (read_gbps * 1e9) + wr / (write_gbps * 1e9);
-    const double paired = std::min(rd, wr);
-    const double mixed_s = mixed_gbps > 0 ? 2 * paired / (mixed_gbps * 1e9) +
-                                                (rd - paired) / (read_gbps * 1e9) +
-                                                (wr - paired) / (write_gbps * 1e9)
-                                          : serial_s;
-    return NvmeTime{serial_s, mixed_s};
-  };
   // The bound uses the mean of the measurements before and after the walk. How far the bound
   // would move with either one alone (`raw_change`) is how uncertain it is when the disk's own
   // speed drifted during the run.
   double raw_change = 0;
   for (nlohmann::json& j : results) {
-    const double rd = j["nvme_read_bytes"].get<double>();
-    const double wr = j["nvme_write_bytes"].get<double>();
-    const double h2d = j["h2d_bytes"].get<double>();
-    const double d2h = j["d2h_bytes"].get<double>();
-    const double step_s = j["step_s"].get<double>();
-    const NvmeTime t = nvme_time(rd, wr, (raw.read_gbps + after_raw.read_gbps) / 2,
-                                 (raw.write_gbps + after_raw.write_gbps) / 2,
-                                 (raw.mixed_gbps + after_raw.mixed_gbps) / 2);
-    const double before_s =
-        nvme_time(rd, wr, raw.read_gbps, raw.write_gbps, raw.mixed_gbps).best_s();
-    const double after_s =
-        nvme_time(rd, wr, after_raw.read_gbps, after_raw.write_gbps, after_raw.mixed_gbps)
-            .best_s();
-    const double change =
-        std::min(before_s, after_s) > 0
-            ? std::abs(after_s - before_s) / std::min(before_s, after_s)
-            : 0.0;
-    raw_change = std::max(raw_change, change);
-    const double serial_s = t.serial_s;
-    const double mixed_s = t.mixed_s;
-    const double nvme_s = t.best_s();
-    const double bound_s = std::max({compute_s, nvme_s, h2d / (raw.h2d_gbps * 1e9),
-                                      d2h / (raw.d2h_gbps * 1e9)});
-    j["bound_s"] = bound_s;
-    j["nvme_bound_s"] = nvme_s;
-    j["nvme_serial_s"] = serial_s;
-    j["nvme_mixed_s"] = mixed_s;
-    j["step_over_serial_bound"] = step_s / std::max({compute_s, serial_s, h2d / (raw.h2d_gbps * 1e9),
-                                                     d2h / (raw.d2h_gbps * 1e9)});
-    j["step_over_bound"] = step_s / bound_s;
-    j["raw_read_gbps_after"] = after_raw.read_gbps;
-    j["raw_write_gbps_after"] = after_raw.write_gbps;
-    j["raw_mixed_gbps_after"] = after_raw.mixed_gbps;
-    j["raw_change"] = change;
-    if (o.json) {
-      std::printf("%s\n", j.dump().c_str());
-    } else {
-      std::printf("%-5d %-6s %8.2f %8.2f %8.3f %9.3f %8.1f%% %9s %10s %9.2f %9.2f %9.2f\n",
-                  j["step"].get<int>(), o.policy.c_str(), step_s, bound_s, step_s / bound_s,
-                  j["step_over_serial_bound"].get<double>(),
-                  100.0 * j["stall_fraction"].get<double>(), format_bytes(rd).c_str(),
-                  format_bytes(wr).c_str(), rd / step_s / 1e9, wr / step_s / 1e9,
-                  h2d / step_s / 1e9);
-    }
+    raw_change = std::max(raw_change, add_bounds(j, raw, after_raw, compute_s));
+    print_step(j, o);
   }
-  // Steps 2.. together: a write that an early write-back issues near the end of one step completes
-  // (and is counted) in the next, so single steps' byte counts and bounds swing with it; the sums
-  // over the steps that follow the trace do not.
-  if (results.size() > 1) {
-    double step_sum = 0;
-    double bound_sum = 0;
-    double stall_sum = 0;
-    double rd_sum = 0;
-    double wr_sum = 0;
-    for (std::size_t i = 1; i < results.size(); ++i) {
-      const nlohmann::json& j = results[i];
-      step_sum += j["step_s"].get<double>();
-      bound_sum += j["bound_s"].get<double>();
-      stall_sum += j["stall_s"].get<double>();
-      rd_sum += j["nvme_read_bytes"].get<double>();
-      wr_sum += j["nvme_write_bytes"].get<double>();
-    }
-    const double n = static_cast<double>(results.size() - 1);
-    const std::string steps = "2-" + std::to_string(results.size());
-    if (o.json) {
-      nlohmann::json sum = {{"bench", "store"},
-                            {"policy", o.policy},
-                            {"summary", "steps " + steps},
-                            {"step_s", step_sum / n},
-                            {"bound_s", bound_sum / n},
-                            {"step_over_bound", step_sum / bound_sum},
-                            {"raw_change", raw_change},
-                            {"stall_fraction", stall_sum / step_sum},
-                            {"nvme_read_bytes", rd_sum / n},
-                            {"nvme_write_bytes", wr_sum / n}};
-      std::printf("%s\n", sum.dump().c_str());
-    } else {
-      std::printf("steps %s: %.2f s per step, bound %.2f s, ratio %.3f, stall %.1f%%, NVMe %s read and "
-                  "%s written per step\n",
-                  steps.c_str(), step_sum / n, bound_sum / n, step_sum / bound_sum,
-                  100.0 * stall_sum / step_sum, format_bytes(rd_sum / n).c_str(),
-                  format_bytes(wr_sum / n).c_str());
-    }
-  }
+  print_summary(results, raw_change, o);
   if (raw_change > 0.15) {
     TZ_LOG_WARN("bench store: the disk's speed drifted during the run: the bound from the raw "
                 "measurement before the walk and the one from after it differ by %.0f%%, so the "
