@@ -336,7 +336,7 @@ Status Store::Impl::check_invariants() const {
                             b.copies[t].present && b.total_leases == 0;
       if (eligible != b.candidate[t] ||
           (eligible && (b.candidate_key[t] != candidate_key(b, static_cast<Tier>(t)) ||
-                        candidates[t].count({b.candidate_key[t], ~std::uint64_t{id}}) != 1))) {
+                        !candidates.contains(static_cast<Tier>(t), id, b.candidate_key[t])))) {
         return Status::internal(who + ": stale eviction candidate in the " +
                                 tier_name(static_cast<Tier>(t)) + " tier");
       }
@@ -412,7 +412,7 @@ Status Store::Impl::check_invariants() const {
                             " counted, at most " + std::to_string(ahead_cap) + ")");
   }
   for (std::size_t t = 0; t < kTierCount; ++t) {
-    if (candidates[t].size() != candidate_count[t]) {
+    if (candidates.size(static_cast<Tier>(t)) != candidate_count[t]) {
       return Status::internal(std::string("the ") + tier_name(static_cast<Tier>(t)) +
                               " tier's eviction candidates hold entries of no candidate");
     }

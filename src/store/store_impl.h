@@ -41,6 +41,7 @@
 #include "store/io_scheduler.h"
 #include "store/store.h"
 #include "store/store_internal.h"
+#include "store/victim_index.h"
 
 namespace tz::store {
 
@@ -73,12 +74,10 @@ struct Store::Impl {
   // all of them), and destroyed blocks to erase once their chains drain.
   std::set<BlockId> busy;
   // Per tier, the copies that may be evicted (present, not home, no lease, block not destroyed),
-  // ordered by eviction key (candidate_key) so that choosing victims reads them from the top
-  // instead of scanning every block. Entries are (key, ~id): reverse order is evict-first
-  // (larger key, then lower id). Kept current by refresh_candidate at every change of a block's
-  // presence, leases or key, and rebuilt when the policy's keys change meaning (a new trace,
-  // a deviation); check_invariants recomputes them.
-  std::array<std::set<std::pair<std::uint64_t, std::uint64_t>>, kTierCount> candidates;
+  // by eviction key (candidate_key; victim_index.h). Kept current by refresh_candidate at every
+  // change of a block's presence, leases or key, and rebuilt when the policy's keys change
+  // meaning (a new trace, a deviation); check_invariants recomputes it.
+  VictimIndex candidates;
   std::vector<BlockId> to_reap;
   // Bumped on every change the prefetch walk depends on (a decision pushed, a write pin or its
   // release, an error, a new trace); walk_idle_at: the epoch at which a full walk found nothing
