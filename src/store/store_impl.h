@@ -162,6 +162,7 @@ struct Store::Impl {
   static std::uint64_t lease_mark(Access access, std::uint64_t first_seq, std::uint64_t ready_seq);
   bool only_valid(const Block& b, Tier t) const;
   Status check_invariants() const;
+  Status check_alloc_fifo(Tier t) const;
   void write_back_early(Block& b, Tier t);
   void evict(Block& b, Tier t);
   std::optional<Tier> load_source(const Block& b, Tier t) const;
