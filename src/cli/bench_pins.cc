@@ -17,6 +17,7 @@
 #include "cli/command.h"
 #include "cpu/pinned_pool.h"
 #include "gpu/host_device.h"
+#include "store/stack.h"
 #include "store/store.h"
 
 namespace tz::cli {
@@ -49,17 +50,18 @@ Result<PinCost> pin_cost(std::uint32_t n, double fraction, std::uint32_t steps) 
   so.chunk_bytes = 1 << 20;
   so.staging_buffers = 1;
   TZ_ASSIGN_OR_RETURN(auto device, gpu::HostDevice::create(so.device_budget_bytes));
-  PinnedPoolOptions po;
-  po.budget_bytes = 2 * so.host_budget_bytes + so.chunk_bytes + (8 << 20);
-  po.slab_bytes = 32ull << 20;
-  po.huge_pages = false;
-  po.prefault = false;
-  po.lock = MemlockPolicy::kOff;
-  TZ_ASSIGN_OR_RETURN(PinnedPool pool, PinnedPool::create(po));
+  store::StackDescription sd;
+  sd.pool.budget_bytes = 2 * so.host_budget_bytes + so.chunk_bytes + (8 << 20);
+  sd.pool.slab_bytes = 32ull << 20;
+  sd.pool.huge_pages = false;
+  sd.pool.prefault = false;
+  sd.pool.lock = MemlockPolicy::kOff;
+  sd.register_pool = false;
+  sd.store = so;  // no swap space: every block is homed in the host tier
   std::vector<double> per_step;
   {
-    // No swap space: every block is homed in the host tier.
-    TZ_ASSIGN_OR_RETURN(auto st, store::Store::create(so, *device, pool, nullptr));
+    TZ_ASSIGN_OR_RETURN(store::TieredStack stack, store::build_stack(sd, *device));
+    store::Store* st = stack.store.get();
     std::vector<store::BlockId> ids;
     for (std::uint32_t i = 0; i < n; ++i) {
       TZ_ASSIGN_OR_RETURN(store::BlockId id, st->create_block(kBlockBytes, store::Tier::kHost,

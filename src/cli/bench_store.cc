@@ -22,12 +22,11 @@
 #include "core/trace.h"
 #include "core/units.h"
 #include "cpu/pinned_pool.h"
-#include "gpu/pinned_registration.h"
 #include "gpu/select.h"
 #include "nvme/io_engine.h"
-#include "nvme/probe.h"
 #include "nvme/swap_space.h"
 #include "store/pool_registration.h"
+#include "store/stack.h"
 #include "store/store.h"
 #include "store/walk.h"
 
@@ -72,6 +71,124 @@ struct RawBandwidth {
   double h2d_gbps = 0;
   double d2h_gbps = 0;
 };
+
+// The disk's time for a step's reads and writes at the given raw speeds, by the faster schedule
+// measured: one direction after the other (serial), or the bytes that pair up as concurrent
+// reads and writes at the mixed rate and the rest alone (mixed). The bound takes the faster, so
+// it never credits the store for a schedule the disk would have run slower.
+struct NvmeTime {
+  double serial_s;
+  double mixed_s;
+  double best_s() const { return std::min(serial_s, mixed_s); }
+};
+
+NvmeTime nvme_time(double rd, double wr, double read_gbps, double write_gbps, double mixed_gbps) {
+  const double serial_s = rd / (read_gbps * 1e9) + wr / (write_gbps * 1e9);
+  const double paired = std::min(rd, wr);
+  const double mixed_s = mixed_gbps > 0 ? 2 * paired / (mixed_gbps * 1e9) +
+                                              (rd - paired) / (read_gbps * 1e9) +
+                                              (wr - paired) / (write_gbps * 1e9)
+                                        : serial_s;
+  return NvmeTime{serial_s, mixed_s};
+}
+
+// Adds one step's bounds to its JSON line from the disk measured before (`raw`) and after the
+// walk (their mean), the copy ceilings and the compute time; returns how far the disk's bound
+// moves between the two measurements (relative).
+double add_bounds(nlohmann::json& j, const RawBandwidth& raw, const RawBandwidth& after_raw,
+                  double compute_s) {
+  const double rd = j["nvme_read_bytes"].get<double>();
+  const double wr = j["nvme_write_bytes"].get<double>();
+  const double h2d = j["h2d_bytes"].get<double>();
+  const double d2h = j["d2h_bytes"].get<double>();
+  const double step_s = j["step_s"].get<double>();
+  const NvmeTime t = nvme_time(rd, wr, (raw.read_gbps + after_raw.read_gbps) / 2,
+                               (raw.write_gbps + after_raw.write_gbps) / 2,
+                               (raw.mixed_gbps + after_raw.mixed_gbps) / 2);
+  const double before_s = nvme_time(rd, wr, raw.read_gbps, raw.write_gbps, raw.mixed_gbps).best_s();
+  const double after_s =
+      nvme_time(rd, wr, after_raw.read_gbps, after_raw.write_gbps, after_raw.mixed_gbps).best_s();
+  const double change = std::min(before_s, after_s) > 0
+                            ? std::abs(after_s - before_s) / std::min(before_s, after_s)
+                            : 0.0;
+  const double serial_s = t.serial_s;
+  const double mixed_s = t.mixed_s;
+  const double nvme_s = t.best_s();
+  const double bound_s = std::max({compute_s, nvme_s, h2d / (raw.h2d_gbps * 1e9),
+                                    d2h / (raw.d2h_gbps * 1e9)});
+  j["bound_s"] = bound_s;
+  j["nvme_bound_s"] = nvme_s;
+  j["nvme_serial_s"] = serial_s;
+  j["nvme_mixed_s"] = mixed_s;
+  j["step_over_serial_bound"] = step_s / std::max({compute_s, serial_s, h2d / (raw.h2d_gbps * 1e9),
+                                                   d2h / (raw.d2h_gbps * 1e9)});
+  j["step_over_bound"] = step_s / bound_s;
+  j["raw_read_gbps_after"] = after_raw.read_gbps;
+  j["raw_write_gbps_after"] = after_raw.write_gbps;
+  j["raw_mixed_gbps_after"] = after_raw.mixed_gbps;
+  j["raw_change"] = change;
+  return change;
+}
+
+// One step's line: JSON, or a row of the table.
+void print_step(const nlohmann::json& j, const BenchStoreOptions& o) {
+  if (o.json) {
+    std::printf("%s\n", j.dump().c_str());
+    return;
+  }
+  const double rd = j["nvme_read_bytes"].get<double>();
+  const double wr = j["nvme_write_bytes"].get<double>();
+  const double h2d = j["h2d_bytes"].get<double>();
+  const double step_s = j["step_s"].get<double>();
+  const double bound_s = j["bound_s"].get<double>();
+  std::printf("%-5d %-6s %8.2f %8.2f %8.3f %9.3f %8.1f%% %9s %10s %9.2f %9.2f %9.2f\n",
+              j["step"].get<int>(), o.policy.c_str(), step_s, bound_s, step_s / bound_s,
+              j["step_over_serial_bound"].get<double>(),
+              100.0 * j["stall_fraction"].get<double>(), format_bytes(rd).c_str(),
+              format_bytes(wr).c_str(), rd / step_s / 1e9, wr / step_s / 1e9, h2d / step_s / 1e9);
+}
+
+// Steps 2.. together: a write that an early write-back issues near the end of one step completes
+// (and is counted) in the next, so single steps' byte counts and bounds swing with it; the sums
+// over the steps that follow the trace do not.
+void print_summary(const std::vector<nlohmann::json>& results, double raw_change,
+                   const BenchStoreOptions& o) {
+  if (results.size() <= 1) return;
+  double step_sum = 0;
+  double bound_sum = 0;
+  double stall_sum = 0;
+  double rd_sum = 0;
+  double wr_sum = 0;
+  for (std::size_t i = 1; i < results.size(); ++i) {
+    const nlohmann::json& j = results[i];
+    step_sum += j["step_s"].get<double>();
+    bound_sum += j["bound_s"].get<double>();
+    stall_sum += j["stall_s"].get<double>();
+    rd_sum += j["nvme_read_bytes"].get<double>();
+    wr_sum += j["nvme_write_bytes"].get<double>();
+  }
+  const double n = static_cast<double>(results.size() - 1);
+  const std::string steps = "2-" + std::to_string(results.size());
+  if (o.json) {
+    nlohmann::json sum = {{"bench", "store"},
+                          {"policy", o.policy},
+                          {"summary", "steps " + steps},
+                          {"step_s", step_sum / n},
+                          {"bound_s", bound_sum / n},
+                          {"step_over_bound", step_sum / bound_sum},
+                          {"raw_change", raw_change},
+                          {"stall_fraction", stall_sum / step_sum},
+                          {"nvme_read_bytes", rd_sum / n},
+                          {"nvme_write_bytes", wr_sum / n}};
+    std::printf("%s\n", sum.dump().c_str());
+  } else {
+    std::printf("steps %s: %.2f s per step, bound %.2f s, ratio %.3f, stall %.1f%%, NVMe %s read and "
+                "%s written per step\n",
+                steps.c_str(), step_sum / n, bound_sum / n, step_sum / bound_sum,
+                100.0 * stall_sum / step_sum, format_bytes(rd_sum / n).c_str(),
+                format_bytes(wr_sum / n).c_str());
+  }
+}
 
 // Sequential O_DIRECT throughput of the swap space itself over `bytes`, the same chunking and
 // bytes in flight the store uses: what the disk gives with nothing else in the way.
@@ -172,32 +289,25 @@ int run(const BenchStoreOptions& o) {
   auto device = gpu::open_device(dopt);
   if (!device) return fail(device.status());
 
-  PinnedPoolOptions popt;
-  popt.slab_bytes = std::min<std::uint64_t>(1ull << 30, std::max<std::uint64_t>(256ull << 20, layer_bytes));
-  popt.budget_bytes = *host_budget + static_cast<std::uint64_t>(o.staging) * *chunk + 2 * layer_bytes +
-                      *in_flight + popt.slab_bytes;
-  auto pool = PinnedPool::create(popt);
-  if (!pool) return fail(pool.status());
-  if (Status st = gpu::register_pinned_pool(**device, *pool); !st.is_ok()) return fail(st);
-
-  auto engine_choice = nvme::choose_io_engine(o.engine, o.nvme_paths);
-  if (!engine_choice) return fail(engine_choice.status());
-  const nvme::IoEngineKind engine_kind = engine_choice->kind;
-  const char* engine_name = nvme::io_engine_name(engine_kind);
-  nvme::SwapOptions sopt;
-  sopt.paths = o.nvme_paths;
-  sopt.bytes_per_path = (*model + layer_bytes * 4) / o.nvme_paths.size() + (64ull << 20);
-  nvme::IoQueueOptions qopt;
-  qopt.block_bytes = std::min<std::uint64_t>(*chunk, 1ull << 20);
-  qopt.depth_per_file = 64;
-  // Builds a swap space with its own engine; the store calls it on its I/O thread.
-  auto make_swap = [sopt, qopt, engine_kind]() -> Result<std::unique_ptr<nvme::SwapSpace>> {
-    nvme::IoEngineOptions eopt;
-    eopt.queue_depth = 64;
-    TZ_ASSIGN_OR_RETURN(std::unique_ptr<nvme::IoEngine> engine, nvme::make_io_engine(engine_kind, eopt));
-    TZ_ASSIGN_OR_RETURN(nvme::SwapSpace swap, nvme::SwapSpace::create(sopt, std::move(engine), qopt));
-    return std::make_unique<nvme::SwapSpace>(std::move(swap));
-  };
+  store::StackDescription sd;
+  sd.pool.slab_bytes =
+      std::min<std::uint64_t>(1ull << 30, std::max<std::uint64_t>(256ull << 20, layer_bytes));
+  sd.pool.budget_bytes = *host_budget + static_cast<std::uint64_t>(o.staging) * *chunk +
+                         2 * layer_bytes + *in_flight + sd.pool.slab_bytes;
+  store::SwapDescription& sw = sd.swap.emplace();
+  sw.engine_name = o.engine;
+  sw.swap.paths = o.nvme_paths;
+  sw.swap.bytes_per_path = (*model + layer_bytes * 4) / o.nvme_paths.size() + (64ull << 20);
+  sw.queue_options.block_bytes = std::min<std::uint64_t>(*chunk, 1ull << 20);
+  sw.queue_options.depth_per_file = 64;
+  sw.engine_options.queue_depth = 64;
+  // The pool (registered with the device) and the swap factory; the store comes after the
+  // disk's own throughput is measured.
+  auto stack = store::prepare_stack(sd, **device);
+  if (!stack) return fail(stack.status());
+  PinnedPool* pool = stack->pool.get();
+  const store::Store::SwapFactory& make_swap = stack->make_swap;
+  const char* engine_name = stack->io_engine.c_str();
 
   // The disk's own throughput over the same bytes, through a swap space of its own on this
   // thread, gone before the store makes its own.
@@ -236,9 +346,8 @@ int run(const BenchStoreOptions& o) {
     grouping = raw.mixed_gbps < 0.8 * std::min(raw.read_gbps, raw.write_gbps) ? "grouped" : "mixed";
   }
   so.io_grouping = grouping == "mixed" ? store::IoGrouping::kMixed : store::IoGrouping::kGrouped;
-  auto st_or = store::Store::create(so, **device, *pool, make_swap);
-  if (!st_or) return fail(st_or.status());
-  std::unique_ptr<store::Store> s = std::move(st_or).value();
+  if (Status st = store::open_store(*stack, so, **device); !st.is_ok()) return fail(st);
+  store::Store* s = stack->store.get();
 
   std::vector<store::BlockId> ids;
   for (int i = 0; i < o.layers; ++i) {
@@ -352,7 +461,7 @@ int run(const BenchStoreOptions& o) {
   if (!o.trace_out.empty()) {
     if (Status st = Trace::global().write(o.trace_out); !st.is_ok()) return fail(st);
   }
-  s.reset();
+  stack->store.reset();  // its swap space goes before the disk is measured again
   if (!o.json) {
     std::printf("%-5s %-6s %8s %8s %8s %9s %9s %9s %10s %9s %9s %9s\n", "step", "policy",
                 "step_s", "bound_s", "ratio", "vs_serial", "stall", "nvme_rd", "nvme_wr", "rd GB/s", "wr GB/s", "h2d GB/s");
@@ -369,114 +478,15 @@ int run(const BenchStoreOptions& o) {
       return fail(st);
     }
   }
-  // The disk's time for a step's reads and writes at the given raw speeds, by the faster schedule
-  // measured: one direction after the other (serial), or the bytes that pair up as concurrent
-  // reads and writes at the mixed rate and the rest alone (mixed). The bound takes the faster, so
-  // it never credits the store for a schedule the disk would have run slower.
-  struct NvmeTime {
-    double serial_s;
-    double mixed_s;
-    double best_s() const { return std::min(serial_s, mixed_s); }
-  };
-  auto nvme_time = [](double rd, double wr, double read_gbps, double write_gbps,
-                      double mixed_gbps) {
-    const double serial_s = rd / (read_gbps * 1e9) + wr / (write_gbps * 1e9);
-    const double paired = std::min(rd, wr);
-    const double mixed_s = mixed_gbps > 0 ? 2 * paired / (mixed_gbps * 1e9) +
-                                                (rd - paired) / (read_gbps * 1e9) +
-                                                (wr - paired) / (write_gbps * 1e9)
-                                          : serial_s;
-    return NvmeTime{serial_s, mixed_s};
-  };
   // The bound uses the mean of the measurements before and after the walk. How far the bound
   // would move with either one alone (`raw_change`) is how uncertain it is when the disk's own
   // speed drifted during the run.
   double raw_change = 0;
   for (nlohmann::json& j : results) {
-    const double rd = j["nvme_read_bytes"].get<double>();
-    const double wr = j["nvme_write_bytes"].get<double>();
-    const double h2d = j["h2d_bytes"].get<double>();
-    const double d2h = j["d2h_bytes"].get<double>();
-    const double step_s = j["step_s"].get<double>();
-    const NvmeTime t = nvme_time(rd, wr, (raw.read_gbps + after_raw.read_gbps) / 2,
-                                 (raw.write_gbps + after_raw.write_gbps) / 2,
-                                 (raw.mixed_gbps + after_raw.mixed_gbps) / 2);
-    const double before_s =
-        nvme_time(rd, wr, raw.read_gbps, raw.write_gbps, raw.mixed_gbps).best_s();
-    const double after_s =
-        nvme_time(rd, wr, after_raw.read_gbps, after_raw.write_gbps, after_raw.mixed_gbps)
-            .best_s();
-    const double change =
-        std::min(before_s, after_s) > 0
-            ? std::abs(after_s - before_s) / std::min(before_s, after_s)
-            : 0.0;
-    raw_change = std::max(raw_change, change);
-    const double serial_s = t.serial_s;
-    const double mixed_s = t.mixed_s;
-    const double nvme_s = t.best_s();
-    const double bound_s = std::max({compute_s, nvme_s, h2d / (raw.h2d_gbps * 1e9),
-                                      d2h / (raw.d2h_gbps * 1e9)});
-    j["bound_s"] = bound_s;
-    j["nvme_bound_s"] = nvme_s;
-    j["nvme_serial_s"] = serial_s;
-    j["nvme_mixed_s"] = mixed_s;
-    j["step_over_serial_bound"] = step_s / std::max({compute_s, serial_s, h2d / (raw.h2d_gbps * 1e9),
-                                                     d2h / (raw.d2h_gbps * 1e9)});
-    j["step_over_bound"] = step_s / bound_s;
-    j["raw_read_gbps_after"] = after_raw.read_gbps;
-    j["raw_write_gbps_after"] = after_raw.write_gbps;
-    j["raw_mixed_gbps_after"] = after_raw.mixed_gbps;
-    j["raw_change"] = change;
-    if (o.json) {
-      std::printf("%s\n", j.dump().c_str());
-    } else {
-      std::printf("%-5d %-6s %8.2f %8.2f %8.3f %9.3f %8.1f%% %9s %10s %9.2f %9.2f %9.2f\n",
-                  j["step"].get<int>(), o.policy.c_str(), step_s, bound_s, step_s / bound_s,
-                  j["step_over_serial_bound"].get<double>(),
-                  100.0 * j["stall_fraction"].get<double>(), format_bytes(rd).c_str(),
-                  format_bytes(wr).c_str(), rd / step_s / 1e9, wr / step_s / 1e9,
-                  h2d / step_s / 1e9);
-    }
+    raw_change = std::max(raw_change, add_bounds(j, raw, after_raw, compute_s));
+    print_step(j, o);
   }
-  // Steps 2.. together: a write that an early write-back issues near the end of one step completes
-  // (and is counted) in the next, so single steps' byte counts and bounds swing with it; the sums
-  // over the steps that follow the trace do not.
-  if (results.size() > 1) {
-    double step_sum = 0;
-    double bound_sum = 0;
-    double stall_sum = 0;
-    double rd_sum = 0;
-    double wr_sum = 0;
-    for (std::size_t i = 1; i < results.size(); ++i) {
-      const nlohmann::json& j = results[i];
-      step_sum += j["step_s"].get<double>();
-      bound_sum += j["bound_s"].get<double>();
-      stall_sum += j["stall_s"].get<double>();
-      rd_sum += j["nvme_read_bytes"].get<double>();
-      wr_sum += j["nvme_write_bytes"].get<double>();
-    }
-    const double n = static_cast<double>(results.size() - 1);
-    const std::string steps = "2-" + std::to_string(results.size());
-    if (o.json) {
-      nlohmann::json sum = {{"bench", "store"},
-                            {"policy", o.policy},
-                            {"summary", "steps " + steps},
-                            {"step_s", step_sum / n},
-                            {"bound_s", bound_sum / n},
-                            {"step_over_bound", step_sum / bound_sum},
-                            {"raw_change", raw_change},
-                            {"stall_fraction", stall_sum / step_sum},
-                            {"nvme_read_bytes", rd_sum / n},
-                            {"nvme_write_bytes", wr_sum / n}};
-      std::printf("%s\n", sum.dump().c_str());
-    } else {
-      std::printf("steps %s: %.2f s per step, bound %.2f s, ratio %.3f, stall %.1f%%, NVMe %s read and "
-                  "%s written per step\n",
-                  steps.c_str(), step_sum / n, bound_sum / n, step_sum / bound_sum,
-                  100.0 * stall_sum / step_sum, format_bytes(rd_sum / n).c_str(),
-                  format_bytes(wr_sum / n).c_str());
-    }
-  }
+  print_summary(results, raw_change, o);
   if (raw_change > 0.15) {
     TZ_LOG_WARN("bench store: the disk's speed drifted during the run: the bound from the raw "
                 "measurement before the walk and the one from after it differ by %.0f%%, so the "

@@ -255,21 +255,20 @@ std::string config_text(const BenchZeroOptions& o) {
   return j.dump();
 }
 
-int run(const BenchZeroOptions& o) {
+// Parse: the flags and the config into the engine's options (kInvalidArgument naming the flag).
+Result<zero::EngineOptions> parse(const BenchZeroOptions& o) {
   if (o.layers <= 0 || o.hidden <= 0 || o.tokens <= 0 || o.steps <= 0 || o.ranks <= 0) {
-    return fail(Status::invalid_argument(
-        "--layers, --hidden, --tokens, --steps and --ranks must be positive"));
+    return Status::invalid_argument(
+        "--layers, --hidden, --tokens, --steps and --ranks must be positive");
   }
   if (o.dtype != "bf16" && o.dtype != "fp16" && o.dtype != "fp32") {
-    return fail(Status::invalid_argument("--dtype: expected bf16, fp16 or fp32, got " + o.dtype));
+    return Status::invalid_argument("--dtype: expected bf16, fp16 or fp32, got " + o.dtype);
   }
-  auto device_budget = parse_size(o.device_budget);
-  if (!device_budget) return fail(device_budget.status());
-  auto host_budget = parse_size(o.host_budget);
-  if (!host_budget) return fail(host_budget.status());
+  TZ_ASSIGN_OR_RETURN(std::uint64_t device_budget, parse_size(o.device_budget));
+  TZ_ASSIGN_OR_RETURN(std::uint64_t host_budget, parse_size(o.host_budget));
   ConfigLoad load = o.config.empty() ? load_config_text(config_text(o))
                                      : load_config_file(o.config);
-  if (!load.ok()) return fail(load.status());
+  if (!load.ok()) return load.status();
   zero::EngineOptions eo;
   eo.config = load.config;
   // The flags decide the stage, offloads, dtype and budget; a --config file supplies the rest
@@ -279,114 +278,156 @@ int run(const BenchZeroOptions& o) {
   eo.config.zero.offload_param.device = o.offload_param;
   eo.config.bf16 = o.dtype == "bf16";
   eo.config.fp16.enabled = o.dtype == "fp16";
-  eo.config.tierzero.device_budget = *device_budget;
+  eo.config.tierzero.device_budget = device_budget;
   eo.nvme_path = o.nvme_path;
-  eo.host_budget_bytes = *host_budget;
+  eo.host_budget_bytes = host_budget;
   eo.activation_bytes = 0;  // the synthetic model computes in host memory
+  return eo;
+}
+
+// Measure: the copy ceiling, and the disk's where a tier is on NVMe, for the step's bound.
+Status measure_ceilings(const BenchZeroOptions& o, zero::EngineOptions& eo) {
   eo.copy_bytes_per_s = measure_copy(64u << 20);
   if (!o.nvme_path.empty() && (eo.config.zero.offload_optimizer.device == "nvme" ||
                                eo.config.zero.offload_param.device == "nvme")) {
-    Status st = measure_disk(o.nvme_path, 256u << 20, &eo.nvme_write_bytes_per_s,
-                             &eo.nvme_read_bytes_per_s);
-    if (!st.is_ok()) return fail(st);
+    TZ_RETURN_IF_ERROR(measure_disk(o.nvme_path, 256u << 20, &eo.nvme_write_bytes_per_s,
+                                    &eo.nvme_read_bytes_per_s));
   }
+  return Status::ok();
+}
 
-  std::mutex mu;
+// The run's result: one JSON line per step (rank 0) and the summary; printed as JSON lines or
+// as the table.
+struct ZeroResult {
+  std::mutex mu;  // rank 0's thread writes, the caller reads after the ranks joined
   std::vector<json> step_lines;
   json summary;
-  const std::uint64_t dev_pool = *device_budget;
+
+  void print(const BenchZeroOptions& o, const zero::EngineOptions& eo) const {
+    if (o.json) {
+      for (const json& l : step_lines) std::printf("%s\n", l.dump().c_str());
+      std::printf("%s\n", summary.dump().c_str());
+      return;
+    }
+    std::printf("bench zero: stage %d, %d rank(s), %s params, optimizer %s, params %s, %s\n",
+                eo.config.zero.stage, o.ranks,
+                format_bytes(summary["params"].get<double>()).c_str(),
+                eo.config.zero.offload_optimizer.device.c_str(),
+                eo.config.zero.offload_param.device.c_str(), o.dtype.c_str());
+    std::printf("%5s %10s %10s %12s %14s %14s\n", "step", "step_s", "bound_s", "loss",
+                "nvme B/param", "peak device");
+    for (const json& l : step_lines) {
+      std::printf("%5lld %10.3f %10.3f %12.6f %14.2f %14s\n", l["step"].get<long long>(),
+                  l["step_s"].get<double>(), l["bound_s"].get<double>(), l["loss"].get<double>(),
+                  l["nvme_bytes_per_param"].get<double>(),
+                  format_bytes(l["peak_bytes"]["device"].get<double>()).c_str());
+    }
+    std::printf("params_xxh3 %s\n", summary["params_xxh3"].get<std::string>().c_str());
+  }
+};
+
+// One step's JSON line.
+json step_line(const BenchZeroOptions& o, const zero::EngineOptions& eo, zero::Engine& engine,
+               const zero::StepReport& rep, double loss) {
+  json line;
+  line["bench"] = "zero";
+  line["stage"] = eo.config.zero.stage;
+  line["ranks"] = o.ranks;
+  line["params"] = engine.param_count();
+  line["step"] = rep.step;
+  line["skipped"] = rep.skipped;
+  line["step_s"] = rep.step_s;
+  line["bound_s"] = rep.bound_s;
+  line["loss"] = loss;
+  line["grad_norm"] = rep.grad_norm;
+  line["loss_scale"] = rep.loss_scale;
+  line["stall_s"] = {{"gather", rep.stall_gather_s},
+                     {"reduce", rep.stall_reduce_s},
+                     {"optimizer", rep.stall_optimizer_s}};
+  line["comm_bytes"] = rep.comm_bytes;
+  line["comm_formula_bytes"] = rep.comm_formula_bytes;
+  line["peak_bytes"] = rep.peak_bytes.to_json();
+  line["plan_bytes"] = engine.plan_bytes().to_json();
+  line["nvme_read_bytes"] = rep.nvme_read_bytes;
+  line["nvme_write_bytes"] = rep.nvme_write_bytes;
+  line["nvme_bytes_per_param"] = static_cast<double>(rep.nvme_read_bytes + rep.nvme_write_bytes) /
+                                 static_cast<double>(engine.param_count());
+  return line;
+}
+
+// The summary: the last step's line with the medians of the later steps, the parameters' hash,
+// the plan, the ceilings and the machine.
+json summary_json(const BenchZeroOptions& o, const zero::EngineOptions& eo, zero::Engine& engine,
+                  json last, const std::vector<double>& step_s, const std::vector<double>& bound_s,
+                  std::uint64_t hash) {
+  json summary = std::move(last);
+  summary["summary"] = true;
+  // Steps after the first follow the store's trace; the first one also warms it.
+  std::vector<double> later(step_s.begin() + (step_s.size() > 1 ? 1 : 0), step_s.end());
+  std::vector<double> later_bound(bound_s.begin() + (bound_s.size() > 1 ? 1 : 0), bound_s.end());
+  summary["step_s"] = median(later);
+  summary["bound_s"] = median(later_bound);
+  summary["steps"] = o.steps;
+  char hex[32];
+  std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(hash));
+  summary["params_xxh3"] = hex;
+  summary["plan"] = engine.plan_json();
+  summary["bandwidth_bytes_per_s"] = {{"nvme_read", eo.nvme_read_bytes_per_s},
+                                      {"nvme_write", eo.nvme_write_bytes_per_s},
+                                      {"copy", eo.copy_bytes_per_s}};
+  summary["machine"] = machine_json();
+  return summary;
+}
+
+// One rank's run: the engine, the model, the steps; rank 0 records the lines and the summary.
+Status run_rank(const BenchZeroOptions& o, const zero::EngineOptions& eo, int rank,
+                gpu::Device& dev, comm::Comm& comm, ZeroResult& result) {
+  TZ_ASSIGN_OR_RETURN(std::unique_ptr<zero::Engine> engine, zero::Engine::create(eo, dev, comm));
+  LayeredModel model(*engine, o.layers, o.hidden, o.tokens);
+  TZ_RETURN_IF_ERROR(model.build());
+  TZ_RETURN_IF_ERROR(model.init(1234));
+  const int k = engine->gradient_accumulation_steps();
+  std::vector<double> step_s, bound_s;
+  for (int step = 0; step < o.steps; ++step) {
+    double loss = 0;
+    for (int b = 0; b < k; ++b) {
+      const std::uint64_t seed = (static_cast<std::uint64_t>(step) * static_cast<std::uint64_t>(k) +
+                                  static_cast<std::uint64_t>(b)) * 1000003u +
+                                 static_cast<std::uint64_t>(rank);
+      TZ_ASSIGN_OR_RETURN(double l, model.micro_batch(seed));
+      loss += l / k;
+    }
+    TZ_ASSIGN_OR_RETURN(zero::StepReport rep, engine->step());
+    if (rank != 0) continue;
+    json line = step_line(o, eo, *engine, rep, loss);
+    step_s.push_back(rep.step_s);
+    bound_s.push_back(rep.bound_s);
+    std::lock_guard lock(result.mu);
+    result.step_lines.push_back(std::move(line));
+  }
+  TZ_ASSIGN_OR_RETURN(std::uint64_t hash, engine->params_xxh3());
+  if (rank == 0) {
+    std::lock_guard lock(result.mu);
+    result.summary =
+        summary_json(o, eo, *engine, result.step_lines.back(), step_s, bound_s, hash);
+  }
+  return Status::ok();
+}
+
+// parse -> measure -> run -> report.
+int run(const BenchZeroOptions& o) {
+  Result<zero::EngineOptions> parsed = parse(o);
+  if (!parsed) return fail(parsed.status());
+  zero::EngineOptions eo = std::move(parsed).value();
+  if (Status st = measure_ceilings(o, eo); !st.is_ok()) return fail(st);
+  ZeroResult result;
   Status st = zero::run_local_ranks(
-      o.ranks, dev_pool, [&](int rank, gpu::Device& dev, comm::Comm& comm) -> Status {
-        TZ_ASSIGN_OR_RETURN(std::unique_ptr<zero::Engine> engine,
-                            zero::Engine::create(eo, dev, comm));
-        LayeredModel model(*engine, o.layers, o.hidden, o.tokens);
-        TZ_RETURN_IF_ERROR(model.build());
-        TZ_RETURN_IF_ERROR(model.init(1234));
-        const int k = engine->gradient_accumulation_steps();
-        std::vector<double> step_s, bound_s;
-        for (int step = 0; step < o.steps; ++step) {
-          double loss = 0;
-          for (int b = 0; b < k; ++b) {
-            const std::uint64_t seed = (static_cast<std::uint64_t>(step) * static_cast<std::uint64_t>(k) +
-                                        static_cast<std::uint64_t>(b)) * 1000003u +
-                                       static_cast<std::uint64_t>(rank);
-            TZ_ASSIGN_OR_RETURN(double l, model.micro_batch(seed));
-            loss += l / k;
-          }
-          TZ_ASSIGN_OR_RETURN(zero::StepReport rep, engine->step());
-          if (rank != 0) continue;
-          json line;
-          line["bench"] = "zero";
-          line["stage"] = eo.config.zero.stage;
-          line["ranks"] = o.ranks;
-          line["params"] = engine->param_count();
-          line["step"] = rep.step;
-          line["skipped"] = rep.skipped;
-          line["step_s"] = rep.step_s;
-          line["bound_s"] = rep.bound_s;
-          line["loss"] = loss;
-          line["grad_norm"] = rep.grad_norm;
-          line["loss_scale"] = rep.loss_scale;
-          line["stall_s"] = {{"gather", rep.stall_gather_s},
-                             {"reduce", rep.stall_reduce_s},
-                             {"optimizer", rep.stall_optimizer_s}};
-          line["comm_bytes"] = rep.comm_bytes;
-          line["comm_formula_bytes"] = rep.comm_formula_bytes;
-          line["peak_bytes"] = rep.peak_bytes.to_json();
-          line["plan_bytes"] = engine->plan_bytes().to_json();
-          line["nvme_read_bytes"] = rep.nvme_read_bytes;
-          line["nvme_write_bytes"] = rep.nvme_write_bytes;
-          line["nvme_bytes_per_param"] =
-              static_cast<double>(rep.nvme_read_bytes + rep.nvme_write_bytes) /
-              static_cast<double>(engine->param_count());
-          step_s.push_back(rep.step_s);
-          bound_s.push_back(rep.bound_s);
-          std::lock_guard lock(mu);
-          step_lines.push_back(line);
-        }
-        TZ_ASSIGN_OR_RETURN(std::uint64_t hash, engine->params_xxh3());
-        if (rank == 0) {
-          std::lock_guard lock(mu);
-          summary = step_lines.back();
-          summary["summary"] = true;
-          // Steps after the first follow the store's trace; the first one also warms it.
-          std::vector<double> later(step_s.begin() + (step_s.size() > 1 ? 1 : 0), step_s.end());
-          std::vector<double> later_bound(bound_s.begin() + (bound_s.size() > 1 ? 1 : 0),
-                                          bound_s.end());
-          summary["step_s"] = median(later);
-          summary["bound_s"] = median(later_bound);
-          summary["steps"] = o.steps;
-          char hex[32];
-          std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(hash));
-          summary["params_xxh3"] = hex;
-          summary["plan"] = engine->plan_json();
-          summary["bandwidth_bytes_per_s"] = {{"nvme_read", eo.nvme_read_bytes_per_s},
-                                              {"nvme_write", eo.nvme_write_bytes_per_s},
-                                              {"copy", eo.copy_bytes_per_s}};
-          summary["machine"] = machine_json();
-        }
-        return Status::ok();
+      o.ranks, eo.config.tierzero.device_budget,
+      [&](int rank, gpu::Device& dev, comm::Comm& comm) {
+        return run_rank(o, eo, rank, dev, comm, result);
       });
   if (!st.is_ok()) return fail(st);
-  if (o.json) {
-    for (const json& l : step_lines) std::printf("%s\n", l.dump().c_str());
-    std::printf("%s\n", summary.dump().c_str());
-    return 0;
-  }
-  std::printf("bench zero: stage %d, %d rank(s), %s params, optimizer %s, params %s, %s\n",
-              eo.config.zero.stage, o.ranks,
-              format_bytes(summary["params"].get<double>()).c_str(),
-              eo.config.zero.offload_optimizer.device.c_str(),
-              eo.config.zero.offload_param.device.c_str(), o.dtype.c_str());
-  std::printf("%5s %10s %10s %12s %14s %14s\n", "step", "step_s", "bound_s", "loss", "nvme B/param",
-              "peak device");
-  for (const json& l : step_lines) {
-    std::printf("%5lld %10.3f %10.3f %12.6f %14.2f %14s\n", l["step"].get<long long>(),
-                l["step_s"].get<double>(), l["bound_s"].get<double>(), l["loss"].get<double>(),
-                l["nvme_bytes_per_param"].get<double>(),
-                format_bytes(l["peak_bytes"]["device"].get<double>()).c_str());
-  }
-  std::printf("params_xxh3 %s\n", summary["params_xxh3"].get<std::string>().c_str());
+  result.print(o, eo);
   return 0;
 }
 

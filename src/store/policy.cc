@@ -53,16 +53,16 @@ std::uint64_t Store::Impl::candidate_key(const Block& b, Tier t) const {
 void Store::Impl::refresh_candidate(Block& b) {
   for (std::size_t i = 0; i < kTierCount; ++i) {
     const Tier t = static_cast<Tier>(i);
-    if (b.candidate[i]) candidates[i].erase({b.candidate_key[i], ~std::uint64_t{b.id}});
+    if (b.candidate[i]) candidates.erase(t, b.id, b.candidate_key[i]);
     b.candidate[i] = !b.destroyed && b.home != t && b.copies[i].present && b.total_leases == 0;
     if (!b.candidate[i]) continue;
     b.candidate_key[i] = candidate_key(b, t);
-    candidates[i].insert({b.candidate_key[i], ~std::uint64_t{b.id}});
+    candidates.insert(t, b.id, b.candidate_key[i]);
   }
 }
 
 void Store::Impl::rebuild_candidates() {
-  for (auto& c : candidates) c.clear();
+  candidates.clear();
   for (auto& [id, b] : blocks) {
     b.candidate = {};
     refresh_candidate(b);
@@ -86,16 +86,16 @@ std::optional<std::vector<BlockId>> Store::Impl::choose_victims(
   std::vector<BlockId> out;
   std::uint64_t freed = 0;
   const std::uint64_t over = logical_used[ti(t)] + need - budget[ti(t)];
-  const auto& c = candidates[ti(t)];
-  for (auto it = c.rbegin(); it != c.rend() && freed < over; ++it) {
-    if (beyond && it->first <= floor) break;
-    const BlockId id = static_cast<BlockId>(~it->second);
-    if (id == for_block || id == protect) continue;
+  candidates.visit_evict_first(t, [&](BlockId id, std::uint64_t key) {
+    if (freed >= over) return false;
+    if (beyond && key <= floor) return false;
+    if (id == for_block || id == protect) return true;
     const Block& b = blocks.at(id);
-    if (allocated_only && !b.host.valid()) continue;
+    if (allocated_only && !b.host.valid()) return true;
     out.push_back(id);
     freed += b.bytes;
-  }
+    return true;
+  });
   if (freed < over) return std::nullopt;
   return out;
 }
@@ -262,6 +262,24 @@ void Store::Impl::note_pin(const TraceEntry& e) {
       "store: access order left the recorded trace at pin %zu; LRU until the next "
       "step",
       trace_pos);
+}
+
+Store::Impl::PinTraceMark Store::Impl::begin_pin(const TraceEntry& e, bool noted) {
+  const PinTraceMark mark{trace_pos, following, stats.trace_deviations, noted};
+  if (noted) note_pin(e);
+  return mark;
+}
+
+// Undoes begin_pin: the pin leaves the record, the trace position and the deviation count are as
+// before it, and the victim keys are rebuilt if the pin had made the store leave the trace.
+void Store::Impl::undo_pin(const PinTraceMark& mark) {
+  TZ_ASSERT(!mark.noted || !record.empty(), "undo_pin: the record does not hold the pin");
+  if (mark.noted) record.pop_back();
+  trace_pos = mark.pos;
+  const bool refollow = following != mark.following;
+  following = mark.following;
+  stats.trace_deviations = mark.deviations;
+  if (refollow) rebuild_candidates();
 }
 
 void Store::Impl::build_index() {

@@ -300,6 +300,28 @@ void Store::Impl::drop_stale_copies(Block& b, Tier written) {
   refresh_candidate(b);
 }
 
+// Tier `t`'s allocation FIFO names queued allocations of live blocks, in decision order.
+Status Store::Impl::check_alloc_fifo(Tier t) const {
+  const char* tier = tier_name(t);
+  std::uint64_t last_decided = 0;
+  for (const auto& [bid, seq] : alloc_fifo[ti(t)]) {
+    auto it = blocks.find(bid);
+    if (it == blocks.end()) return Status::internal("store: allocation FIFO names a gone block");
+    bool found = false;
+    for (const Op& op : it->second.ops) {
+      if (op.seq != seq) continue;
+      found = op.kind == OpKind::kAlloc;
+      if (op.decided <= last_decided) {
+        return Status::internal(std::string("store: allocation FIFO of ") + tier +
+                                " out of decision order");
+      }
+      last_decided = op.decided;
+    }
+    if (!found) return Status::internal("store: allocation FIFO names no queued allocation");
+  }
+  return Status::ok();
+}
+
 // The invariants every operation keeps (the property test checks them after each one): per
 // tier, the present copies' bytes sum to the logical use and, for device and host, the
 // physical use stays within the budget; per block, ops are ordered by seq after done_seq and
@@ -336,7 +358,7 @@ Status Store::Impl::check_invariants() const {
                             b.copies[t].present && b.total_leases == 0;
       if (eligible != b.candidate[t] ||
           (eligible && (b.candidate_key[t] != candidate_key(b, static_cast<Tier>(t)) ||
-                        candidates[t].count({b.candidate_key[t], ~std::uint64_t{id}}) != 1))) {
+                        !candidates.contains(static_cast<Tier>(t), id, b.candidate_key[t])))) {
         return Status::internal(who + ": stale eviction candidate in the " +
                                 tier_name(static_cast<Tier>(t)) + " tier");
       }
@@ -387,22 +409,7 @@ Status Store::Impl::check_invariants() const {
                               " allocations waiting in " + tier + ", FIFO holds " +
                               std::to_string(alloc_fifo[t].size()));
     }
-    std::uint64_t last_decided = 0;
-    for (const auto& [bid, seq] : alloc_fifo[t]) {
-      auto it = blocks.find(bid);
-      if (it == blocks.end()) return Status::internal("store: allocation FIFO names a gone block");
-      bool found = false;
-      for (const Op& op : it->second.ops) {
-        if (op.seq != seq) continue;
-        found = op.kind == OpKind::kAlloc;
-        if (op.decided <= last_decided) {
-          return Status::internal(std::string("store: allocation FIFO of ") + tier +
-                                  " out of decision order");
-        }
-        last_decided = op.decided;
-      }
-      if (!found) return Status::internal("store: allocation FIFO names no queued allocation");
-    }
+    TZ_RETURN_IF_ERROR(check_alloc_fifo(static_cast<Tier>(t)));
   }
   if (reserved != ahead_reserved || held_ahead != ahead_held || ahead_held > ahead_cap ||
       free_staging > staging.size()) {
@@ -412,7 +419,7 @@ Status Store::Impl::check_invariants() const {
                             " counted, at most " + std::to_string(ahead_cap) + ")");
   }
   for (std::size_t t = 0; t < kTierCount; ++t) {
-    if (candidates[t].size() != candidate_count[t]) {
+    if (candidates.size(static_cast<Tier>(t)) != candidate_count[t]) {
       return Status::internal(std::string("the ") + tier_name(static_cast<Tier>(t)) +
                               " tier's eviction candidates hold entries of no candidate");
     }

@@ -50,6 +50,8 @@ Result<std::unique_ptr<Store>> Store::create(const StoreOptions& options, gpu::D
   }
   auto impl = std::make_unique<Impl>();
   impl->options = options;
+  impl->io_sched = IoScheduler(options.io_grouping, options.max_io_in_flight_bytes,
+                               options.write_run_bytes);
   impl->device = &device;
   impl->pool = &pool;
   impl->budget[ti(Tier::kDevice)] = options.device_budget_bytes;
@@ -240,10 +242,7 @@ Result<Lease> Store::pin(BlockId id, Tier tier, Access access) {
   }
   // The pin takes its trace position before placement (victims are chosen by the uses after
   // it); a pin that cannot be placed is undone: it is neither in the trace nor in the counters.
-  const std::size_t saved_pos = m.trace_pos;
-  const bool saved_following = m.following;
-  const std::uint64_t saved_deviations = m.stats.trace_deviations;
-  if (tier != Tier::kNvme) m.note_pin(TraceEntry{id, tier, access});
+  const Impl::PinTraceMark mark = m.begin_pin(TraceEntry{id, tier, access}, tier != Tier::kNvme);
   Copy& c = b.copies[ti(tier)];
   const bool hit = c.present && (c.valid || access == Access::kWrite);
   const bool prefetch_hit = hit && c.by_prefetch;
@@ -252,12 +251,7 @@ Result<Lease> Store::pin(BlockId id, Tier tier, Access access) {
   Status placed = m.make_resident(b, tier);
   m.protect = 0;
   if (!placed.is_ok()) {
-    if (tier != Tier::kNvme) m.record.pop_back();
-    m.trace_pos = saved_pos;
-    const bool refollow = m.following != saved_following;
-    m.following = saved_following;
-    m.stats.trace_deviations = saved_deviations;
-    if (refollow) m.rebuild_candidates();
+    m.undo_pin(mark);
     return placed;
   }
   TierStats& ts = m.stats.tiers[ti(tier)];

@@ -38,8 +38,10 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "store/io_scheduler.h"
 #include "store/store.h"
 #include "store/store_internal.h"
+#include "store/victim_index.h"
 
 namespace tz::store {
 
@@ -72,12 +74,10 @@ struct Store::Impl {
   // all of them), and destroyed blocks to erase once their chains drain.
   std::set<BlockId> busy;
   // Per tier, the copies that may be evicted (present, not home, no lease, block not destroyed),
-  // ordered by eviction key (candidate_key) so that choosing victims reads them from the top
-  // instead of scanning every block. Entries are (key, ~id): reverse order is evict-first
-  // (larger key, then lower id). Kept current by refresh_candidate at every change of a block's
-  // presence, leases or key, and rebuilt when the policy's keys change meaning (a new trace,
-  // a deviation); check_invariants recomputes them.
-  std::array<std::set<std::pair<std::uint64_t, std::uint64_t>>, kTierCount> candidates;
+  // by eviction key (candidate_key; victim_index.h). Kept current by refresh_candidate at every
+  // change of a block's presence, leases or key, and rebuilt when the policy's keys change
+  // meaning (a new trace, a deviation); check_invariants recomputes it.
+  VictimIndex candidates;
   std::vector<BlockId> to_reap;
   // Bumped on every change the prefetch walk depends on (a decision pushed, a write pin or its
   // release, an error, a new trace); walk_idle_at: the epoch at which a full walk found nothing
@@ -121,15 +121,8 @@ struct Store::Impl {
   std::uint32_t ahead_held = 0;
   std::set<BlockId> staged_blocks;
 
-  // I/O scheduling (mover only, under mu).
-  std::deque<IoJob> read_q;
-  std::deque<IoJob> write_q;
-  std::uint64_t job_order = 0;
-  bool writing = false;         // kGrouped: the direction being issued
-  std::uint64_t run_bytes = 0;  // bytes issued in the current direction's run
-  std::uint64_t in_flight_bytes = 0;
-  std::uint32_t in_flight_reads = 0;
-  std::uint32_t in_flight_writes = 0;
+  // I/O scheduling (mover only, under mu): the queued NVMe piece jobs and those in flight.
+  IoScheduler io_sched;
 
   // Policy.
   std::vector<TraceEntry> trace;
@@ -169,6 +162,7 @@ struct Store::Impl {
   static std::uint64_t lease_mark(Access access, std::uint64_t first_seq, std::uint64_t ready_seq);
   bool only_valid(const Block& b, Tier t) const;
   Status check_invariants() const;
+  Status check_alloc_fifo(Tier t) const;
   void write_back_early(Block& b, Tier t);
   void evict(Block& b, Tier t);
   std::optional<Tier> load_source(const Block& b, Tier t) const;
@@ -197,6 +191,17 @@ struct Store::Impl {
   bool try_stage(Block& b, std::uint64_t distance);
   void prefetch_ahead();
   void note_pin(const TraceEntry& e);
+  // A pin's trace bookkeeping, taken before its placement and undone when placement fails: the
+  // trace position, whether the trace was followed and the deviation count as they were, and
+  // whether the pin went into the record (NVMe pins do not).
+  struct PinTraceMark {
+    std::size_t pos = 0;
+    bool following = false;
+    std::uint64_t deviations = 0;
+    bool noted = false;
+  };
+  PinTraceMark begin_pin(const TraceEntry& e, bool noted);
+  void undo_pin(const PinTraceMark& mark);
   void build_index();
 
   // ---- mover.cc (physical operations: allocations, copies, the staging pipeline, I/O scheduling)

@@ -31,17 +31,13 @@
 #include "core/dtype.h"
 #include "core/status.h"
 #include "gpu/device.h"
+#include "zero/local_ranks.h"  // run_local_ranks, which callers of the model API use to run ranks
 
-namespace tz::nvme {
-class IoEngine;
+namespace tz::store {
+struct IoHooks;  // store/stack.h
 }
 
 namespace tz::zero {
-
-// Wraps the I/O engine the engine's swap space would use (tests inject faults with
-// nvme::FaultEngine); empty = no wrapping.
-using IoEngineWrapper =
-    std::function<std::unique_ptr<nvme::IoEngine>(std::unique_ptr<nvme::IoEngine>)>;
 
 using UnitId = std::uint32_t;
 
@@ -100,7 +96,8 @@ struct EngineOptions {
   // allocations): counted in the plan's device term so plan and measured peak compare.
   std::uint64_t activation_bytes = 0;
   std::uint64_t seed = 1234;  // the engine's own randomness (none today; reserved for dropout)
-  IoEngineWrapper wrap_io_engine;  // applied to the swap space's I/O engine (fault tests)
+  // Hooks on the swap space's I/O (fault tests: store/stack.h); empty = none.
+  std::shared_ptr<const store::IoHooks> io_hooks;
   // Bandwidths for StepReport::bound_s (measured by the caller, e.g. bench zero); 0 = unknown,
   // the term is left out of the bound.
   double nvme_read_bytes_per_s = 0;
@@ -232,11 +229,5 @@ class Engine {
  protected:
   Engine() = default;
 };
-
-// Runs `world_size` ranks as threads of this process, each with its own HostDevice (a pool of
-// `device_budget_bytes`; 0 = the default) and a LocalComm of one group, and calls
-// `fn(rank, device, comm)` on rank r's thread. Returns the first rank's error, naming the rank.
-using RankFn = std::function<Status(int rank, gpu::Device& device, comm::Comm& comm)>;
-Status run_local_ranks(int world_size, std::uint64_t device_budget_bytes, const RankFn& fn);
 
 }  // namespace tz::zero

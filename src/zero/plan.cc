@@ -10,8 +10,7 @@
 #include "core/assert.h"
 #include "cpu/optimizer.h"
 #include "gpu/device.h"
-#include "nvme/nvme_config.h"
-#include "nvme/swap_space.h"
+#include "store/stack.h"
 
 namespace tz::zero {
 namespace {
@@ -248,7 +247,7 @@ Result<MemoryPlan> plan_memory(const PlanInputs& in, const Config& config,
   so.chunk_bytes = std::clamp<std::uint64_t>(round_up(max_opt * 4, 4096), 64u << 10, 8u << 20);
   if (home[2] > 0) {
     so.chunk_bytes =
-        std::min<std::uint64_t>(so.chunk_bytes, nvme::nvme_settings(config).queue_options.block_bytes);
+        std::min<std::uint64_t>(so.chunk_bytes, store::swap_block_bytes(config));
   }
   so.staging_buffers = 4;
   so.max_io_in_flight_bytes = std::max<std::uint64_t>(so.chunk_bytes * 4, 16u << 20);
@@ -314,8 +313,7 @@ Result<MemoryPlan> plan_memory(const PlanInputs& in, const Config& config,
   plan.pool.prefault = false;
   if (home[2] > 0) {
     // Every block's extent is 4 KiB-rounded; stripes add at most one per path of slack each.
-    const nvme::SwapOptions defaults;
-    plan.swap_stripe_bytes = defaults.stripe_bytes;
+    plan.swap_stripe_bytes = store::default_swap_stripe_bytes();
     const std::uint64_t need = home[2] + units.size() * (states + 3) * 4096ull;
     plan.swap_bytes_per_path =
         round_up(need / in.nvme_paths + plan.swap_stripe_bytes, plan.swap_stripe_bytes) +

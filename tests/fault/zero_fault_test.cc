@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "nvme/fault_engine.h"
+#include "store/stack.h"
 #include "unit/zero/test_model.h"
 #include "zero/engine.h"
 
@@ -51,14 +52,13 @@ Outcome run(std::uint64_t fail_request) {
   // The whole host tier: four units' state of eight and the gradient shards in the store, plus
   // the engine's staging at this shape (278,528 bytes; the plan's error names it if it changes).
   opts.host_budget_bytes = 4 * 3 * 2048 * 4 + (64u << 10) + 278528;
-  opts.wrap_io_engine = [&](std::unique_ptr<nvme::IoEngine> inner) {
-    nvme::FaultOptions fo;
-    fo.seed = kSeed;
-    fo.eio_on_request = fail_request;
-    auto engine = std::make_unique<nvme::FaultEngine>(std::move(inner), fo);
-    faults = engine.get();
-    return std::unique_ptr<nvme::IoEngine>(std::move(engine));
-  };
+  auto hooks = std::make_shared<store::IoHooks>();
+  nvme::FaultOptions fo;
+  fo.seed = kSeed;
+  fo.eio_on_request = fail_request;
+  hooks->faults = fo;
+  hooks->on_fault_engine = [&](nvme::FaultEngine& engine) { faults = &engine; };
+  opts.io_hooks = hooks;
   Status s = run_local_ranks(1, 64u << 20, [&](int, gpu::Device& dev, comm::Comm& comm) {
     TZ_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::create(opts, dev, comm));
     ModelShape shape;

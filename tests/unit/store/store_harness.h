@@ -28,6 +28,7 @@
 #include "nvme/fault_engine.h"
 #include "nvme/io_engine.h"
 #include "nvme/swap_space.h"
+#include "store/stack.h"
 #include "store/store.h"
 
 namespace tz::store::testing {
@@ -185,7 +186,7 @@ inline void gate_writes(HarnessOptions& o, std::shared_ptr<std::atomic<bool>> op
 struct Harness {
   ScratchDir dir;
   std::unique_ptr<gpu::HostDevice> device;
-  std::optional<PinnedPool> pool;
+  std::unique_ptr<PinnedPool> pool;
   std::unique_ptr<Store> store;
   nvme::FaultEngine* fault = nullptr;  // owned by the swap space inside the store
   std::vector<std::string> swap_files;
@@ -196,48 +197,40 @@ struct Harness {
     auto dev = gpu::HostDevice::create(o.store.device_budget_bytes);
     ASSERT_TRUE(dev.is_ok()) << dev.status().to_string();
     device = std::move(dev).value();
-    PinnedPoolOptions po;
+    StackDescription sd;
     // Host budget + staging + room for fragmentation (the store enforces the host budget).
     pool_budget = o.pool_budget.value_or(o.store.host_budget_bytes * 2 +
                                          o.store.staging_buffers * o.store.chunk_bytes +
                                          (4ull << 20));
-    po.budget_bytes = pool_budget;
+    sd.pool.budget_bytes = pool_budget;
     // A pool of a given size is one slab of that size, as the engine makes it (fragmentation
     // then shows); the default is one roomy slab.
-    po.slab_bytes = o.pool_budget ? (pool_budget + 4095) / 4096 * 4096 : 32ull << 20;
-    po.huge_pages = false;
-    po.prefault = false;
-    po.lock = MemlockPolicy::kOff;
-    auto p = PinnedPool::create(po);
-    ASSERT_TRUE(p.is_ok()) << p.status().to_string();
-    pool.emplace(std::move(p).value());
-    nvme::SwapOptions so;
-    so.paths = {dir.path()};
-    so.bytes_per_path = o.swap_bytes;
-    so.stripe_bytes = 1ull << 20;
-    nvme::IoQueueOptions qo;
-    qo.block_bytes = 1ull << 20;
-    qo.depth_per_file = 16;
-    // The engine is made inside the factory, on the store's mover thread: an io_uring ring
+    sd.pool.slab_bytes = o.pool_budget ? (pool_budget + 4095) / 4096 * 4096 : 32ull << 20;
+    sd.pool.huge_pages = false;
+    sd.pool.prefault = false;
+    sd.pool.lock = MemlockPolicy::kOff;
+    sd.register_pool = false;
+    sd.store = o.store;
+    SwapDescription& swap = sd.swap.emplace();
+    swap.swap.paths = {dir.path()};
+    swap.swap.bytes_per_path = o.swap_bytes;
+    swap.swap.stripe_bytes = 1ull << 20;
+    swap.queue_options.block_bytes = 1ull << 20;
+    swap.queue_options.depth_per_file = 16;
+    swap.engine_kind = o.engine;
+    swap.engine_options.queue_depth = 16;
+    // The engine is made inside the store's swap factory, on its mover thread: an io_uring ring
     // (SINGLE_ISSUER) refuses registrations from any other thread (EEXIST).
-    auto factory = [&, so, qo]() -> Result<std::unique_ptr<nvme::SwapSpace>> {
-      nvme::IoEngineOptions eo;
-      eo.queue_depth = 16;
-      TZ_ASSIGN_OR_RETURN(std::unique_ptr<nvme::IoEngine> e, nvme::make_io_engine(o.engine, eo));
-      if (o.faults) {
-        auto f = std::make_unique<nvme::FaultEngine>(std::move(e), *o.faults);
-        fault = f.get();
-        e = std::move(f);
-      }
-      if (o.wrap_engine) e = o.wrap_engine(std::move(e));
-      TZ_ASSIGN_OR_RETURN(nvme::SwapSpace swap, nvme::SwapSpace::create(so, std::move(e), qo));
-      auto sp = std::make_unique<nvme::SwapSpace>(std::move(swap));
-      swap_files = sp->file_paths();
-      return sp;
-    };
-    auto s = Store::create(o.store, *device, *pool, factory);
+    auto hooks = std::make_shared<IoHooks>();
+    hooks->faults = o.faults;
+    hooks->on_fault_engine = [this](nvme::FaultEngine& f) { fault = &f; };
+    hooks->wrap_io_engine = o.wrap_engine;
+    hooks->on_swap = [this](const nvme::SwapSpace& sp) { swap_files = sp.file_paths(); };
+    sd.io_hooks = hooks;
+    auto s = build_stack(sd, *device);
     ASSERT_TRUE(s.is_ok()) << s.status().to_string();
-    store = std::move(s).value();
+    pool = std::move(s->pool);
+    store = std::move(s->store);
   }
 
   // Tears down in order and reports leaks: live pinned buffers or device allocations.
