@@ -61,7 +61,7 @@ out="${out:-$build/llama_vs_hf.$(date -u +%Y%m%dT%H%M%SZ).jsonl}"
 # shellcheck source=bench/peers_venv.sh
 source "$here/peers_venv.sh"
 peers_venv_need "$venv" llama_vs_hf "torch, transformers, safetensors, numpy" \
-  --extra-index-url https://download.pytorch.org/whl/cpu torch transformers safetensors numpy || exit 1
+  torch transformers safetensors numpy || exit 1
 py="$(peers_python "$venv")"
 export OMP_NUM_THREADS=2 MKL_NUM_THREADS=2 OPENBLAS_NUM_THREADS=2
 export HF_HUB_DISABLE_PROGRESS_BARS=1 TRANSFORMERS_VERBOSITY=error

@@ -7,8 +7,9 @@
 # WHAT TO SEND AND RUN (device tool), after `scripts/gpu-payload.sh` here has printed its size:
 #     run(command="scripts/gpu-check.sh", carry=["build/gpu-payload"], timeout_s=540)
 # The tree travels with it (the configs under configs/train/ are read from it). One command,
-# under 8 minutes: DEADLINE_S=450 for the checks, whose caps add up to 435 s (payload 30, gpu
-# tests 60, ops tests 90, bench copy 30, bench ops 45, train cpu 75, train gpu 45, speed 60).
+# under 8 minutes: DEADLINE_S=450 for the checks, whose caps add up to 450 s (payload 30, gpu
+# tests 45, ops tests 70, bench copy 20, bench ops 35, train cpu 60, train gpu 35, speed 40, llama
+# cpu 45, llama gpu 70).
 #
 # What it checks, each a row of the summary; the exit status is 0 only when every row passed:
 #   payload        the three programs start with the machine's libraries (libstdc++ from the
@@ -25,7 +26,11 @@
 #                  loss on the GPU within 1e-3 (relative) of the CPU's
 #   train speed    gpt2-124m, bf16, seq 1024, NVMe offload, on cuda: tokens/s and model TFLOPS
 #                  ((6 N + 12 L T d) FLOP per token), reported, not judged
-#   llama-3.2-1b   PENDING: added when the open-models issue lands (a marked place below)
+#   llama cpu/gpu  llama-3.2-1b (1.24 B parameters, vocab 128,256), 2 steps, fp32, seq 64: on the
+#                  GPU at stage 3 with parameters and optimizer states on NVMe; the same steps on
+#                  the CPU at stage 0 in host memory (the engine's losses do not depend on stage or
+#                  offload, so the CPU run needs no disk time); each loss within 1e-3 relative;
+#                  the GPU run's tokens/s and model TFLOPS
 # Results: $OUT/summary.txt (the table), $OUT/summary.json, $OUT/logs.tar.gz (every log, gtest
 # JSON, metrics); $OUT unset: build/gpu-check/. At most 8 files come back from $OUT: keep it so.
 #
@@ -167,13 +172,13 @@ PY
 }
 
 if [ "$payload_ok" = 1 ]; then
-  gtest_row "gpu tests" tz_gpu_cuda_tests 60
-  gtest_row "ops tests" tz_ops_cuda_tests 90
+  gtest_row "gpu tests" tz_gpu_cuda_tests 45
+  gtest_row "ops tests" tz_ops_cuda_tests 70
 
   # --- Benchmarks on the GPU ----------------------------------------------------------------
   say "bench copy (cuda, 1G)"
   s=$(date +%s); rc=0
-  timeout "$(budget 30)" "$TZ" bench copy --device cuda --size 1G --repeats 5 --json \
+  timeout "$(budget 20)" "$TZ" bench copy --device cuda --size 1G --repeats 5 --json \
     >"$WORK/bench-copy.jsonl" 2>"$WORK/bench-copy.err" || rc=$?
   note=$(python3 - "$WORK/bench-copy.jsonl" "$rc" <<'PY'
 import json, sys
@@ -190,7 +195,7 @@ PY
 
   say "bench ops (cuda, bf16)"
   s=$(date +%s); rc=0
-  timeout "$(budget 45)" "$TZ" bench ops --device cuda --dtype bf16 --repeat 5 --json \
+  timeout "$(budget 35)" "$TZ" bench ops --device cuda --dtype bf16 --repeat 5 --json \
     >"$WORK/bench-ops.jsonl" 2>"$WORK/bench-ops.err" || rc=$?
   note=$(python3 - "$WORK/bench-ops.jsonl" "$rc" <<'PY'
 import json, sys
@@ -210,14 +215,16 @@ PY
   record "bench ops" "${note%%$'\t'*}" $(( $(date +%s) - s )) "${note#*$'\t'}"
 
   # --- Training: the same steps on the CPU and on the GPU, both offloads on NVMe --------------
-  # train_run NAME DEVICE CAP CONFIG SEQ STEPS: sets TRAIN_RC and TRAIN_SECS.
+  # train_run NAME DEVICE CAP CONFIG SEQ STEPS [MODEL]: sets TRAIN_RC and TRAIN_SECS.
   train_run() {
-    local name=$1 device=$2 cap=$3 config=$4 seq=$5 steps=$6 rc=0 s
+    local name=$1 device=$2 cap=$3 config=$4 seq=$5 steps=$6 model=${7:-gpt2-124m} rc=0 s
+    local nvme_args=()
     s=$(date +%s)
-    say "train $name: gpt2-124m on $device, $config, seq $seq, $steps steps, NVMe at $NVME"
+    say "train $name: $model on $device, $config, seq $seq, $steps steps, NVMe at $NVME"
     rm -rf "${NVME:?}/$name"; mkdir -p "$NVME/$name"
+    grep -q '"nvme"' "configs/train/$config" && nvme_args=(--nvme-path "$NVME/$name")
     TZ_DEVICE=$device timeout "$(budget "$cap")" "$TZ" train --config "configs/train/$config" \
-      --model gpt2-124m --seq "$seq" --steps "$steps" --seed 1234 --nvme-path "$NVME/$name" \
+      --model "$model" --seq "$seq" --steps "$steps" --seed 1234 "${nvme_args[@]}" \
       --metrics "$WORK/train-$name.jsonl" --json >"$WORK/train-$name.json" 2>"$WORK/train-$name.err" ||
       rc=$?
     rm -rf "${NVME:?}/$name"
@@ -225,19 +232,21 @@ PY
     TRAIN_RC=$rc
     TRAIN_SECS=$(( $(date +%s) - s ))
   }
-  train_run cpu host 75 gpu_check_nvme_fp32.json 256 3
-  rc_cpu=$TRAIN_RC secs_cpu=$TRAIN_SECS
-  train_run gpu cuda 45 gpu_check_nvme_fp32.json 256 3
-  rc_gpu=$TRAIN_RC secs_gpu=$TRAIN_SECS
-  note=$(python3 - "$WORK" "$rc_cpu" "$rc_gpu" <<'PY'
+  # compare_losses CPU_NAME GPU_NAME STEPS: "pass|fail<TAB>details" for the two runs' losses.
+  compare_losses() {
+    python3 - "$WORK" "$1" "$2" "$3" <<'PY'
 import json, sys, pathlib
-w, rc_cpu, rc_gpu = pathlib.Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+w, cpu_name, gpu_name, steps = pathlib.Path(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4])
 def losses(name):
     p = w / f"train-{name}.jsonl"
     return [json.loads(l)["loss"] for l in p.read_text().splitlines() if l.startswith("{")] if p.exists() else []
-cpu, gpu = losses("cpu"), losses("gpu")
-if rc_cpu or rc_gpu or len(cpu) != 3 or len(gpu) != 3:
-    err = (w / "train-gpu.err").read_text().strip().splitlines()[-1:] if rc_gpu else []
+def rc(name):
+    p = w / f"train-{name}.rc"
+    return int(p.read_text()) if p.exists() else -1
+cpu, gpu = losses(cpu_name), losses(gpu_name)
+rc_cpu, rc_gpu = rc(cpu_name), rc(gpu_name)
+if rc_cpu or rc_gpu or len(cpu) != steps or len(gpu) != steps:
+    err = (w / f"train-{gpu_name}.err").read_text().strip().splitlines()[-1:] if rc_gpu else []
     print(f"fail\texit cpu {rc_cpu} gpu {rc_gpu}, steps cpu {len(cpu)} gpu {len(gpu)} {' '.join(err)}")
     sys.exit()
 rel = [abs(g - c) / abs(c) for c, g in zip(cpu, gpu)]
@@ -245,10 +254,15 @@ ok = max(rel) <= 1e-3
 print(("pass" if ok else "fail") + "\tlosses cpu " + " ".join(f"{x:.5f}" for x in cpu) +
       " | gpu " + " ".join(f"{x:.5f}" for x in gpu) + f" | max rel diff {max(rel):.1e} (limit 1e-3)")
 PY
-)
+  }
+  train_run cpu host 60 gpu_check_nvme_fp32.json 256 3
+  echo "$TRAIN_RC" > "$WORK/train-cpu.rc"; secs_cpu=$TRAIN_SECS
+  train_run gpu cuda 35 gpu_check_nvme_fp32.json 256 3
+  echo "$TRAIN_RC" > "$WORK/train-gpu.rc"; secs_gpu=$TRAIN_SECS
+  note=$(compare_losses cpu gpu 3)
   record "train cpu vs gpu" "${note%%$'\t'*}" $(( secs_cpu + secs_gpu )) "${note#*$'\t'}"
 
-  train_run speed cuda 60 gpu_check_nvme_bf16.json 1024 6
+  train_run speed cuda 40 gpu_check_nvme_bf16.json 1024 6
   rc_speed=$TRAIN_RC secs_speed=$TRAIN_SECS
   note=$(python3 - "$WORK/train-speed.json" "$rc_speed" <<'PY'
 import json, sys
@@ -267,10 +281,25 @@ PY
 )
   record "train speed" "${note%%$'\t'*}" "$secs_speed" "${note#*$'\t'}"
 
-  # --- llama-3.2-1b: PENDING until the open-models issue lands --------------------------------
-  # Place for: the same CPU-vs-GPU loss comparison and the speed run on `--model llama-3.2-1b`
-  # (parameters and optimizer states on NVMe). No row is faked meanwhile; the summary says so.
-  echo "llama-3.2-1b: pending (the open-models issue has not landed: no such --model yet)"
+  # --- llama-3.2-1b: the GPU at stage 3 with both offloads on NVMe against the CPU at stage 0 ---
+  train_run llama-cpu host 45 gpu_check_stage0_fp32.json 64 2 llama-3.2-1b
+  echo "$TRAIN_RC" > "$WORK/train-llama-cpu.rc"; secs_lcpu=$TRAIN_SECS
+  train_run llama-gpu cuda 70 gpu_check_nvme_fp32.json 64 2 llama-3.2-1b
+  echo "$TRAIN_RC" > "$WORK/train-llama-gpu.rc"; secs_lgpu=$TRAIN_SECS
+  note=$(compare_losses llama-cpu llama-gpu 2)
+  speed=$(python3 - "$WORK/train-llama-gpu.json" <<'PY'
+import json, sys
+try:
+    j = json.loads([l for l in open(sys.argv[1]) if l.startswith("{")][-1])
+except Exception:
+    sys.exit()
+L, d, T = 16, 2048, 64  # llama-3.2-1b, seq 64
+tflops = j["tokens_per_s"] * (6 * j["params"] + 12 * L * T * d) / 1e12
+print(f" | gpu {j['tokens_per_s']:.0f} tokens/s, {tflops:.2f} model TFLOP/s, median step "
+      f"{j['step_s_median']:.2f} s (bound {j['bound_s']:.2f} s)")
+PY
+)
+  record "llama-3.2-1b cpu vs gpu" "${note%%$'\t'*}" $(( secs_lcpu + secs_lgpu )) "${note#*$'\t'}$speed"
 fi
 
 # --- Summary ----------------------------------------------------------------------------------
@@ -281,13 +310,12 @@ import json, sys
 steps_path, results, secs, deadline = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 rows = [l.rstrip("\n").split("\t") for l in open(steps_path) if l.strip()]
 expected = ["payload", "gpu tests", "ops tests", "bench copy", "bench ops", "train cpu vs gpu",
-            "train speed"]
+            "train speed", "llama-3.2-1b cpu vs gpu"]
 have = {r[0] for r in rows}
 for name in expected:  # a check that never ran is a failure, never a silent gap
     if name not in have:
         rows.append([name, "fail", "0", "not run (an earlier check failed)"])
-rows.append(["llama-3.2-1b", "pending", "0", "added when the open-models issue lands"])
-ok = all(r[1] == "pass" for r in rows if r[1] != "pending")
+ok = all(r[1] == "pass" for r in rows)
 w = max(len(r[0]) for r in rows)
 lines = [f"{'check':{w}}  {'result':7}  {'s':>4}  details"]
 lines += [f"{r[0]:{w}}  {r[1].upper():7}  {r[2]:>4}  {r[3]}" for r in rows]
