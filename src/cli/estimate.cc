@@ -14,7 +14,6 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
-#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -338,14 +337,9 @@ Result<zero::TierBytes> measure(const Setup& s, const Estimate& e) {
     TZ_ASSIGN_OR_RETURN(model::TokenData d, model::load_tokens(s.flags.data, s.shape.vocab));
     data = std::make_shared<const model::TokenData>(std::move(d));
   } else {
-    auto d = std::make_shared<model::TokenData>();
-    d->path = "<synthetic>";
-    d->tokens.resize(2 * b * static_cast<std::uint64_t>(seq) * k * static_cast<std::uint64_t>(world) + 1);
-    std::mt19937_64 gen(seed);
-    for (auto& t : d->tokens) {
-      t = static_cast<std::uint16_t>(gen() % static_cast<std::uint64_t>(s.shape.vocab));
-    }
-    data = std::move(d);
+    data = std::make_shared<const model::TokenData>(model::synthetic_tokens(
+        2 * b * static_cast<std::uint64_t>(seq) * k * static_cast<std::uint64_t>(world) + 1,
+        s.shape.vocab, seed));
   }
   std::vector<zero::TierBytes> peaks(static_cast<std::size_t>(world));
   auto run_rank = [&](int rank, gpu::Device& device, comm::Comm& comm) -> Status {

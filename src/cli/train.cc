@@ -18,7 +18,6 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
-#include <random>
 #include <set>
 #include <sstream>
 #include <string>
@@ -257,13 +256,8 @@ Result<RunSetup> prepare(const TrainFlags& f) {
   } else {
     // No corpus: uniform random tokens (seeded), enough for two steps' worth of distinct
     // batches, for measuring step time on a shape without a tokenized corpus.
-    auto d = std::make_shared<model::TokenData>();
-    d->path = "<synthetic>";
-    d->tokens.resize(2 * s.tokens_per_step + 1);
-    std::mt19937_64 gen(s.seed);
-    for (auto& t : d->tokens)
-      t = static_cast<std::uint16_t>(gen() % static_cast<std::uint64_t>(s.shape.vocab));
-    s.train_data = std::move(d);
+    s.train_data = std::make_shared<const model::TokenData>(
+        model::synthetic_tokens(2 * s.tokens_per_step + 1, s.shape.vocab, s.seed));
   }
   if (!f.val_data.empty()) {
     TZ_ASSIGN_OR_RETURN(model::TokenData d, model::load_tokens(f.val_data, s.shape.vocab));

@@ -133,6 +133,17 @@ Result<TokenData> load_tokens(const std::string& path, std::int64_t vocab) {
   return data;
 }
 
+TokenData synthetic_tokens(std::uint64_t count, std::int64_t vocab, std::uint64_t seed) {
+  TZ_ASSERT(vocab > 0, "synthetic tokens need a vocabulary");
+  TokenData d;
+  d.path = "<synthetic>";
+  d.tokens.resize(count);
+  std::mt19937_64 gen(seed);
+  // Every id of the vocabulary (a 128k vocabulary's ids do not fit 16 bits).
+  for (auto& t : d.tokens) t = static_cast<std::uint32_t>(gen() % static_cast<std::uint64_t>(vocab));
+  return d;
+}
+
 Result<TokenFileWriter> TokenFileWriter::create(const std::string& path, std::int32_t version,
                                                 const std::vector<std::string>& inputs) {
   TZ_ASSERT(version == kTokenFileVersion || version == kTokenFileVersionU32, "token file version");

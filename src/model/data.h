@@ -39,6 +39,10 @@ struct TokenData {
 // count, a token >= `vocab` (its value and position), an empty file, an unreadable file.
 Result<TokenData> load_tokens(const std::string& path, std::int64_t vocab);
 
+// `count` uniform random token ids below `vocab` from `seed` (path "<synthetic>"): the corpus of a
+// run without one, for measuring step time on a shape without a tokenized corpus.
+TokenData synthetic_tokens(std::uint64_t count, std::int64_t vocab, std::uint64_t seed);
+
 // The version a file of tokens below `vocab` needs: 1 when every id fits uint16, else 2.
 inline std::int32_t token_file_version_for(std::int64_t vocab) {
   return vocab <= 65536 ? kTokenFileVersion : kTokenFileVersionU32;

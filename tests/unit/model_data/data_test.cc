@@ -162,6 +162,23 @@ TEST_F(DataTest, StreamingWriterRenamesWhenComplete) {
   EXPECT_FALSE(fs::exists(path("dropped.bin")));
 }
 
+// A run without a corpus draws from the whole vocabulary: a 128k vocabulary's ids past 65,535
+// were cut to 16 bits before.
+TEST(SyntheticTokens, CoverTheWholeVocabularyAndRepeatBySeed) {
+  const TokenData a = synthetic_tokens(20000, 128256, 7);
+  const TokenData b = synthetic_tokens(20000, 128256, 7);
+  EXPECT_EQ(a.tokens, b.tokens);
+  EXPECT_EQ(a.path, "<synthetic>");
+  std::uint32_t max_id = 0;
+  for (std::uint32_t t : a.tokens) {
+    ASSERT_LT(t, 128256u);
+    max_id = std::max(max_id, t);
+  }
+  EXPECT_GT(max_id, 65535u);
+  EXPECT_NE(synthetic_tokens(100, 128256, 8).tokens,
+            std::vector<std::uint32_t>(a.tokens.begin(), a.tokens.begin() + 100));
+}
+
 TEST_F(DataTest, MagicIdentifiesTokenFileWithoutBinSuffix) {
   const std::vector<std::uint16_t> tokens = {1, 2, 3, 65535};
   const std::string p = path("tokens.dat");
