@@ -167,25 +167,12 @@ Result<MemoryPlan> plan_memory(const PlanInputs& in, const Config& config,
   auto term = [&plan](Tier t, const char* name, std::uint64_t bytes) {
     plan.terms.push_back(PlanTerm{t, name, bytes});
   };
+  // The device tier's irreducible terms first; the device cache of offloaded shards is the one
+  // tunable term and gets what the budget leaves after them (docs/estimate.md, "How the tunable
+  // terms are sized").
   term(Tier::kDevice, "home blocks (parameters, optimizer state, gradient shards)", home[0]);
-  // Offloaded stage-3 shards are loaded into the device tier for gathering: the ones in use
-  // plus DeepSpeed's prefetch bucket (stage3_prefetch_bucket_size elements of the unit, this
-  // rank's 1/N of them), at most stage3_max_live_parameters, at least two shards.
-  std::uint64_t device_cache = 0;
-  if (in.stage == 3 && in.param != Placement::kDevice) {
-    const std::uint64_t bucket = std::min(config.zero.stage3_prefetch_bucket_size,
-                                          config.zero.stage3_max_live_parameters) /
-                                 static_cast<std::uint64_t>(in.world_size) * es;
-    std::uint64_t shard_bytes = 0;
-    std::uint64_t all = 0;
-    for (const UnitLayout& u : units) {
-      shard_bytes = std::max<std::uint64_t>(shard_bytes, u.shard * es);
-      all += u.shard * es;
-    }
-    device_cache = std::max<std::uint64_t>(2 * shard_bytes, round_up(bucket, shard_bytes));
-    device_cache = std::min(device_cache, all);
-  }
-  term(Tier::kDevice, "device cache of offloaded parameter shards", device_cache);
+  const std::size_t cache_index = plan.terms.size();
+  term(Tier::kDevice, "device cache of offloaded parameter shards", 0);
   term(Tier::kDevice, "persistent gathered units (stage 3, below the threshold)", persistent_bytes);
   // A model holds at most two gathered units (GPT-2's tied wte and the current block) and two
   // gradient buffers (wte's lives through the backward) at once, plus one gathered unit released
@@ -211,27 +198,72 @@ Result<MemoryPlan> plan_memory(const PlanInputs& in, const Config& config,
        sizeof(gpu::NormAccumulator) +
            static_cast<std::uint64_t>(in.world_size) * 2 * kScalarPieces * 4);
   term(Tier::kDevice, "model activations (EngineOptions::activation_bytes)", in.activation_bytes);
-  const std::uint64_t device_plan = plan.tier_bytes(Tier::kDevice);
-  if (device_plan > plan.device_budget_bytes) {
+  // Offloaded stage-3 shards are loaded into the device tier for gathering: the ones in use
+  // plus DeepSpeed's prefetch bucket (stage3_prefetch_bucket_size elements of the unit, this
+  // rank's 1/N of them), at most stage3_max_live_parameters, at most all of them. The walk needs
+  // two shards at once (the one gathered and the next loaded); beyond those the cache shrinks to
+  // what the budget leaves, which changes only how often a shard is loaded again, not the math.
+  std::uint64_t cache_min = 0;
+  std::uint64_t cache_want = 0;
+  if (in.stage == 3 && in.param != Placement::kDevice) {
+    const std::uint64_t bucket = std::min(config.zero.stage3_prefetch_bucket_size,
+                                          config.zero.stage3_max_live_parameters) /
+                                 static_cast<std::uint64_t>(in.world_size) * es;
+    std::uint64_t shard_bytes = 0;
+    std::uint64_t all = 0;
+    for (const UnitLayout& u : units) {
+      shard_bytes = std::max<std::uint64_t>(shard_bytes, u.shard * es);
+      all += u.shard * es;
+    }
+    cache_min = std::min(2 * shard_bytes, all);
+    cache_want = std::min(std::max<std::uint64_t>(2 * shard_bytes, round_up(bucket, shard_bytes)),
+                          all);
+  }
+  // eager's rollback snapshot lives on the device with the optimizer: irreducible too.
+  const std::string& overlap = config.tierzero.overlap;
+  const bool delayed = overlap == "delayed";
+  const bool snapshot =
+      overlap == "eager" && (config.gradient_clipping > 0 || config.fp16.enabled);
+  const bool snapshot_on_device = snapshot && in.optimizer == Placement::kDevice;
+  std::uint64_t device_snapshot = 0;
+  if (snapshot_on_device) {
+    for (const UnitLayout& u : units) device_snapshot += opt_elems(u) * 4 * (1 + states);
+  }
+  const std::uint64_t device_fixed = plan.tier_bytes(Tier::kDevice) + device_snapshot;
+  if (device_fixed + cache_min > plan.device_budget_bytes) {
+    // Only the irreducible minimum is refused: every term at its least, named with its bytes.
     std::vector<PlanTerm> terms = plan.terms;
+    terms[cache_index].name = "device cache of offloaded parameter shards (2 largest shards)";
+    terms[cache_index].bytes = cache_min;
+    if (device_snapshot > 0) {
+      terms.push_back(
+          PlanTerm{Tier::kDevice, "eager: rollback snapshot (master and optimizer states)",
+                   device_snapshot});
+    }
     std::sort(terms.begin(), terms.end(),
               [](const PlanTerm& a, const PlanTerm& b) { return a.bytes > b.bytes; });
-    std::string largest;
+    std::string named;
     for (const PlanTerm& t : terms) {
-      if (t.bytes == 0 || largest.size() > 200) continue;
-      largest += std::string(largest.empty() ? "" : ", ") + t.name + " " + std::to_string(t.bytes);
+      if (t.bytes == 0) continue;
+      named += std::string(named.empty() ? "" : ", ") + t.name + " " + std::to_string(t.bytes);
     }
     const std::string advice =
         home[0] > 0
             ? "offload the optimizer (zero_optimization.offload_optimizer.device cpu/nvme), raise "
               "zero_optimization.stage or offload the parameters"
-            : "lower zero_optimization.stage3_prefetch_bucket_size (the device cache), the micro "
-              "batch or the sequence length (activations), or raise tierzero.device_budget";
-    return Status::out_of_memory("engine plan: the device tier needs " +
-                                 std::to_string(device_plan) + " bytes (" + largest +
-                                 "), over the device budget of " +
-                                 std::to_string(plan.device_budget_bytes) + " bytes; " + advice);
+            : device_snapshot > 0
+                  ? "offload the optimizer, turn gradient_clipping off, use tierzero.overlap "
+                    "\"exact\" or raise tierzero.device_budget"
+                  : "lower the micro batch or the sequence length (activations), split the "
+                    "largest units, or raise tierzero.device_budget";
+    return Status::out_of_memory(
+        "engine plan: the device tier needs at least " + std::to_string(device_fixed + cache_min) +
+        " bytes, the irreducible minimum (" + named + "), over the device budget of " +
+        std::to_string(plan.device_budget_bytes) + " bytes; " + advice);
   }
+  const std::uint64_t device_cache =
+      std::min(cache_want, plan.device_budget_bytes - device_fixed);
+  plan.terms[cache_index].bytes = device_cache;
   // NVMe-homed blocks are worked on in the host tier: the largest unit's NVMe-homed state,
   // times the units in flight at once (the one updated, the next one read ahead, the previous
   // one being written back, and one more for the forward's parameter loads).
@@ -324,12 +356,8 @@ Result<MemoryPlan> plan_memory(const PlanInputs& in, const Config& config,
   // the optimizer there, else pinned host memory); delayed keeps the pending update's fp32
   // gradient shards and compute-dtype parameters in pinned host memory. Both come from their own
   // pool beside the store's tiers, so nothing above depends on them.
-  const std::string& overlap = config.tierzero.overlap;
-  const bool delayed = overlap == "delayed";
-  const bool snapshot =
-      overlap == "eager" && (config.gradient_clipping > 0 || config.fp16.enabled);
   if (delayed || snapshot) {
-    const bool on_device = snapshot && in.optimizer == Placement::kDevice;
+    const bool on_device = snapshot_on_device;
     for (const UnitLayout& u : units) {
       if (delayed) {
         plan.overlap_bytes += round_up(u.shard * 4, 4096) + round_up(opt_elems(u) * es, 4096);
@@ -342,15 +370,9 @@ Result<MemoryPlan> plan_memory(const PlanInputs& in, const Config& config,
          delayed ? "delayed: pending update's fp32 gradient shards and 16-bit parameters"
                  : "eager: rollback snapshot (master and optimizer states)",
          plan.overlap_bytes);
-    if (on_device && plan.tier_bytes(Tier::kDevice) > plan.device_budget_bytes) {
-      return Status::out_of_memory(
-          "engine plan: with tierzero.overlap \"eager\" the device tier needs " +
-          std::to_string(plan.tier_bytes(Tier::kDevice)) + " bytes (" +
-          std::to_string(plan.overlap_bytes) + " of them the rollback snapshot), over the device "
-          "budget of " + std::to_string(plan.device_budget_bytes) +
-          " bytes; offload the optimizer, raise zero_optimization.stage, turn gradient_clipping "
-          "off or use \"exact\"");
-    }
+    // The device cache was sized with the snapshot counted, so the tier stays within budget.
+    TZ_ASSERT(!on_device || plan.tier_bytes(Tier::kDevice) <= plan.device_budget_bytes,
+              "plan_memory: the device tier passes its budget after the rollback snapshot");
   }
   return plan;
 }

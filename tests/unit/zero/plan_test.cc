@@ -356,5 +356,102 @@ TEST(ZeroPlan, InputsFromOptionsAsTheEngineReadsThem) {
   EXPECT_FALSE(plan_inputs(o, 4, 1u << 30).is_ok());
 }
 
+// issue 29's bench-zero case: 16 dense layers of 1024 x 1024 (one tensor each: 1048576 elements,
+// no padding at one rank), 1 rank, stage 3, bf16, Adam, parameters and optimizer on NVMe
+// (gradient shards homed on the host), a device budget of 32 MiB.
+std::vector<UnitLayout> bench_zero_units() {
+  std::vector<UnitLayout> v;
+  for (int l = 0; l < 16; ++l) {
+    UnitSpec s;
+    s.name = "layer" + std::to_string(l);
+    s.tensors.push_back(TensorSpec{"weight", {1024, 1024}});
+    v.push_back(plan_unit_layout(s, 1));
+  }
+  return v;
+}
+
+PlanInputs bench_zero_inputs(std::uint64_t device_budget) {
+  PlanInputs in;
+  in.stage = 3;
+  in.compute_dtype = DType::kBF16;
+  in.optimizer = Placement::kNvme;
+  in.param = Placement::kNvme;
+  in.grad = Placement::kHost;
+  in.optimizer_states = 2;
+  in.world_size = 1;
+  in.device_budget_bytes = device_budget;
+  return in;
+}
+
+// The device cache (the tunable term) shrinks to what the 32 MiB budget leaves after the gather
+// buffers (3 units), the gradient buffers (2 units) and the norm/scalar buffers; with room to
+// spare it keeps its unconstrained size (every shard: the 50M-element prefetch bucket is larger).
+TEST(ZeroPlan, DeviceCacheShrinksToWhatTheBudgetLeaves) {
+  const auto units = bench_zero_units();
+  ASSERT_EQ(units[0].padded, 1048576u);
+  ASSERT_EQ(units[0].shard, 1048576u);
+  const std::uint64_t unit_bytes = 1048576ull * 2;  // one bf16 unit
+  const std::uint64_t norm = sizeof(gpu::NormAccumulator) + 1 * 2 * 4 * 4;
+  const std::uint64_t fixed = 3 * unit_bytes + 2 * unit_bytes + norm;
+  Config config;
+
+  auto roomy = plan_memory(bench_zero_inputs(1ull << 30), config, units);
+  ASSERT_TRUE(roomy.is_ok()) << roomy.status().to_string();
+  EXPECT_EQ(term_of(*roomy, Tier::kDevice, "device cache"), 16 * unit_bytes);
+  EXPECT_EQ(roomy->bytes().device, fixed + 16 * unit_bytes);
+
+  const std::uint64_t budget = 32ull << 20;
+  auto got = plan_memory(bench_zero_inputs(budget), config, units);
+  ASSERT_TRUE(got.is_ok()) << got.status().to_string();
+  const MemoryPlan& p = *got;
+  EXPECT_EQ(term_of(p, Tier::kDevice, "gather buffers"), 3 * unit_bytes);
+  EXPECT_EQ(term_of(p, Tier::kDevice, "gradient buffers"), 2 * unit_bytes);
+  EXPECT_EQ(term_of(p, Tier::kDevice, "norm and scalar"), norm);
+  EXPECT_EQ(term_of(p, Tier::kDevice, "device cache"), budget - fixed);
+  EXPECT_GE(budget - fixed, 2 * unit_bytes);  // at least the two shards the walk needs
+  EXPECT_EQ(p.bytes().device, budget);
+  EXPECT_EQ(p.store.device_budget_bytes, budget - fixed);  // nothing homed on the device
+
+  // tierzero.device_budget wins over the device's budget, and shrinks the cache the same way.
+  config.tierzero.device_budget = 20ull << 20;
+  auto cfg = plan_memory(bench_zero_inputs(1ull << 30), config, units);
+  ASSERT_TRUE(cfg.is_ok()) << cfg.status().to_string();
+  EXPECT_EQ(term_of(*cfg, Tier::kDevice, "device cache"), (20ull << 20) - fixed);
+}
+
+// Below the irreducible minimum (the buffers plus two shards in the cache) the plan refuses,
+// naming the tier, each irreducible term with its bytes and the budget; at exactly the minimum
+// it plans.
+TEST(ZeroPlan, DeviceBelowIrreducibleMinimumNamesTheTerms) {
+  const auto units = bench_zero_units();
+  const std::uint64_t unit_bytes = 1048576ull * 2;
+  const std::uint64_t norm = sizeof(gpu::NormAccumulator) + 1 * 2 * 4 * 4;
+  const std::uint64_t minimum = (3 + 2 + 2) * unit_bytes + norm;
+  Config config;
+  auto at = plan_memory(bench_zero_inputs(minimum), config, units);
+  ASSERT_TRUE(at.is_ok()) << at.status().to_string();
+  EXPECT_EQ(term_of(*at, Tier::kDevice, "device cache"), 2 * unit_bytes);
+  EXPECT_EQ(at->bytes().device, minimum);
+
+  auto got = plan_memory(bench_zero_inputs(minimum - 1), config, units);
+  ASSERT_FALSE(got.is_ok());
+  EXPECT_EQ(got.status().code(), ErrorCode::kOutOfMemory);
+  const std::string m = got.status().message();
+  EXPECT_NE(m.find("device tier needs at least " + std::to_string(minimum)), std::string::npos)
+      << m;
+  EXPECT_NE(m.find("irreducible minimum"), std::string::npos) << m;
+  EXPECT_NE(m.find("gather buffers (3 largest units) " + std::to_string(3 * unit_bytes)),
+            std::string::npos) << m;
+  EXPECT_NE(m.find("gradient buffers (2 largest units) " + std::to_string(2 * unit_bytes)),
+            std::string::npos) << m;
+  EXPECT_NE(m.find("device cache of offloaded parameter shards (2 largest shards) " +
+                   std::to_string(2 * unit_bytes)),
+            std::string::npos) << m;
+  EXPECT_NE(m.find("norm and scalar buffers " + std::to_string(norm)), std::string::npos) << m;
+  EXPECT_NE(m.find("device budget of " + std::to_string(minimum - 1) + " bytes"),
+            std::string::npos) << m;
+  EXPECT_NE(m.find("tierzero.device_budget"), std::string::npos) << m;
+}
+
 }  // namespace
 }  // namespace tz::zero
