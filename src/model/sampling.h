@@ -9,6 +9,7 @@
 #include <functional>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/status.h"
@@ -56,9 +57,9 @@ Result<std::vector<std::int32_t>> generate(Model& model, std::span<const std::in
 // all ids so far and returns the part after what it returned before, or "" while the decoded text
 // ends in an incomplete character (a byte-level or byte-fallback token that is only part of a
 // UTF-8 sequence decodes to U+FFFD until the rest arrives) or does not extend what was returned.
-// finish() returns the rest of the last decode (or "" when it does not extend what was returned). The concatenation of all returns equals
-// decode(all ids) whenever each decode extends the previous one (true of the byte-level and
-// Metaspace decoders).
+// finish() returns the rest of the last decode (or "" when it does not extend what was returned).
+// The concatenation of all returns equals decode(all ids) whenever each decode extends the
+// previous one (true of the byte-level and Metaspace decoders).
 class TextStream {
  public:
   using Decode = std::function<Result<std::string>(std::span<const std::int32_t>)>;
