@@ -1,6 +1,8 @@
-// `tierzero sample [--weights FILE.safetensors] [--model NAME|DIR] --prompt TEXT --tokens N
-// [--temperature T] [--top-k K] [--seed S] [--json]`: a continuation of the prompt by a model
-// (model/factory.h) loaded from HF-style weights (a file, or a Hugging Face folder), as text for
+// `tierzero sample [--weights FILE.safetensors] [--model NAME|DIR] [--tokenizer DIR|FILE]
+// --prompt TEXT --tokens N [--temperature T] [--top-k K] [--seed S] [--json]`: a continuation of
+// the prompt by a model (model/factory.h) loaded from HF-style weights (a file, or a Hugging Face
+// folder). With a tokenizer.json (--tokenizer, or the one in the model's folder) the prompt is
+// text and the continuation is printed as text while it is generated; without one, as text for
 // byte-level (vocab 256) models and as token ids otherwise. The model runs on one HostDevice rank
 // of the engine (stage 0, fp32); models with a key/value cache decode one token per forward.
 #include <algorithm>
@@ -9,6 +11,8 @@
 #include <cstdio>
 #include <filesystem>
 #include <memory>
+#include <optional>
+#include <span>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -19,6 +23,7 @@
 #include "core/config.h"
 #include "model/factory.h"
 #include "model/sampling.h"
+#include "model/tokenizer.h"
 #include "zero/engine.h"
 
 namespace tz::cli {
@@ -27,6 +32,7 @@ namespace {
 struct SampleOptions {
   std::string weights;
   std::string model;
+  std::string tokenizer;
   std::string prompt;
   int tokens = 64;
   double temperature = 1.0;
@@ -60,6 +66,40 @@ Result<std::vector<std::int32_t>> prompt_ids(const std::string& prompt, int voca
   return ids;
 }
 
+// The tokenizer of the run: --tokenizer, else a tokenizer.json in `folder` (the model's folder or
+// the weights' one), else none. Its ids must fit the model's vocabulary.
+Result<std::optional<model::Tokenizer>> find_tokenizer(const SampleOptions& o,
+                                                       const std::string& folder, int vocab) {
+  std::string path = o.tokenizer;
+  if (path.empty() && !folder.empty()) {
+    const std::filesystem::path candidate = std::filesystem::path(folder) / "tokenizer.json";
+    std::error_code ec;
+    if (std::filesystem::is_regular_file(candidate, ec)) path = candidate.string();
+  }
+  if (path.empty()) return std::optional<model::Tokenizer>();
+  TZ_ASSIGN_OR_RETURN(model::Tokenizer tokenizer, model::Tokenizer::load(path));
+  if (tokenizer.vocab_size() > static_cast<std::uint32_t>(vocab)) {
+    return Status::invalid_argument(tokenizer.file() + " has " +
+                                    std::to_string(tokenizer.vocab_size()) +
+                                    " token ids, more than the model's vocabulary of " +
+                                    std::to_string(vocab));
+  }
+  return std::optional<model::Tokenizer>(std::move(tokenizer));
+}
+
+Result<std::vector<std::int32_t>> encode_prompt(const model::Tokenizer& tokenizer,
+                                                const std::string& prompt) {
+  TZ_ASSIGN_OR_RETURN(const std::vector<std::uint32_t> ids,
+                      tokenizer.encode(prompt, /*continuation=*/false, nullptr, "--prompt"));
+  return std::vector<std::int32_t>(ids.begin(), ids.end());
+}
+
+Result<std::string> decode_ids(const model::Tokenizer& tokenizer,
+                               std::span<const std::int32_t> ids) {
+  const std::vector<std::uint32_t> u(ids.begin(), ids.end());
+  return tokenizer.decode(u);
+}
+
 Status run(const SampleOptions& o) {
   model::SamplingOptions sampling{o.temperature, o.top_k, o.seed, !o.no_kv_cache};
   TZ_RETURN_IF_ERROR(model::check_sampling_options(sampling));
@@ -85,8 +125,27 @@ Status run(const SampleOptions& o) {
     return Status::invalid_argument("--model " + o.model +
                                     " is not a folder; give the weights with --weights");
   }
-  TZ_ASSIGN_OR_RETURN(const std::vector<std::int32_t> prompt, prompt_ids(o.prompt, shape->vocab));
+  const std::string folder = !shape->folder.empty()
+                                 ? shape->folder
+                                 : std::filesystem::path(o.weights).parent_path().string();
+  TZ_ASSIGN_OR_RETURN(const std::optional<model::Tokenizer> tokenizer,
+                      find_tokenizer(o, folder, shape->vocab));
+  TZ_ASSIGN_OR_RETURN(const std::vector<std::int32_t> prompt,
+                      tokenizer ? encode_prompt(*tokenizer, o.prompt)
+                                : prompt_ids(o.prompt, shape->vocab));
   if (prompt.empty()) return Status::invalid_argument("--prompt is empty; give at least one token");
+  // With a tokenizer and without --json, the text is printed as the tokens come.
+  std::optional<model::TextStream> stream;
+  model::TokenCallback on_token;
+  if (tokenizer && !o.json) {
+    stream.emplace([&](std::span<const std::int32_t> ids) { return decode_ids(*tokenizer, ids); });
+    on_token = [&](std::int32_t id) -> Status {
+      TZ_ASSIGN_OR_RETURN(const std::string piece, stream->push(id));
+      std::fwrite(piece.data(), 1, piece.size(), stdout);
+      std::fflush(stdout);
+      return Status::ok();
+    };
+  }
 
   // One rank, stage 0, fp32, plain SGD (no optimizer state: the engine is only a weight holder).
   Config config;
@@ -115,7 +174,7 @@ Status run(const SampleOptions& o) {
     TZ_RETURN_IF_ERROR(engine->finalize());
     TZ_RETURN_IF_ERROR(net->load_weights(weights));
     const auto t0 = std::chrono::steady_clock::now();
-    TZ_ASSIGN_OR_RETURN(continuation, model::generate(*net, prompt, o.tokens, sampling));
+    TZ_ASSIGN_OR_RETURN(continuation, model::generate(*net, prompt, o.tokens, sampling, on_token));
     generate_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     kv_cache = net->has_kv_cache() && sampling.kv_cache;
     return Status::ok();
@@ -123,7 +182,14 @@ Status run(const SampleOptions& o) {
   TZ_RETURN_IF_ERROR(ranks);
 
   std::string text;
-  if (shape->vocab == 256) {
+  if (stream) {
+    TZ_ASSIGN_OR_RETURN(const std::string rest, stream->finish());
+    std::printf("%s\n", rest.c_str());
+    return Status::ok();
+  }
+  if (tokenizer) {
+    TZ_ASSIGN_OR_RETURN(text, decode_ids(*tokenizer, continuation));
+  } else if (shape->vocab == 256) {
     text = model::ids_to_bytes(continuation);
   } else {
     for (std::size_t i = 0; i < continuation.size(); ++i) {
@@ -157,8 +223,12 @@ TZ_REGISTER_COMMAND([](CommandTree& tree) {
   cmd->add_option("--model", opts->model,
                   "A Hugging Face folder, a preset or a custom spec (gpt2:..., llama:...) "
                   "(default: config.json beside the weights)");
+  cmd->add_option("--tokenizer", opts->tokenizer,
+                  "A tokenizer.json or a folder holding one (default: the model folder's, if any); "
+                  "the prompt and the continuation are then text");
   cmd->add_option("--prompt", opts->prompt,
-                  "Text (byte-level vocab-256 models) or token ids (\"464 3290\") otherwise")
+                  "Text (with a tokenizer, or a byte-level vocab-256 model) or token ids "
+                  "(\"464 3290\") otherwise")
       ->required();
   cmd->add_option("--tokens", opts->tokens, "Tokens to generate")
       ->check(CLI::Range(0, 1000000))
@@ -175,10 +245,7 @@ TZ_REGISTER_COMMAND([](CommandTree& tree) {
                 "cache (to compare the two)");
   cmd->callback([opts] {
     const Status s = run(*opts);
-    if (!s.is_ok()) {
-      std::fprintf(stderr, "tierzero sample: %s\n", s.to_string().c_str());
-      exit_code() = 1;
-    }
+    if (!s.is_ok()) exit_code() = report_failure("sample", s);
   });
 });
 

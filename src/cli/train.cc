@@ -370,6 +370,13 @@ class Reporter {
     const double tokens_per_s =
         r.step_s > 0 ? static_cast<double>(s_.tokens_per_step) / r.step_s : 0;
     const double stall = r.step_s > 0 ? r.stall_s / r.step_s : 0;
+    // What the rank's thread waited on, as shares of the step (docs/train.md, "Output"): gathering
+    // parameters from host/NVMe, reducing and copying gradients (without a GPU this includes the
+    // kernels' own compute, which the thread waits for there), the CPU optimizer step.
+    const auto share = [&](double s) { return r.step_s > 0 ? s / r.step_s : 0.0; };
+    const double wait_params = share(r.stall_gather_s);
+    const double wait_grads = share(r.stall_reduce_s);
+    const double wait_optimizer = share(r.stall_optimizer_s);
     if (metrics_ != nullptr) {
       nlohmann::ordered_json j;
       j["step"] = r.step;
@@ -381,6 +388,9 @@ class Reporter {
       j["tokens_per_s"] = tokens_per_s;
       j["bound_s"] = r.bound_s;
       j["stall_fraction"] = stall;
+      j["wait_params_fraction"] = wait_params;
+      j["wait_grads_fraction"] = wait_grads;
+      j["wait_optimizer_fraction"] = wait_optimizer;
       j["bytes_in_use"] = r.bytes_in_use.to_json();
       j["skipped"] = r.skipped;
       j["nvme_read_bytes"] = r.nvme_read_bytes;
@@ -395,9 +405,11 @@ class Reporter {
       char buf[512];
       std::snprintf(buf, sizeof(buf),
                     "step %lld/%d | loss %.4f | lr %.3e | grad norm %.4f | loss scale %g | "
-                    "%.3f s | %.0f tok/s | bound %.3f s | stall %.0f%% | %s%s%s",
+                    "%.3f s | %.0f tok/s | bound %.3f s | waits: params %.0f%% grads %.0f%% "
+                    "optimizer %.0f%% | %s%s%s",
                     static_cast<long long>(r.step), s_.flags.steps, loss, r.lr, r.grad_norm,
-                    r.loss_scale, r.step_s, tokens_per_s, r.bound_s, 100 * stall,
+                    r.loss_scale, r.step_s, tokens_per_s, r.bound_s, 100 * wait_params,
+                    100 * wait_grads, 100 * wait_optimizer,
                     tier_text(r.bytes_in_use).c_str(), r.skipped ? " | skipped (overflow)" : "",
                     val_loss ? (" | val loss " + std::to_string(*val_loss)).c_str() : "");
       line(buf);

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <string_view>
 
 #include "core/assert.h"
 
@@ -73,7 +74,8 @@ std::int32_t Sampler::next(std::span<const float> logits) {
 }
 
 Result<std::vector<std::int32_t>> generate(Model& model, std::span<const std::int32_t> prompt,
-                                           int tokens, const SamplingOptions& options) {
+                                           int tokens, const SamplingOptions& options,
+                                           const TokenCallback& on_token) {
   TZ_RETURN_IF_ERROR(check_sampling_options(options));
   if (prompt.empty()) return Status::invalid_argument("the prompt is empty; give at least one token");
   if (tokens < 0) return Status::invalid_argument("--tokens must be >= 0");
@@ -91,6 +93,7 @@ Result<std::vector<std::int32_t>> generate(Model& model, std::span<const std::in
       const std::int32_t id = sampler.next(logits);
       out.push_back(id);
       context.push_back(id);
+      if (on_token) TZ_RETURN_IF_ERROR(on_token(id));
       if (i + 1 == tokens) break;
       if (cached < window) {
         TZ_ASSIGN_OR_RETURN(logits, model.decode(std::span(&id, 1), /*start_over=*/false));
@@ -110,8 +113,27 @@ Result<std::vector<std::int32_t>> generate(Model& model, std::span<const std::in
     const std::int32_t id = sampler.next(logits);
     out.push_back(id);
     context.push_back(id);
+    if (on_token) TZ_RETURN_IF_ERROR(on_token(id));
   }
   return out;
+}
+
+Result<std::string> TextStream::push(std::int32_t id) {
+  ids_.push_back(id);
+  TZ_ASSIGN_OR_RETURN(text_, decode_(ids_));
+  static constexpr std::string_view kReplacement = "\xEF\xBF\xBD";  // U+FFFD in UTF-8
+  const bool incomplete = text_.size() >= kReplacement.size() &&
+                          std::string_view(text_).substr(text_.size() - kReplacement.size()) ==
+                              kReplacement;
+  if (incomplete) return std::string();
+  return finish();
+}
+
+Result<std::string> TextStream::finish() {
+  if (!text_.starts_with(released_)) return std::string();
+  std::string piece = text_.substr(released_.size());
+  released_ = text_;
+  return piece;
 }
 
 std::vector<std::int32_t> bytes_to_ids(std::string_view text) {

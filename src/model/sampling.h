@@ -6,8 +6,10 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/status.h"
@@ -44,9 +46,33 @@ class Sampler {
 // `tokens` new ids after `prompt` (non-empty, ids in the vocabulary): each step sees the last
 // model.options().seq ids of prompt + continuation (with a cache: decode() of the prompt, then of
 // each new id; when the cache is full, decode() starts over on the last seq ids). Errors: kInvalidArgument for an
-// empty prompt, tokens < 0 or bad options; the model's errors.
+// empty prompt, tokens < 0 or bad options; the model's errors. `on_token`, when set, is called
+// with each new id as soon as it is drawn (to stream the text); its error stops the generation.
+using TokenCallback = std::function<Status(std::int32_t)>;
 Result<std::vector<std::int32_t>> generate(Model& model, std::span<const std::int32_t> prompt,
-                                           int tokens, const SamplingOptions& options);
+                                           int tokens, const SamplingOptions& options,
+                                           const TokenCallback& on_token = {});
+
+// The text of a growing id sequence, released piece by piece as it becomes final: push() decodes
+// all ids so far and returns the part after what it returned before, or "" while the decoded text
+// ends in an incomplete character (a byte-level or byte-fallback token that is only part of a
+// UTF-8 sequence decodes to U+FFFD until the rest arrives) or does not extend what was returned.
+// finish() returns the rest of the last decode (or "" when it does not extend what was returned).
+// The concatenation of all returns equals decode(all ids) whenever each decode extends the
+// previous one (true of the byte-level and Metaspace decoders).
+class TextStream {
+ public:
+  using Decode = std::function<Result<std::string>(std::span<const std::int32_t>)>;
+  explicit TextStream(Decode decode) : decode_(std::move(decode)) {}
+  Result<std::string> push(std::int32_t id);
+  Result<std::string> finish();
+
+ private:
+  Decode decode_;
+  std::vector<std::int32_t> ids_;
+  std::string released_;  // the decoded text returned so far
+  std::string text_;      // the last decode
+};
 
 // Byte-level (vocab 256) text <-> ids: each byte is one id.
 std::vector<std::int32_t> bytes_to_ids(std::string_view text);

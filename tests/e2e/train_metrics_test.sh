@@ -13,7 +13,8 @@ python3 - "$work/m.jsonl" "$work/summary.json" <<'PY' || fail=1
 import json, math, sys
 lines = [json.loads(l) for l in open(sys.argv[1])]
 step_keys = ["step", "loss", "lr", "grad_norm", "loss_scale", "step_s", "tokens_per_s", "bound_s",
-             "stall_fraction", "bytes_in_use"]
+             "stall_fraction", "wait_params_fraction", "wait_grads_fraction",
+             "wait_optimizer_fraction", "bytes_in_use"]
 assert [l["step"] for l in lines] == [1, 2, 3], [l.get("step") for l in lines]
 for l in lines:
     missing = [k for k in step_keys if k not in l]
@@ -22,6 +23,10 @@ for l in lines:
     assert math.isfinite(l["loss"]) and l["loss"] > 0, l
     # Byte-level model at init: the loss is near ln(256) = 5.55, never far from it in 3 steps.
     assert 3.0 < l["loss"] < 7.0, l["loss"]
+    # The three waits split the stall: each in [0, 1], their sum the stall fraction.
+    waits = [l[k] for k in ("wait_params_fraction", "wait_grads_fraction", "wait_optimizer_fraction")]
+    assert all(0 <= w <= 1.0 + 1e-9 for w in waits), waits
+    assert abs(sum(waits) - l["stall_fraction"]) < 1e-9, (waits, l["stall_fraction"])
 assert [("val_loss" in l) for l in lines] == [False, True, True], lines
 s = json.load(open(sys.argv[2]))
 summary_keys = ["steps", "final_loss", "val_loss", "tokens_per_s", "step_s_median", "bound_s",

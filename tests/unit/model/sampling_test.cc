@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <span>
+#include <string>
 #include <vector>
 
 #include "model/sampling.h"
@@ -112,6 +114,52 @@ TEST(SamplingTest, GreedyGenerationFollowsLastLogits) {
     return Status::ok();
   });
   ASSERT_TRUE(s.is_ok()) << s.to_string();
+}
+
+// A decoder like ByteLevel's: each id is one byte, and an incomplete UTF-8 sequence at the end
+// decodes to U+FFFD (a lossy decode).
+Result<std::string> lossy_bytes(std::span<const std::int32_t> ids) {
+  std::string s = ids_to_bytes(ids);
+  std::size_t i = 0;
+  while (i < s.size()) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    const std::size_t len = c < 0x80 ? 1 : c < 0xE0 ? 2 : c < 0xF0 ? 3 : 4;
+    if (i + len > s.size()) return s.substr(0, i) + "\xEF\xBF\xBD";
+    i += len;
+  }
+  return s;
+}
+
+TEST(TextStreamTest, HoldsBackIncompleteCharactersAndConcatenatesToTheDecode) {
+  // "a" + "é" (2 bytes) + "€" (3 bytes) + "😀" (4 bytes) + "b", one byte per id.
+  const std::string text = "a\xC3\xA9\xE2\x82\xAC\xF0\x9F\x98\x80" "b";
+  TextStream stream(lossy_bytes);
+  std::vector<std::string> pieces;
+  for (const std::int32_t id : bytes_to_ids(text)) {
+    Result<std::string> piece = stream.push(id);
+    ASSERT_TRUE(piece.is_ok()) << piece.status().to_string();
+    pieces.push_back(*piece);
+  }
+  const std::vector<std::string> want = {"a", "", "\xC3\xA9", "", "", "\xE2\x82\xAC",
+                                         "", "", "", "\xF0\x9F\x98\x80", "b"};
+  EXPECT_EQ(pieces, want);
+  Result<std::string> rest = stream.finish();
+  ASSERT_TRUE(rest.is_ok());
+  EXPECT_EQ(*rest, "");
+}
+
+TEST(TextStreamTest, FinishReleasesATrailingIncompleteCharacter) {
+  TextStream stream(lossy_bytes);
+  ASSERT_EQ(*stream.push('x'), "x");
+  ASSERT_EQ(*stream.push(0xE2), "");
+  EXPECT_EQ(*stream.finish(), "\xEF\xBF\xBD");  // what decode gives for the whole
+}
+
+TEST(TextStreamTest, ADecodeErrorStops) {
+  TextStream stream([](std::span<const std::int32_t>) -> Result<std::string> {
+    return Status::invalid_argument("id 9 is not in the vocabulary");
+  });
+  EXPECT_FALSE(stream.push(9).is_ok());
 }
 
 }  // namespace
