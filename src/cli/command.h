@@ -36,7 +36,14 @@ int& exit_code();
 // The one error line of docs/cli.md: prints "tierzero <command>: <what failed>" on stderr (the
 // status's message, without its internal code name) and returns 1, the exit status of a failed
 // command. `command` is the command's words after "tierzero" ("bench nvme").
+// With `--json` given to the failed command, a JSON object {"error": "<the same message>",
+// "command": "<command>"} is printed on stdout as well.
 int report_failure(std::string_view command, const Status& status);
+int report_failure(std::string_view command, std::string_view message);
+
+// The root of the command tree main parses (set by main; report_failure reads which command was
+// reached and whether it was given --json).
+CLI::App*& root_app();
 
 }  // namespace tz::cli
 

@@ -53,8 +53,6 @@ struct EstimateFlags {
   bool measure = false;
 };
 
-std::string fail_line(const std::string& what) { return "tierzero estimate: " + what; }
-
 std::string gib(std::uint64_t bytes) { return format_bytes(static_cast<double>(bytes)); }
 
 // Everything estimate knows about the run before any plan: what train would be given.
@@ -550,15 +548,13 @@ void print_all(const Setup& s, const std::vector<Estimate>& rows) {
 int run(const EstimateFlags& flags) {
   auto setup = prepare(flags);
   if (!setup.is_ok()) {
-    std::fprintf(stderr, "%s\n", fail_line(setup.status().message()).c_str());
-    return 1;
+    return report_failure("estimate", setup.status().message());
   }
   const Setup& s = *setup;
   if (flags.all) {
     auto rows = estimate_all(s);
     if (!rows.is_ok()) {
-      std::fprintf(stderr, "%s\n", fail_line(rows.status().message()).c_str());
-      return 1;
+      return report_failure("estimate", rows.status().message());
     }
     if (flags.json) {
       nlohmann::ordered_json j = header_json(s);
@@ -572,19 +568,16 @@ int run(const EstimateFlags& flags) {
   }
   auto est = estimate_for(s, s.config);
   if (!est.is_ok()) {
-    std::fprintf(stderr, "%s\n", fail_line(est.status().message()).c_str());
-    return 1;
+    return report_failure("estimate", est.status().message());
   }
   std::optional<zero::TierBytes> measured;
   if (flags.measure) {
     if (!est->plan_status.is_ok()) {
-      std::fprintf(stderr, "%s\n", fail_line("--measure: " + est->plan_status.message()).c_str());
-      return 1;
+      return report_failure("estimate", "--measure: " + est->plan_status.message());
     }
     auto m = measure(s, *est);
     if (!m.is_ok()) {
-      std::fprintf(stderr, "%s\n", fail_line("--measure: " + m.status().message()).c_str());
-      return 1;
+      return report_failure("estimate", "--measure: " + m.status().message());
     }
     measured = *m;
   }

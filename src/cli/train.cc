@@ -115,8 +115,6 @@ struct RunSummary {
   nlohmann::ordered_json comm_formula_bytes;
 };
 
-std::string fail_line(const std::string& what) { return "tierzero train: " + what; }
-
 // Bytes the optimizer keeps per parameter besides the fp32 master (its state arrays).
 std::uint64_t optimizer_state_bytes_per_param(const Config& c) {
   const std::uint64_t state = c.tierzero.state_dtype == "bf16" ? 2 : 4;
@@ -609,8 +607,7 @@ void print_summary(const RunSetup& s, const RunSummary& r) {
 int run(const TrainFlags& flags) {
   auto setup = prepare(flags);
   if (!setup.is_ok()) {
-    std::fprintf(stderr, "%s\n", fail_line(setup.status().message()).c_str());
-    return 1;
+    return report_failure("train", setup.status().message());
   }
   const RunSetup& s = *setup;
   const std::string trace_path =
@@ -622,11 +619,8 @@ int run(const TrainFlags& flags) {
   if (!flags.metrics.empty() && writes) {
     metrics = std::fopen(flags.metrics.c_str(), "w");
     if (metrics == nullptr) {
-      std::fprintf(
-          stderr, "%s\n",
-          fail_line("cannot write --metrics " + flags.metrics + ": " + std::strerror(errno))
-              .c_str());
-      return 1;
+      return report_failure("train", "cannot write --metrics " + flags.metrics + ": " +
+                                         std::strerror(errno));
     }
   }
   std::signal(SIGINT, on_stop_signal);
@@ -659,8 +653,7 @@ int run(const TrainFlags& flags) {
   std::signal(SIGTERM, SIG_DFL);
   if (metrics != nullptr) std::fclose(metrics);
   if (!st.is_ok()) {
-    std::fprintf(stderr, "%s\n", fail_line(st.message()).c_str());
-    return 1;
+    return report_failure("train", st.message());
   }
   if (!trace_path.empty()) {
     const std::string path = s.launched && s.launch.rank > 0
@@ -668,8 +661,7 @@ int run(const TrainFlags& flags) {
                                  : trace_path;
     const Status ts = Trace::global().write(path);
     if (!ts.is_ok()) {
-      std::fprintf(stderr, "%s\n", fail_line(ts.message()).c_str());
-      return 1;
+      return report_failure("train", ts.message());
     }
   }
   if (writes) print_summary(s, summary);
