@@ -30,6 +30,21 @@ struct Registrar {
   explicit Registrar(Registration r) { CommandRegistry::all().push_back(std::move(r)); }
 };
 
+// A flag's check for a count that must be at least 1 (0 and negatives refused alike):
+// "--seq: must be at least 1 (got 0)".
+inline CLI::Validator at_least_one() {
+  return CLI::Validator(
+      [](std::string& value) -> std::string {
+        try {
+          std::size_t used = 0;
+          if (std::stoll(value, &used) >= 1 && used == value.size()) return "";
+        } catch (const std::exception&) {
+        }
+        return "must be at least 1 (got " + value + ")";
+      },
+      "INT>=1");
+}
+
 // Set by a command's callback; main returns it.
 int& exit_code();
 

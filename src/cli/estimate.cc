@@ -125,6 +125,8 @@ Result<Setup> prepare(const EstimateFlags& f) {
                                     "--all");
   }
   TZ_ASSIGN_OR_RETURN(s.config, load_run_config("estimate", f.config_path, f.nvme_path));
+  // --all plans nvme rows too, which take the path; one plan refuses it as `train` does.
+  if (!f.all) TZ_RETURN_IF_ERROR(check_nvme_path_used(s.config, f.config_path, f.nvme_path));
   if (f.micro_batch > 0) {
     s.config.train_micro_batch_size_per_gpu = static_cast<std::uint64_t>(f.micro_batch);
     s.config.train_batch_size = 0;  // derived again from the new micro-batch
@@ -609,9 +611,11 @@ TZ_REGISTER_COMMAND([](CommandTree& tree) {
                   "Face folder (config.json)")
       ->required();
   cmd->add_option("--ranks", f->ranks, "Data-parallel ranks (default 1)");
-  cmd->add_option("--seq", f->seq, "Tokens per sequence (default: the model's positions)");
+  cmd->add_option("--seq", f->seq, "Tokens per sequence (default: the model's positions)")
+      ->check(at_least_one());
   cmd->add_option("--micro-batch", f->micro_batch,
-                  "Sequences per micro-batch (default: train_micro_batch_size_per_gpu)");
+                  "Sequences per micro-batch (default: train_micro_batch_size_per_gpu)")
+      ->check(at_least_one());
   cmd->add_option("--checkpointing", f->checkpointing,
                   "Activation checkpointing: 1 on, 0 off (default: as train)")
       ->check(CLI::Range(0, 1));

@@ -178,12 +178,7 @@ Result<RunSetup> prepare(const TrainFlags& f) {
   }
   const bool param_nvme = c.zero.offload_param.device == "nvme";
   const bool opt_nvme = c.zero.offload_optimizer.device == "nvme";
-  if (!f.nvme_path.empty() && !param_nvme && !opt_nvme) {
-    return Status::invalid_argument(
-        "--nvme-path " + f.nvme_path + " but " + f.config_path +
-        " offloads nothing to nvme (set zero_optimization.offload_param.device or "
-        "offload_optimizer.device to \"nvme\")");
-  }
+  TZ_RETURN_IF_ERROR(check_nvme_path_used(c, f.config_path, f.nvme_path));
   s.compute = compute_dtype_of(c);
   s.seed = f.seed.value_or(static_cast<std::uint64_t>(c.tierzero.seed));
   // Rank threads share the cores: each gets its share unless --cpu-threads says otherwise (one
@@ -694,7 +689,8 @@ TZ_REGISTER_COMMAND([](CommandTree& tree) {
                   "Validation micro-batches in the fixed set, over all ranks (default 20)")
       ->check(CLI::PositiveNumber);
   cmd->add_option("--steps", f->steps, "Optimizer steps (default 50)");
-  cmd->add_option("--seq", f->seq, "Tokens per sequence (default: the model's positions)");
+  cmd->add_option("--seq", f->seq, "Tokens per sequence (default: the model's positions)")
+      ->check(at_least_one());
   cmd->add_option("--ranks", f->ranks, "Ranks as threads of this process (default 1)");
   cmd->add_option("--cpu-threads", f->cpu_threads,
                   "Threads of each rank's CPU kernels (default: the cores divided among --ranks)")

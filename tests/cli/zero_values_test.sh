@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Zero and negative counts are refused alike (docs/cli.md), and `estimate --nvme-path` with a
+# config that offloads nothing to nvme is refused as `train` refuses it: exit 1, one line naming
+# the flag.
+tz=$1
+. "$(dirname "$0")/../e2e/common.sh"
+make_text "$work/t.txt"
+config "$work/c.json" 0 none none
+expect() {  # NAME WANT ARGS...
+  local name=$1 want=$2; shift 2
+  local err rc
+  err=$("$tz" --log-level error "$@" 2>&1 >/dev/null); rc=$?
+  if [ "$rc" -eq 1 ] && [ "$(printf '%s\n' "$err" | grep -c .)" -eq 1 ] &&
+     printf '%s' "$err" | grep -qF -- "$want"; then ok "$name: $err"; else bad "$name: rc=$rc: $err"; fi
+}
+run=(--config "$work/c.json" --model "$model")
+for v in 0 -1; do
+  expect "train --seq $v" "tierzero train: --seq" train "${run[@]}" --data "$work/t.txt" --steps 1 --seq "$v"
+  expect "estimate --seq $v" "tierzero estimate: --seq" estimate "${run[@]}" --seq "$v"
+  expect "estimate --micro-batch $v" "tierzero estimate: --micro-batch" estimate "${run[@]}" --micro-batch "$v"
+done
+expect "train --nvme-path unused" "--nvme-path $work but $work/c.json offloads nothing to nvme" \
+  train "${run[@]}" --data "$work/t.txt" --steps 1 --nvme-path "$work"
+expect "estimate --nvme-path unused" "tierzero estimate: --nvme-path $work but $work/c.json offloads nothing to nvme" \
+  estimate "${run[@]}" --nvme-path "$work"
+"$tz" estimate "${run[@]}" --seq 16 --micro-batch 1 > /dev/null 2>&1 && ok "positive values accepted" || bad "positive values refused"
+exit $fail
