@@ -244,9 +244,20 @@ void check_machine(const Setup& s, Estimate& e) {
     c.text = "device: " + gib(b.device) + " per rank, budget " + gib(s.device_budget_bytes) +
              " (" + s.device_name + ")";
     if (!c.ok) {
-      c.text += ": over; offload the optimizer (zero_optimization.offload_optimizer.device), "
-                "raise zero_optimization.stage, offload the parameters at stage 3, turn on "
-                "activation checkpointing (--checkpointing 1) or lower the micro-batch";
+      // The advice starts with the largest term: activations, or the model's state.
+      const std::uint64_t act = e.options.activation_bytes;
+      const std::string state_advice =
+          "offload the optimizer (zero_optimization.offload_optimizer.device), raise "
+          "zero_optimization.stage, offload the parameters at stage 3";
+      const std::string act_advice =
+          "turn on activation checkpointing (--checkpointing 1), lower the micro-batch "
+          "(--micro-batch) or the sequence (--seq)";
+      if (act >= b.device - std::min(act, b.device)) {
+        c.text += ": over, mostly activations (" + gib(act) + "); " + act_advice + ", or " +
+                  state_advice;
+      } else {
+        c.text += ": over; " + state_advice + ", or " + act_advice;
+      }
     }
     e.checks.push_back(c);
   }

@@ -24,4 +24,15 @@ expect "train --nvme-path unused" "--nvme-path $work but $work/c.json offloads n
 expect "estimate --nvme-path unused" "tierzero estimate: --nvme-path $work but $work/c.json offloads nothing to nvme" \
   estimate "${run[@]}" --nvme-path "$work"
 "$tz" estimate "${run[@]}" --seq 16 --micro-batch 1 > /dev/null 2>&1 && ok "positive values accepted" || bad "positive values refused"
+# The device advice starts with the largest term: activations for a big micro-batch without
+# checkpointing, the model's state for a big model with short sequences.
+echo '{"train_micro_batch_size_per_gpu": 64, "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}, "zero_optimization": {"stage": 0}, "tierzero": {"device_budget": "4G"}}' > "$work/act.json"
+line=$("$tz" --log-level error estimate --config "$work/act.json" --model gpt2-124m --checkpointing 0 2>&1 | grep '\[NO\] device:')
+case "$line" in *"over, mostly activations"*"; turn on activation checkpointing (--checkpointing 1)"*) ok "activation advice first: $line";; *) bad "activation advice: $line";; esac
+line=$("$tz" --log-level error estimate --config "$work/act.json" --model gpt2-1.5b --seq 16 --micro-batch 1 2>&1 | grep '\[NO\] device:')
+case "$line" in *"over; offload the optimizer"*) ok "state advice first: $line";; *) bad "state advice: $line";; esac
+# info --path FILE says it is a file, not a folder (it said "not writable").
+: > "$work/afile"
+r=$("$tz" info --json --path "$work/afile" 2>/dev/null | python3 -c 'import json,sys; p=json.load(sys.stdin)["paths"][0]; print(p["reason"], "|", p["error"])')
+case "$r" in "not a folder | $work/afile is a file, not a folder") ok "info --path FILE: $r";; *) bad "info --path FILE: $r";; esac
 exit $fail
