@@ -120,6 +120,14 @@ int run(const BenchNvmeOptions& o) {
   std::vector<nvme::IoFileHandle> files;
   std::vector<int> ids;
   std::vector<bool> created;
+  // Files this run made (empty before it): removed when setting up fails, so a full or
+  // unwritable disk leaves no 0-byte or partial bench file behind.
+  std::vector<std::string> made;
+  const auto fail_setup = [&](const Status& st) {
+    files.clear();
+    for (const std::string& m : made) ::unlink(m.c_str());
+    return fail(st);
+  };
   for (std::size_t i = 0; i < nfiles; ++i) {
     const std::string name =
         o.paths[i] + "/" + (nfiles == 1 ? o.file_name : o.file_name + "." + std::to_string(i));
@@ -130,13 +138,14 @@ int run(const BenchNvmeOptions& o) {
     if (!f.is_ok()) return fail(f.status());
     auto have = f->size_bytes();
     if (!have.is_ok()) return fail(have.status());
+    if (*have == 0) made.push_back(name);
     created.push_back(*have < file_bytes);
     if (*have < file_bytes) {
       Status st = f->preallocate(file_bytes);
-      if (!st.is_ok()) return fail(st);
+      if (!st.is_ok()) return fail_setup(st);
     }
     auto id = queue->add_file(f->io_file());
-    if (!id.is_ok()) return fail(id.status());
+    if (!id.is_ok()) return fail_setup(id.status());
     ids.push_back(*id);
     files.push_back(std::move(f).value());
   }

@@ -91,10 +91,7 @@ Result<PinCost> pin_cost(std::uint32_t n, double fraction, std::uint32_t steps) 
   return c;
 }
 
-int fail(const Status& st) {
-  std::fprintf(stderr, "bench pins: %s\n", st.to_string().c_str());
-  return st.code() == ErrorCode::kInvalidArgument ? 2 : 1;
-}
+int fail(const Status& st) { return report_failure("bench pins", st); }
 
 int run(const PinsBenchOptions& o) {
   if (o.blocks.empty()) return fail(Status::invalid_argument("--blocks: give at least one count"));

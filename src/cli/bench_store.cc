@@ -59,10 +59,7 @@ double now_s() {
       .count();
 }
 
-int fail(const Status& st) {
-  std::fprintf(stderr, "tierzero bench store: %s\n", st.to_string().c_str());
-  return 1;
-}
+int fail(const Status& st) { return report_failure("bench store", st); }
 
 struct RawBandwidth {
   double read_gbps = 0;

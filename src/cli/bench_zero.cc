@@ -53,10 +53,7 @@ struct BenchZeroOptions {
   bool json = false;
 };
 
-int fail(const Status& st) {
-  std::fprintf(stderr, "tierzero bench zero: %s\n", st.to_string().c_str());
-  return 1;
-}
+int fail(const Status& st) { return report_failure("bench zero", st); }
 
 double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();

@@ -22,10 +22,7 @@
 namespace tz::cli {
 namespace {
 
-int fail(const Status& st) {
-  std::fprintf(stderr, "tierzero ckpt: %s\n", st.to_string().c_str());
-  return 1;
-}
+int fail(const Status& st) { return report_failure("ckpt info", st); }
 
 int run_info(const std::string& path, bool json) {
   auto dir = zero::resolve_checkpoint(path);
@@ -180,7 +177,7 @@ TZ_REGISTER_COMMAND([](CommandTree& tree) {
   exp->callback([export_opts] {
     const DType dtype = export_opts->dtype == "bf16" ? DType::kBF16 : DType::kF32;
     const Status st = export_weights(export_opts->path, export_opts->out, dtype);
-    exit_code() = st.is_ok() ? 0 : fail(st);
+    exit_code() = st.is_ok() ? 0 : report_failure("ckpt export", st);
   });
 });
 

@@ -30,13 +30,35 @@ struct Registrar {
   explicit Registrar(Registration r) { CommandRegistry::all().push_back(std::move(r)); }
 };
 
+// A flag's check for a count that must be at least 1 (0 and negatives refused alike):
+// "--seq: must be at least 1 (got 0)".
+inline CLI::Validator at_least_one() {
+  return CLI::Validator(
+      [](std::string& value) -> std::string {
+        try {
+          std::size_t used = 0;
+          if (std::stoll(value, &used) >= 1 && used == value.size()) return "";
+        } catch (const std::exception&) {
+        }
+        return "must be at least 1 (got " + value + ")";
+      },
+      "INT>=1");
+}
+
 // Set by a command's callback; main returns it.
 int& exit_code();
 
 // The one error line of docs/cli.md: prints "tierzero <command>: <what failed>" on stderr (the
 // status's message, without its internal code name) and returns 1, the exit status of a failed
 // command. `command` is the command's words after "tierzero" ("bench nvme").
+// With `--json` given to the failed command, a JSON object {"error": "<the same message>",
+// "command": "<command>"} is printed on stdout as well.
 int report_failure(std::string_view command, const Status& status);
+int report_failure(std::string_view command, std::string_view message);
+
+// The root of the command tree main parses (set by main; report_failure reads which command was
+// reached and whether it was given --json).
+CLI::App*& root_app();
 
 }  // namespace tz::cli
 

@@ -24,8 +24,7 @@ namespace tz::cli {
 namespace {
 
 int fail(const char* command, const Status& st) {
-  std::fprintf(stderr, "tierzero data %s: %s\n", command, st.message().c_str());
-  return 1;
+  return report_failure(std::string("data ") + command, st);
 }
 
 std::uint64_t file_size(const std::string& path) {
@@ -43,7 +42,7 @@ int tokenize_bytes(const std::string& text_path, const std::string& out_path) {
   auto data = model::load_tokens(text_path, 256);
   if (!data.is_ok()) return fail("tokenize", data.status());
   if (!data->byte_level) {
-    std::fprintf(stderr, "tierzero data tokenize: %s is already a token file\n", text_path.c_str());
+    report_failure("data tokenize", text_path + " is already a token file");
     return 1;
   }
   const Status st =

@@ -52,8 +52,6 @@ struct EstimateFlags {
   bool measure = false;
 };
 
-std::string fail_line(const std::string& what) { return "tierzero estimate: " + what; }
-
 std::string gib(std::uint64_t bytes) { return format_bytes(static_cast<double>(bytes)); }
 
 // Everything estimate knows about the run before any plan: what train would be given.
@@ -126,6 +124,8 @@ Result<Setup> prepare(const EstimateFlags& f) {
                                     "--all");
   }
   TZ_ASSIGN_OR_RETURN(s.config, load_run_config("estimate", f.config_path, f.nvme_path));
+  // --all plans nvme rows too, which take the path; one plan refuses it as `train` does.
+  if (!f.all) TZ_RETURN_IF_ERROR(check_nvme_path_used(s.config, f.config_path, f.nvme_path));
   if (f.micro_batch > 0) {
     s.config.train_micro_batch_size_per_gpu = static_cast<std::uint64_t>(f.micro_batch);
     s.config.train_batch_size = 0;  // derived again from the new micro-batch
@@ -243,9 +243,20 @@ void check_machine(const Setup& s, Estimate& e) {
     c.text = "device: " + gib(b.device) + " per rank, budget " + gib(s.device_budget_bytes) +
              " (" + s.device_name + ")";
     if (!c.ok) {
-      c.text += ": over; offload the optimizer (zero_optimization.offload_optimizer.device), "
-                "raise zero_optimization.stage, offload the parameters at stage 3, turn on "
-                "activation checkpointing (--checkpointing 1) or lower the micro-batch";
+      // The advice starts with the largest term: activations, or the model's state.
+      const std::uint64_t act = e.options.activation_bytes;
+      const std::string state_advice =
+          "offload the optimizer (zero_optimization.offload_optimizer.device), raise "
+          "zero_optimization.stage, offload the parameters at stage 3";
+      const std::string act_advice =
+          "turn on activation checkpointing (--checkpointing 1), lower the micro-batch "
+          "(--micro-batch) or the sequence (--seq)";
+      if (act >= b.device - std::min(act, b.device)) {
+        c.text += ": over, mostly activations (" + gib(act) + "); " + act_advice + ", or " +
+                  state_advice;
+      } else {
+        c.text += ": over; " + state_advice + ", or " + act_advice;
+      }
     }
     e.checks.push_back(c);
   }
@@ -544,15 +555,13 @@ void print_all(const Setup& s, const std::vector<Estimate>& rows) {
 int run(const EstimateFlags& flags) {
   auto setup = prepare(flags);
   if (!setup.is_ok()) {
-    std::fprintf(stderr, "%s\n", fail_line(setup.status().message()).c_str());
-    return 1;
+    return report_failure("estimate", setup.status().message());
   }
   const Setup& s = *setup;
   if (flags.all) {
     auto rows = estimate_all(s);
     if (!rows.is_ok()) {
-      std::fprintf(stderr, "%s\n", fail_line(rows.status().message()).c_str());
-      return 1;
+      return report_failure("estimate", rows.status().message());
     }
     if (flags.json) {
       nlohmann::ordered_json j = header_json(s);
@@ -566,19 +575,16 @@ int run(const EstimateFlags& flags) {
   }
   auto est = estimate_for(s, s.config);
   if (!est.is_ok()) {
-    std::fprintf(stderr, "%s\n", fail_line(est.status().message()).c_str());
-    return 1;
+    return report_failure("estimate", est.status().message());
   }
   std::optional<zero::TierBytes> measured;
   if (flags.measure) {
     if (!est->plan_status.is_ok()) {
-      std::fprintf(stderr, "%s\n", fail_line("--measure: " + est->plan_status.message()).c_str());
-      return 1;
+      return report_failure("estimate", "--measure: " + est->plan_status.message());
     }
     auto m = measure(s, *est);
     if (!m.is_ok()) {
-      std::fprintf(stderr, "%s\n", fail_line("--measure: " + m.status().message()).c_str());
-      return 1;
+      return report_failure("estimate", "--measure: " + m.status().message());
     }
     measured = *m;
   }
@@ -610,9 +616,11 @@ TZ_REGISTER_COMMAND([](CommandTree& tree) {
                   "Face folder (config.json)")
       ->required();
   cmd->add_option("--ranks", f->ranks, "Data-parallel ranks (default 1)");
-  cmd->add_option("--seq", f->seq, "Tokens per sequence (default: the model's positions)");
+  cmd->add_option("--seq", f->seq, "Tokens per sequence (default: the model's positions)")
+      ->check(at_least_one());
   cmd->add_option("--micro-batch", f->micro_batch,
-                  "Sequences per micro-batch (default: train_micro_batch_size_per_gpu)");
+                  "Sequences per micro-batch (default: train_micro_batch_size_per_gpu)")
+      ->check(at_least_one());
   cmd->add_option("--checkpointing", f->checkpointing,
                   "Activation checkpointing: 1 on, 0 off (default: as train)")
       ->check(CLI::Range(0, 1));

@@ -4,6 +4,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "cli/command.h"
 #include "core/log.h"
 
@@ -28,10 +30,41 @@ int& exit_code() {
   return code;
 }
 
-int report_failure(std::string_view command, const Status& status) {
-  std::fprintf(stderr, "tierzero %.*s: %s\n", static_cast<int>(command.size()), command.data(),
-               status.message().c_str());
+CLI::App*& root_app() {
+  static CLI::App* app = nullptr;
+  return app;
+}
+
+namespace {
+
+// Whether the deepest parsed command was given --json.
+bool json_requested() {
+  CLI::App* cur = root_app();
+  if (cur == nullptr) return false;
+  for (std::vector<CLI::App*> subs = cur->get_subcommands(); !subs.empty();
+       subs = cur->get_subcommands()) {
+    cur = subs.front();
+  }
+  const CLI::Option* json = cur->get_option_no_throw("--json");
+  return json != nullptr && json->count() > 0;
+}
+
+}  // namespace
+
+int report_failure(std::string_view command, std::string_view message) {
+  std::fprintf(stderr, "tierzero %.*s: %.*s\n", static_cast<int>(command.size()), command.data(),
+               static_cast<int>(message.size()), message.data());
+  if (json_requested()) {
+    const nlohmann::ordered_json j = {{"error", std::string(message)}, {"command", std::string(command)}};
+    std::fflush(stderr);
+    std::printf("%s\n", j.dump().c_str());
+    std::fflush(stdout);
+  }
   return 1;
+}
+
+int report_failure(std::string_view command, const Status& status) {
+  return report_failure(command, std::string_view(status.message()));
 }
 
 namespace {
@@ -89,6 +122,7 @@ int main(int argc, char** argv) {
   app.parse_complete_callback([&] {
     if (!level.empty()) tz::set_log_level(*tz::parse_log_level(level));
   });
+  tz::cli::root_app() = &app;
   tz::cli::CommandTree tree{&app};
   for (const auto& reg : tz::cli::CommandRegistry::all()) reg(tree);
   try {

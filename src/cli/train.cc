@@ -114,8 +114,6 @@ struct RunSummary {
   nlohmann::ordered_json comm_formula_bytes;
 };
 
-std::string fail_line(const std::string& what) { return "tierzero train: " + what; }
-
 // Bytes the optimizer keeps per parameter besides the fp32 master (its state arrays).
 std::uint64_t optimizer_state_bytes_per_param(const Config& c) {
   const std::uint64_t state = c.tierzero.state_dtype == "bf16" ? 2 : 4;
@@ -179,12 +177,7 @@ Result<RunSetup> prepare(const TrainFlags& f) {
   }
   const bool param_nvme = c.zero.offload_param.device == "nvme";
   const bool opt_nvme = c.zero.offload_optimizer.device == "nvme";
-  if (!f.nvme_path.empty() && !param_nvme && !opt_nvme) {
-    return Status::invalid_argument(
-        "--nvme-path " + f.nvme_path + " but " + f.config_path +
-        " offloads nothing to nvme (set zero_optimization.offload_param.device or "
-        "offload_optimizer.device to \"nvme\")");
-  }
+  TZ_RETURN_IF_ERROR(check_nvme_path_used(c, f.config_path, f.nvme_path));
   s.compute = compute_dtype_of(c);
   s.seed = f.seed.value_or(static_cast<std::uint64_t>(c.tierzero.seed));
   // Rank threads share the cores: each gets its share unless --cpu-threads says otherwise (one
@@ -615,8 +608,7 @@ void print_summary(const RunSetup& s, const RunSummary& r) {
 int run(const TrainFlags& flags) {
   auto setup = prepare(flags);
   if (!setup.is_ok()) {
-    std::fprintf(stderr, "%s\n", fail_line(setup.status().message()).c_str());
-    return 1;
+    return report_failure("train", setup.status().message());
   }
   const RunSetup& s = *setup;
   const std::string trace_path =
@@ -628,11 +620,8 @@ int run(const TrainFlags& flags) {
   if (!flags.metrics.empty() && writes) {
     metrics = std::fopen(flags.metrics.c_str(), "w");
     if (metrics == nullptr) {
-      std::fprintf(
-          stderr, "%s\n",
-          fail_line("cannot write --metrics " + flags.metrics + ": " + std::strerror(errno))
-              .c_str());
-      return 1;
+      return report_failure("train", "cannot write --metrics " + flags.metrics + ": " +
+                                         std::strerror(errno));
     }
   }
   std::signal(SIGINT, on_stop_signal);
@@ -665,8 +654,7 @@ int run(const TrainFlags& flags) {
   std::signal(SIGTERM, SIG_DFL);
   if (metrics != nullptr) std::fclose(metrics);
   if (!st.is_ok()) {
-    std::fprintf(stderr, "%s\n", fail_line(st.message()).c_str());
-    return 1;
+    return report_failure("train", st.message());
   }
   if (!trace_path.empty()) {
     const std::string path = s.launched && s.launch.rank > 0
@@ -674,8 +662,7 @@ int run(const TrainFlags& flags) {
                                  : trace_path;
     const Status ts = Trace::global().write(path);
     if (!ts.is_ok()) {
-      std::fprintf(stderr, "%s\n", fail_line(ts.message()).c_str());
-      return 1;
+      return report_failure("train", ts.message());
     }
   }
   if (writes) print_summary(s, summary);
@@ -708,7 +695,8 @@ TZ_REGISTER_COMMAND([](CommandTree& tree) {
                   "Validation micro-batches in the fixed set, over all ranks (default 20)")
       ->check(CLI::PositiveNumber);
   cmd->add_option("--steps", f->steps, "Optimizer steps (default 50)");
-  cmd->add_option("--seq", f->seq, "Tokens per sequence (default: the model's positions)");
+  cmd->add_option("--seq", f->seq, "Tokens per sequence (default: the model's positions)")
+      ->check(at_least_one());
   cmd->add_option("--ranks", f->ranks, "Ranks as threads of this process (default 1)");
   cmd->add_option("--cpu-threads", f->cpu_threads,
                   "Threads of each rank's CPU kernels (default: the cores divided among --ranks)")

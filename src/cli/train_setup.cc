@@ -44,6 +44,18 @@ Result<Config> load_run_config(const std::string& command, const std::string& co
   return load.config;
 }
 
+Status check_nvme_path_used(const Config& config, const std::string& config_path,
+                            const std::string& nvme_path) {
+  if (nvme_path.empty() || config.zero.offload_param.device == "nvme" ||
+      config.zero.offload_optimizer.device == "nvme") {
+    return Status::ok();
+  }
+  return Status::invalid_argument(
+      "--nvme-path " + nvme_path + " but " + config_path +
+      " offloads nothing to nvme (set zero_optimization.offload_param.device or "
+      "offload_optimizer.device to \"nvme\")");
+}
+
 Status check_swap_path(const std::string& dir, std::uint64_t needed_bytes) {
   // Not created when missing: a mistyped mount point would otherwise fill the root file system.
   return check_folder("NVMe path", dir, needed_bytes, /*create=*/false);

@@ -24,6 +24,11 @@ ConfigLoad load_config_with_nvme_path(const std::string& config_path, const std:
 Result<Config> load_run_config(const std::string& command, const std::string& config_path,
                                const std::string& nvme_path);
 
+// kInvalidArgument when --nvme-path `nvme_path` is given but `config` offloads nothing to nvme
+// (`tierzero train` and `estimate` refuse it alike); OK otherwise.
+Status check_nvme_path_used(const Config& config, const std::string& config_path,
+                            const std::string& nvme_path);
+
 // A folder the swap files go to (`tierzero train` and `estimate` check it alike): it must exist,
 // be a folder, accept a new file and have `needed_bytes` free (the shortfall named).
 Status check_swap_path(const std::string& dir, std::uint64_t needed_bytes);

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -47,13 +48,19 @@ std::string hf_config_path(const std::string& weights_path);
 // kInvalidArgument (naming the file) when it does not parse or describe a GPT-2 tierzero computes.
 Result<Gpt2Shape> read_hf_config(const std::string& path);
 
+// kInvalidArgument "<path>: tensor '<name>': element <i> is NaN (or inf, -inf); weights must
+// be finite" for the first non-finite value of a tensor being loaded, OK otherwise.
+Status check_finite_weights(std::span<const float> values, const std::string& path,
+                            std::string_view name);
+
 // Loads the GPT-2 weights in the safetensors file `path` into the engine's master weights, unit
 // by unit and tensor by tensor (one tensor in host memory at a time). Accepts HF's names with or
 // without "transformer.", fp32 / fp16 / bf16 tensors, and the non-parameters above (lm_head.weight
 // must have wte's shape; its values are wte's). Every tensor is checked before the first is set:
 // a missing or unexpected tensor, one given twice (with and without the prefix) or a shape other
 // than the model's is kInvalidArgument, and a malformed file kCorrupt (core/safetensors.h), each
-// one line naming the file and the tensor. Collective (every rank reads the file).
+// one line naming the file and the tensor; a NaN or Inf value is refused naming the tensor
+// (check_finite_weights). Collective (every rank reads the file).
 Status load_hf_weights(zero::Engine& engine, const Gpt2Shape& shape,
                        const std::vector<zero::UnitSpec>& specs,
                        const std::vector<zero::UnitId>& units, const std::string& path);

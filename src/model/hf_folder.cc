@@ -14,6 +14,7 @@
 
 #include "core/output_file.h"
 #include "core/safetensors.h"
+#include "model/hf.h"
 
 namespace tz::model {
 namespace {
@@ -170,6 +171,7 @@ Status load_hf_weights_folder(zero::Engine& engine, const std::vector<zero::Unit
       const Wanted& w = wanted.at(specs[u].tensors[t].name);
       values.resize(specs[u].tensors[t].numel());
       TZ_RETURN_IF_ERROR(w.reader->read_f32(*w.entry, values));
+      TZ_RETURN_IF_ERROR(check_finite_weights(values, w.reader->path(), w.entry->name));
       Status s = engine.set_tensor(units[u], t, values);
       if (!s.is_ok()) return std::move(s).with_context(tensor_ctx(w.reader->path(), w.entry->name));
     }

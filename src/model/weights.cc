@@ -2,6 +2,7 @@
 // file against the model on top of core/safetensors.h, streamed one tensor at a time through
 // set_tensor / get_tensor so the whole model never sits in host memory.
 #include <cerrno>
+#include <cmath>
 #include <fstream>
 #include <map>
 #include <optional>
@@ -29,6 +30,17 @@ std::string tensor_ctx(const std::string& path, std::string_view name) {
 }
 
 }  // namespace
+
+Status check_finite_weights(std::span<const float> values, const std::string& path,
+                            std::string_view name) {
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    if (std::isfinite(values[i])) continue;
+    const char* what = std::isnan(values[i]) ? "NaN" : (values[i] > 0 ? "inf" : "-inf");
+    return Status::invalid_argument(tensor_ctx(path, name) + ": element " + std::to_string(i) +
+                                    " is " + what + "; weights must be finite");
+  }
+  return Status::ok();
+}
 
 Status load_hf_weights(zero::Engine& engine, const Gpt2Shape& shape,
                        const std::vector<zero::UnitSpec>& specs,
@@ -90,6 +102,7 @@ Status load_hf_weights(zero::Engine& engine, const Gpt2Shape& shape,
       const SafetensorsEntry& entry = *wanted.at(hf_tensor_name(specs[u], specs[u].tensors[t])).entry;
       values.resize(specs[u].tensors[t].numel());
       TZ_RETURN_IF_ERROR(reader.read_f32(entry, values));
+      TZ_RETURN_IF_ERROR(check_finite_weights(values, path, entry.name));
       Status s = engine.set_tensor(units[u], t, values);
       if (!s.is_ok()) return std::move(s).with_context(tensor_ctx(path, entry.name));
     }

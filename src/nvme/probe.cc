@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <libaio.h>
 #include <liburing.h>
+#include <sys/stat.h>
 #include <sys/statfs.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
@@ -188,7 +189,16 @@ nlohmann::json probe_path(const std::string& dir) {
   if (fd < 0 && errno == EINVAL) fd = mkostemp(name.data(), O_CLOEXEC);
   if (fd < 0) {
     out["error"] = "cannot create a probe file in " + dir + ": " + std::strerror(errno);
-    out["reason"] = "the directory is not writable";
+    const int err = errno;
+    struct stat st {};
+    if (::stat(dir.c_str(), &st) == 0 && !S_ISDIR(st.st_mode)) {
+      out["error"] = dir + " is a file, not a folder";
+      out["reason"] = "not a folder";
+    } else if (err == ENOENT || err == ENOTDIR) {
+      out["reason"] = "the folder does not exist";
+    } else {
+      out["reason"] = "the folder is not writable";
+    }
     return out;
   }
   // Unlinked at once: the probe leaves nothing behind even if it is interrupted.
