@@ -110,9 +110,14 @@ Status run(const SampleOptions& o) {
   } else if (o.weights.empty()) {
     return Status::invalid_argument("give --model (a name or a Hugging Face folder) or --weights");
   } else {
+    std::error_code ec;
+    // The weights are the input the user named: a missing file is reported as itself, not as
+    // the config.json that would sit beside it.
+    if (!std::filesystem::exists(o.weights, ec)) {
+      return Status::not_found("--weights " + o.weights + ": no such file");
+    }
     const std::filesystem::path dir = std::filesystem::path(o.weights).parent_path();
     const std::string config = (dir / "config.json").string();
-    std::error_code ec;
     if (!std::filesystem::exists(config, ec)) {
       return Status::invalid_argument("--model not given and no " + config +
                                       " beside the weights; pass --model NAME");

@@ -247,7 +247,7 @@ Result<MemoryPlan> plan_memory(const PlanInputs& in, const Config& config,
       if (t.bytes == 0) continue;
       named += std::string(named.empty() ? "" : ", ") + t.name + " " + std::to_string(t.bytes);
     }
-    const std::string advice =
+    std::string advice =
         home[0] > 0
             ? "offload the optimizer (zero_optimization.offload_optimizer.device cpu/nvme), raise "
               "zero_optimization.stage or offload the parameters"
@@ -256,6 +256,19 @@ Result<MemoryPlan> plan_memory(const PlanInputs& in, const Config& config,
                     "\"exact\" or raise tierzero.device_budget"
                   : "lower the micro batch or the sequence length (activations), split the "
                     "largest units, or raise tierzero.device_budget";
+    // The advice starts with the largest term: a plan that activations dominate is not helped
+    // first by moving the optimizer.
+    std::uint64_t activations = 0;
+    for (const PlanTerm& t : plan.terms) {
+      if (t.tier == Tier::kDevice && t.name.find("activations") != std::string::npos) {
+        activations += t.bytes;
+      }
+    }
+    if (home[0] > 0 && activations >= home[0]) {
+      advice = "mostly activations (" + std::to_string(activations) +
+               " bytes): turn on activation checkpointing (--checkpointing 1), lower the micro "
+               "batch or the sequence length; then " + advice;
+    }
     return Status::out_of_memory(
         "engine plan: the device tier needs at least " + std::to_string(device_fixed + cache_min) +
         " bytes, the irreducible minimum (" + named + "), over the device budget of " +

@@ -453,5 +453,32 @@ TEST(ZeroPlan, DeviceBelowIrreducibleMinimumNamesTheTerms) {
   EXPECT_NE(m.find("tierzero.device_budget"), std::string::npos) << m;
 }
 
+// The refusal's advice starts with the largest term: activations larger than the device's home
+// blocks call for checkpointing or a smaller batch before moving the optimizer (the advice used to
+// start with the optimizer whatever dominated).
+TEST(ZeroPlan, RefusalAdviceStartsWithTheLargestTerm) {
+  const auto units = bench_zero_units();
+  Config config;
+  PlanInputs in = bench_zero_inputs(1ull << 20);
+  in.optimizer = Placement::kDevice;  // home blocks on the device
+  in.param = Placement::kDevice;
+  in.grad = Placement::kDevice;
+  in.stage = 0;
+  in.activation_bytes = 1ull << 40;  // far larger than the 16 units' home blocks
+  auto got = plan_memory(in, config, units);
+  ASSERT_FALSE(got.is_ok());
+  const std::string m = got.status().message();
+  const std::size_t act = m.find("mostly activations");
+  const std::size_t opt = m.find("offload the optimizer");
+  ASSERT_NE(act, std::string::npos) << m;
+  ASSERT_NE(opt, std::string::npos) << m;
+  EXPECT_LT(act, opt) << m;
+  in.activation_bytes = 0;  // home blocks dominate: the optimizer advice comes first
+  auto small = plan_memory(in, config, units);
+  ASSERT_FALSE(small.is_ok());
+  EXPECT_EQ(small.status().message().find("mostly activations"), std::string::npos)
+      << small.status().message();
+}
+
 }  // namespace
 }  // namespace tz::zero
