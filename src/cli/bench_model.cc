@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <span>
 #include <memory>
 #include <random>
 #include <sstream>
@@ -19,6 +20,7 @@
 
 #include "cli/command.h"
 #include "core/config.h"
+#include "core/output_file.h"
 #include "model/factory.h"
 #include "ops/gemm.h"
 #include "zero/engine.h"
@@ -128,10 +130,9 @@ Status run(const ModelBenchOptions& o) {
       result["loss"] = loss;
       if (!o.logits_out.empty()) {
         TZ_ASSIGN_OR_RETURN(const std::vector<float> logits, gpt->logits(tokens, batch, length));
-        std::ofstream out(o.logits_out, std::ios::binary | std::ios::trunc);
-        out.write(reinterpret_cast<const char*>(logits.data()),
-                  static_cast<std::streamsize>(logits.size() * sizeof(float)));
-        if (!out) return Status::from_errno(errno, "write", o.logits_out);
+        TZ_ASSIGN_OR_RETURN(OutputFile out, OutputFile::create("--logits-out", o.logits_out));
+        TZ_RETURN_IF_ERROR(out.write(std::as_bytes(std::span<const float>(logits))));
+        TZ_RETURN_IF_ERROR(out.commit());
         result["logits_out"] = o.logits_out;
       }
       return Status::ok();

@@ -13,7 +13,6 @@
 #include <chrono>
 #include <csignal>
 #include <cstdio>
-#include <cstring>
 #include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -344,7 +343,7 @@ Result<double> evaluate(model::Model& net, const model::ValidationSet& val, Rank
 // Rank 0's output: the progress bar, the plain lines and the metrics file.
 class Reporter {
  public:
-  Reporter(const RunSetup& s, std::FILE* metrics) : s_(s), metrics_(metrics) {
+  Reporter(const RunSetup& s, OutputFile* metrics) : s_(s), metrics_(metrics) {
     // As core/progress.h decides: a bar on a terminal outside CI, plain lines otherwise.
     interactive_ = isatty(fileno(stderr)) == 1 && std::getenv("CI") == nullptr;
     if (interactive_) {
@@ -389,8 +388,12 @@ class Reporter {
       j["nvme_read_bytes"] = r.nvme_read_bytes;
       j["nvme_write_bytes"] = r.nvme_write_bytes;
       if (val_loss) j["val_loss"] = *val_loss;
-      std::fprintf(metrics_, "%s\n", j.dump().c_str());
-      std::fflush(metrics_);
+      // One write per line: the file holds whole records only. A failed write (a full disk)
+      // drops the file, says so once and lets the run go on.
+      if (Status ws = metrics_->write(j.dump() + "\n"); !ws.is_ok()) {
+        line("warning: --metrics: " + ws.message() + "; no metrics file will be written");
+        metrics_ = nullptr;
+      }
     }
     const auto every = std::max<std::uint64_t>(1, s_.config.steps_per_print);
     const bool last = r.step == s_.flags.steps;
@@ -416,7 +419,7 @@ class Reporter {
 
  private:
   const RunSetup& s_;
-  std::FILE* metrics_;
+  OutputFile* metrics_;
   bool interactive_ = false;
   std::unique_ptr<Progress> bar_;
 };
@@ -424,7 +427,7 @@ class Reporter {
 // One rank's whole run. Every rank makes the same calls in the same order (the engine's
 // collectives pair up); only rank 0 prints and fills `summary`.
 Status run_rank(const RunSetup& s, int rank, gpu::Device& device, comm::Comm& comm,
-                std::FILE* metrics, RunSummary* summary) {
+                OutputFile* metrics, RunSummary* summary) {
   const TrainFlags& f = s.flags;
   const zero::EngineOptions eo =
       engine_options_for(s.config, s.shape, s.model_options, f.nvme_path, s.seed);
@@ -616,14 +619,16 @@ int run(const TrainFlags& flags) {
   if (!trace_path.empty()) Trace::global().enable();
 
   const bool writes = !s.launched || s.launch.rank == 0;
-  std::FILE* metrics = nullptr;
+  // --metrics goes to a temporary name while the run goes and is renamed into place at its
+  // end (core/output_file.h), also after a failed or interrupted run: its lines are whole records.
+  std::optional<OutputFile> metrics_file;
   if (!flags.metrics.empty() && writes) {
-    metrics = std::fopen(flags.metrics.c_str(), "w");
-    if (metrics == nullptr) {
-      return report_failure("train", "cannot write --metrics " + flags.metrics + ": " +
-                                         std::strerror(errno));
-    }
+    auto created = OutputFile::create("--metrics", flags.metrics,
+                                      {flags.config_path, flags.data, flags.val_data, flags.init});
+    if (!created.is_ok()) return report_failure("train", created.status());
+    metrics_file.emplace(std::move(created).value());
   }
+  OutputFile* metrics = metrics_file ? &*metrics_file : nullptr;
   std::signal(SIGINT, on_stop_signal);
   std::signal(SIGTERM, on_stop_signal);
   RunSummary summary;
@@ -652,7 +657,9 @@ int run(const TrainFlags& flags) {
   }
   std::signal(SIGINT, SIG_DFL);
   std::signal(SIGTERM, SIG_DFL);
-  if (metrics != nullptr) std::fclose(metrics);
+  if (metrics_file && metrics_file->is_open()) {
+    if (Status ms = metrics_file->commit(); !ms.is_ok() && st.is_ok()) st = ms;
+  }
   if (!st.is_ok()) {
     return report_failure("train", st.message());
   }

@@ -65,6 +65,8 @@ class OutputFile {
   // Drops the temporary file (also what the destructor does when commit was not reached).
   void abandon();
 
+  // False once committed, abandoned, or after a failed write (which drops the temporary file).
+  bool is_open() const { return fd_ >= 0; }
   const std::string& path() const { return path_; }
   const std::string& temp_path() const { return temp_; }
   std::uint64_t bytes_written() const { return bytes_; }
