@@ -46,4 +46,14 @@ if [ "$rc" -eq 1 ] && [ "$(printf '%s\n' "$err" | wc -l)" -eq 1 ]; then
 else
   bad "bad model: rc=$rc: $err"
 fi
+# A swap path that train would refuse (a file, not a folder) does not fit here either.
+config "$work/nvme.json" 3 nvme nvme
+: > "$work/a_file"
+out=$("$tz" estimate --config "$work/nvme.json" --model "$shape" --nvme-path "$work/a_file" 2>&1)
+if printf '%s\n' "$out" | grep -q "fits this machine: no (nvme)" &&
+   printf '%s\n' "$out" | grep -q "is a file, not a folder"; then
+  ok "a file as the NVMe path: does not fit, named"
+else
+  bad "a file as the NVMe path: $out"
+fi
 exit $fail
