@@ -4,6 +4,8 @@
 // /work/notes/model_api.md (gather, compute on the compute stream, release; grad, reduce).
 #include "model/gpt2.h"
 
+#include "model/batch_ids.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -154,35 +156,12 @@ struct Gpt2::Impl {
     return Status::ok();
   }
 
-  Status check_ids(std::span<const std::int32_t> values, const char* what) const {
-    for (std::size_t i = 0; i < values.size(); ++i) {
-      if (values[i] < 0 || values[i] >= shape.vocab) {
-        return Status::invalid_argument("model " + shape.name + ": " + what + "[" +
-                                        std::to_string(i) + "] = " + std::to_string(values[i]) +
-                                        " is outside the vocabulary [0, " +
-                                        std::to_string(shape.vocab) + ")");
-      }
-    }
-    return Status::ok();
-  }
-
   // Copies tokens (and targets, when given) to the device on the compute stream. The host staging
   // vector stays untouched until the caller synchronizes the stream at the end of its call.
   Status upload(std::span<const std::int32_t> tokens, std::span<const std::int32_t> targets) {
-    TZ_RETURN_IF_ERROR(check_ids(tokens, "tokens"));
-    TZ_RETURN_IF_ERROR(check_ids(targets, "targets"));
     TZ_RETURN_IF_ERROR(ensure_buffers());
-    host_ids.assign(tokens.begin(), tokens.end());
-    host_ids.insert(host_ids.end(), targets.begin(), targets.end());
-    gpu::Device& dev = engine.device();
-    TZ_RETURN_IF_ERROR(dev.copy_async(ids(layout.tokens), host_ids.data(), tokens.size_bytes(),
-                                      gpu::CopyKind::kHostToDevice, stream()));
-    if (!targets.empty()) {
-      TZ_RETURN_IF_ERROR(dev.copy_async(ids(layout.targets), host_ids.data() + tokens.size(),
-                                        targets.size_bytes(), gpu::CopyKind::kHostToDevice,
-                                        stream()));
-    }
-    return Status::ok();
+    return upload_token_ids(engine.device(), stream(), shape.name, shape.vocab, tokens, targets,
+                            ids(layout.tokens), ids(layout.targets), host_ids);
   }
 
   // Forward of block i on B*T rows from residual[i]. With `to_output` it also writes residual[i+1];

@@ -5,6 +5,8 @@
 // release; grad, reduce.
 #include "model/llama.h"
 
+#include "model/batch_ids.h"
+
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
@@ -232,33 +234,10 @@ struct Llama::Impl {
     return stream().synchronize();
   }
 
-  Status check_ids(std::span<const std::int32_t> values, const char* what) const {
-    for (std::size_t i = 0; i < values.size(); ++i) {
-      if (values[i] < 0 || values[i] >= config.vocab) {
-        return Status::invalid_argument("model " + config.name + ": " + what + "[" +
-                                        std::to_string(i) + "] = " + std::to_string(values[i]) +
-                                        " is outside the vocabulary [0, " +
-                                        std::to_string(config.vocab) + ")");
-      }
-    }
-    return Status::ok();
-  }
-
   Status upload(std::span<const std::int32_t> tokens, std::span<const std::int32_t> targets) {
-    TZ_RETURN_IF_ERROR(check_ids(tokens, "tokens"));
-    TZ_RETURN_IF_ERROR(check_ids(targets, "targets"));
     TZ_RETURN_IF_ERROR(ensure_buffers());
-    host_ids.assign(tokens.begin(), tokens.end());
-    host_ids.insert(host_ids.end(), targets.begin(), targets.end());
-    gpu::Device& dev = engine.device();
-    TZ_RETURN_IF_ERROR(dev.copy_async(ids(layout.tokens), host_ids.data(), tokens.size_bytes(),
-                                      gpu::CopyKind::kHostToDevice, stream()));
-    if (!targets.empty()) {
-      TZ_RETURN_IF_ERROR(dev.copy_async(ids(layout.targets), host_ids.data() + tokens.size(),
-                                        targets.size_bytes(), gpu::CopyKind::kHostToDevice,
-                                        stream()));
-    }
-    return Status::ok();
+    return upload_token_ids(engine.device(), stream(), config.name, config.vocab, tokens, targets,
+                            ids(layout.tokens), ids(layout.targets), host_ids);
   }
 
   Pass training_pass(int i, std::int64_t b, std::int64_t t) const {

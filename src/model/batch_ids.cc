@@ -1,0 +1,39 @@
+// model/batch_ids.h: id checks and the upload of a micro-batch's tokens and targets.
+#include "model/batch_ids.h"
+
+#include <string>
+
+namespace tz::model {
+
+Status check_token_ids(std::string_view model_name, std::span<const std::int32_t> values,
+                       const char* what, std::int64_t vocab) {
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    if (values[i] < 0 || values[i] >= vocab) {
+      return Status::invalid_argument("model " + std::string(model_name) + ": " + what + "[" +
+                                      std::to_string(i) + "] = " + std::to_string(values[i]) +
+                                      " is outside the vocabulary [0, " + std::to_string(vocab) +
+                                      ")");
+    }
+  }
+  return Status::ok();
+}
+
+Status upload_token_ids(gpu::Device& device, gpu::Stream& stream, std::string_view model_name,
+                        std::int64_t vocab, std::span<const std::int32_t> tokens,
+                        std::span<const std::int32_t> targets, std::int32_t* tokens_dst,
+                        std::int32_t* targets_dst, std::vector<std::int32_t>& staging) {
+  TZ_RETURN_IF_ERROR(check_token_ids(model_name, tokens, "tokens", vocab));
+  TZ_RETURN_IF_ERROR(check_token_ids(model_name, targets, "targets", vocab));
+  staging.assign(tokens.begin(), tokens.end());
+  staging.insert(staging.end(), targets.begin(), targets.end());
+  TZ_RETURN_IF_ERROR(device.copy_async(tokens_dst, staging.data(), tokens.size_bytes(),
+                                       gpu::CopyKind::kHostToDevice, stream));
+  if (!targets.empty()) {
+    TZ_RETURN_IF_ERROR(device.copy_async(targets_dst, staging.data() + tokens.size(),
+                                         targets.size_bytes(), gpu::CopyKind::kHostToDevice,
+                                         stream));
+  }
+  return Status::ok();
+}
+
+}  // namespace tz::model

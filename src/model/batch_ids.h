@@ -1,0 +1,29 @@
+// A micro-batch's token ids on their way to the device, shared by every model family: each id is
+// checked against the vocabulary (user data, so an operating error, never an assertion), then
+// tokens and targets go to the device on the compute stream through one host staging vector.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string_view>
+#include <vector>
+
+#include "core/status.h"
+#include "gpu/device.h"
+
+namespace tz::model {
+
+// kInvalidArgument "model <name>: <what>[i] = v is outside the vocabulary [0, vocab)" for the
+// first id out of range.
+Status check_token_ids(std::string_view model_name, std::span<const std::int32_t> values,
+                       const char* what, std::int64_t vocab);
+
+// Checks both spans, then copies `tokens` to `tokens_dst` and (when non-empty) `targets` to
+// `targets_dst` on `stream`, staged in `staging`, which must stay untouched until the caller
+// synchronizes the stream.
+Status upload_token_ids(gpu::Device& device, gpu::Stream& stream, std::string_view model_name,
+                        std::int64_t vocab, std::span<const std::int32_t> tokens,
+                        std::span<const std::int32_t> targets, std::int32_t* tokens_dst,
+                        std::int32_t* targets_dst, std::vector<std::int32_t>& staging);
+
+}  // namespace tz::model
