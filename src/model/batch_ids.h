@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "core/status.h"
-#include "gpu/device.h"
+#include "zero/engine.h"  // the model API: gpu::Device and its streams, as the models see them
 
 namespace tz::model {
 
