@@ -142,26 +142,6 @@ class CudaOps final : public Ops {
     return Status::ok();
   }
 
-  Status attention_forward_impl(Tensor out, float* lse, ConstTensor qkv, std::int64_t batch,
-                                std::int64_t seq, std::int64_t embd, std::int64_t heads,
-                                gpu::Stream& stream) override {
-    constexpr std::string_view op = "attention_forward";
-    TZ_RETURN_IF_ERROR(prepare(stream));
-    return launched(op, ck::attention_forward(out.data, lse, qkv.data, batch, seq, embd, heads,
-                                              out.dtype, raw(stream)));
-  }
-
-  Status attention_backward_impl(Tensor dqkv, Accumulate dqkv_mode, float* delta, ConstTensor dout,
-                                 ConstTensor qkv, ConstTensor out, const float* lse,
-                                 std::int64_t batch, std::int64_t seq, std::int64_t embd,
-                                 std::int64_t heads, gpu::Stream& stream) override {
-    constexpr std::string_view op = "attention_backward";
-    TZ_RETURN_IF_ERROR(prepare(stream));
-    return launched(op, ck::attention_backward(dqkv.data, dqkv_mode == Accumulate::kAdd, delta,
-                                               dout.data, qkv.data, out.data, lse, batch, seq,
-                                               embd, heads, dqkv.dtype, raw(stream)));
-  }
-
   Status gelu_forward_impl(Tensor out, ConstTensor x, std::int64_t n,
                            gpu::Stream& stream) override {
     constexpr std::string_view op = "gelu_forward";

@@ -5,6 +5,7 @@
 #include "ops/ops.h"
 
 #include <cmath>
+#include <cstddef>
 #include <initializer_list>
 #include <string>
 
@@ -203,6 +204,27 @@ Status check_attention_shape(std::string_view op, std::int64_t batch, std::int64
   }
   return Status::ok();
 }
+
+// GPT-2's fused qkv rows [q | k | v] as grouped-query attention with kv_heads == heads: three
+// views into one buffer, each row 3*embd elements apart (one kernel serves both families).
+struct FusedQkv {
+  ConstTensor q, k, v;
+  std::int64_t head_dim = 0;
+  std::int64_t stride = 0;
+  float scale = 0;
+};
+FusedQkv fused_qkv(ConstTensor qkv, std::int64_t embd, std::int64_t heads) {
+  const auto* base = static_cast<const std::byte*>(qkv.data);
+  const std::size_t part_bytes = static_cast<std::size_t>(embd) * dtype_size(qkv.dtype);
+  FusedQkv f;
+  f.q = ConstTensor(base, qkv.dtype);
+  f.k = ConstTensor(base + part_bytes, qkv.dtype);
+  f.v = ConstTensor(base + 2 * part_bytes, qkv.dtype);
+  f.head_dim = embd / heads;
+  f.stride = 3 * embd;
+  f.scale = 1.0f / std::sqrt(static_cast<float>(f.head_dim));
+  return f;
+}
 }  // namespace
 
 Status Ops::attention_forward(Tensor out, float* lse, ConstTensor qkv, std::int64_t batch,
@@ -216,7 +238,9 @@ Status Ops::attention_forward(Tensor out, float* lse, ConstTensor qkv, std::int6
   TZ_RETURN_IF_ERROR(check_same(op, {{"qkv", qkv}}, out.dtype));
   TZ_RETURN_IF_ERROR(check_present(op, "lse", lse));
   TZ_RETURN_IF_ERROR(check_stream(stream));
-  return attention_forward_impl(out, lse, qkv, batch, seq, embd, heads, stream);
+  const FusedQkv f = fused_qkv(qkv, embd, heads);
+  return gqa_attention_forward_impl(out, lse, f.q, f.k, f.v, batch, seq, seq, heads, heads,
+                                    f.head_dim, f.stride, f.stride, f.scale, stream);
 }
 
 Status Ops::attention_backward(Tensor dqkv, Accumulate dqkv_mode, float* delta, ConstTensor dout,
@@ -232,8 +256,12 @@ Status Ops::attention_backward(Tensor dqkv, Accumulate dqkv_mode, float* delta, 
   TZ_RETURN_IF_ERROR(check_present(op, "lse", lse));
   TZ_RETURN_IF_ERROR(check_present(op, "delta", delta));
   TZ_RETURN_IF_ERROR(check_stream(stream));
-  return attention_backward_impl(dqkv, dqkv_mode, delta, dout, qkv, out, lse, batch, seq, embd,
-                                 heads, stream);
+  const FusedQkv f = fused_qkv(qkv, embd, heads);
+  const FusedQkv d = fused_qkv(ConstTensor(dqkv), embd, heads);
+  auto writable = [&](ConstTensor t) { return Tensor{const_cast<void*>(t.data), t.dtype}; };
+  return gqa_attention_backward_impl(writable(d.q), writable(d.k), writable(d.v), dqkv_mode,
+                                     delta, dout, f.q, f.k, f.v, out, lse, batch, seq, heads,
+                                     heads, f.head_dim, f.stride, f.stride, f.scale, stream);
 }
 
 // ---- gelu, residual ------------------------------------------------------------------------------

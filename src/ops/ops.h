@@ -295,14 +295,6 @@ class Ops {
                                       ConstTensor dout, ConstTensor x, ConstTensor weight,
                                       WeightLayout layout, std::int64_t rows, std::int64_t in_dim,
                                       std::int64_t out_dim, gpu::Stream& stream) = 0;
-  virtual Status attention_forward_impl(Tensor out, float* lse, ConstTensor qkv,
-                                        std::int64_t batch, std::int64_t seq, std::int64_t embd,
-                                        std::int64_t heads, gpu::Stream& stream) = 0;
-  virtual Status attention_backward_impl(Tensor dqkv, Accumulate dqkv_mode, float* delta,
-                                         ConstTensor dout, ConstTensor qkv, ConstTensor out,
-                                         const float* lse, std::int64_t batch, std::int64_t seq,
-                                         std::int64_t embd, std::int64_t heads,
-                                         gpu::Stream& stream) = 0;
   virtual Status gelu_forward_impl(Tensor out, ConstTensor x, std::int64_t n,
                                    gpu::Stream& stream) = 0;
   virtual Status gelu_backward_impl(Tensor dx, Accumulate dx_mode, ConstTensor dout, ConstTensor x,

@@ -31,12 +31,6 @@ int broadcast_rows(void* out, const void* bias, std::int64_t rows, std::int64_t 
 // dbias[c] += sum over rows of dout[r, c] (one thread per column: a fixed order).
 int column_sums(void* dbias, const void* dout, std::int64_t rows, std::int64_t cols, DType dt,
                 void* stream);
-int attention_forward(void* out, float* lse, const void* qkv, std::int64_t batch,
-                      std::int64_t seq, std::int64_t embd, std::int64_t heads, DType dt,
-                      void* stream);
-int attention_backward(void* dqkv, bool add, float* delta, const void* dout, const void* qkv,
-                       const void* out, const float* lse, std::int64_t batch, std::int64_t seq,
-                       std::int64_t embd, std::int64_t heads, DType dt, void* stream);
 int gelu_forward(void* out, const void* x, std::int64_t n, DType dt, void* stream);
 int gelu_backward(void* dx, bool add, const void* dout, const void* x, std::int64_t n, DType dt,
                   void* stream);
