@@ -196,179 +196,198 @@ struct TrainWord {
   std::int64_t count = 0;
 };
 
-}  // namespace
+using WordCounts = std::unordered_map<std::string, std::int64_t>;
 
-Result<std::string> train_byte_level_bpe(const std::vector<std::string>& text_paths,
-                                         const TrainTokenizerOptions& options) {
-  if (options.vocab < 257 || options.vocab > 0x7fffffff) {
-    return Status::invalid_argument("byte-level BPE trainer: vocab " +
-                                    std::to_string(options.vocab) +
-                                    " must be at least 257 (256 bytes and <|endoftext|>)");
+// Adds the pre-tokenized words of one file to `counts`: the file cut at newlines into one part
+// per thread, pre-tokenized as the written tokenizer will pre-tokenize (ByteLevel: GPT-2's regex,
+// then bytes as characters).
+Status count_words(const std::string& path, const std::vector<PreTokenizer>& pre, int threads,
+                   WordCounts& counts) {
+  TZ_ASSIGN_OR_RETURN(std::string text, read_whole_file(path));
+  const std::size_t bad = text::invalid_utf8_offset(text);
+  if (bad != text.size()) {
+    return Status::invalid_argument(path + ": invalid UTF-8 at byte offset " +
+                                    std::to_string(bad) + " (tokenizers read UTF-8 text)");
   }
-  if (text_paths.empty()) {
-    return Status::invalid_argument("byte-level BPE trainer: no text files");
+  std::vector<std::size_t> cuts{0};
+  for (int k = 1; k < threads; ++k) {
+    const std::size_t target =
+        text.size() / static_cast<std::size_t>(threads) * static_cast<std::size_t>(k);
+    const std::size_t nl = text.find('\n', std::max(target, cuts.back()));
+    if (nl == std::string::npos) break;
+    cuts.push_back(nl + 1);
   }
-  nlohmann::ordered_json j = byte_level_skeleton();
-  TZ_ASSIGN_OR_RETURN(
-      std::vector<PreTokenizer> pre,
-      parse_pre_tokenizers(nlohmann::json::parse(j["pre_tokenizer"].dump()), "<trainer>"));
-  const int threads = thread_count(options.threads);
+  cuts.push_back(text.size());
+  std::vector<WordCounts> partial(cuts.size() - 1);
+  std::vector<std::thread> workers;
+  for (std::size_t i = 0; i + 1 < cuts.size(); ++i) {
+    workers.emplace_back([&, i] {
+      std::size_t pos = cuts[i];
+      while (pos < cuts[i + 1]) {
+        // Lines keep the pre-tokenizer's view local: GPT-2's regex never joins across "\n" + a
+        // non-space, and counting line by line bounds the piece list.
+        std::size_t nl = text.find('\n', pos);
+        if (nl == std::string::npos || nl >= cuts[i + 1]) nl = cuts[i + 1] - 1;
+        std::vector<PreToken> pieces{PreToken{text.substr(pos, nl + 1 - pos), pos == 0, pos > 0}};
+        apply_pre_tokenizers(pre, pieces);
+        for (PreToken& p : pieces) ++partial[i][std::move(p.text)];
+        pos = nl + 1;
+      }
+    });
+  }
+  for (std::thread& w : workers) w.join();
+  for (auto& m : partial) {
+    for (auto& [word, c] : m) counts[word] += c;
+  }
+  return Status::ok();
+}
 
-  // Word counts: each file cut at newlines into one part per thread, pre-tokenized as the written
-  // tokenizer will pre-tokenize (ByteLevel: GPT-2's regex, then bytes as characters).
-  std::unordered_map<std::string, std::int64_t> counts;
-  for (const std::string& path : text_paths) {
-    TZ_ASSIGN_OR_RETURN(std::string text, read_whole_file(path));
-    const std::size_t bad = text::invalid_utf8_offset(text);
-    if (bad != text.size()) {
-      return Status::invalid_argument(path + ": invalid UTF-8 at byte offset " +
-                                      std::to_string(bad) + " (tokenizers read UTF-8 text)");
+// The byte-level BPE merge loop over counted words (as HF's BpeTrainer: the most frequent pair
+// merges next, the smaller pair key wins a tie; the run is independent of hash order).
+class BpeMerger {
+ public:
+  explicit BpeMerger(WordCounts counts) {
+    for (int b = 0; b < 256; ++b) {  // id b is byte b's character; merged tokens follow
+      tokens_.push_back(text::byte_to_char(static_cast<unsigned char>(b)));
+      token_ids_[tokens_.back()] = static_cast<std::uint32_t>(b);
     }
-    std::vector<std::size_t> cuts{0};
-    for (int k = 1; k < threads; ++k) {
-      const std::size_t target =
-          text.size() / static_cast<std::size_t>(threads) * static_cast<std::size_t>(k);
-      const std::size_t nl = text.find('\n', std::max(target, cuts.back()));
-      if (nl == std::string::npos) break;
-      cuts.push_back(nl + 1);
-    }
-    cuts.push_back(text.size());
-    std::vector<std::unordered_map<std::string, std::int64_t>> partial(cuts.size() - 1);
-    std::vector<std::thread> workers;
-    for (std::size_t i = 0; i + 1 < cuts.size(); ++i) {
-      workers.emplace_back([&, i] {
-        std::size_t pos = cuts[i];
-        while (pos < cuts[i + 1]) {
-          // Lines keep the pre-tokenizer's view local: GPT-2's regex never joins across "\n" + a
-          // non-space, and counting line by line bounds the piece list.
-          std::size_t nl = text.find('\n', pos);
-          if (nl == std::string::npos || nl >= cuts[i + 1]) nl = cuts[i + 1] - 1;
-          std::vector<PreToken> pieces{PreToken{text.substr(pos, nl + 1 - pos), pos == 0, pos > 0}};
-          apply_pre_tokenizers(pre, pieces);
-          for (PreToken& p : pieces) ++partial[i][std::move(p.text)];
-          pos = nl + 1;
-        }
-      });
-    }
-    for (std::thread& w : workers) w.join();
-    for (auto& m : partial) {
-      for (auto& [word, c] : m) counts[word] += c;
-    }
-  }
-
-  // Symbols: id b is byte b's character; merged tokens follow.
-  std::vector<std::string> tokens(256);
-  std::unordered_map<std::string, std::uint32_t> token_ids;
-  for (int b = 0; b < 256; ++b) {
-    tokens[static_cast<std::size_t>(b)] = text::byte_to_char(static_cast<unsigned char>(b));
-    token_ids[tokens[static_cast<std::size_t>(b)]] = static_cast<std::uint32_t>(b);
-  }
-  std::vector<TrainWord> words;
-  words.reserve(counts.size());
-  {
-    // Sorted words make the run independent of hash order.
-    std::map<std::string, std::int64_t> sorted(counts.begin(), counts.end());
+    const std::map<std::string, std::int64_t> sorted(counts.begin(), counts.end());
     counts.clear();
-    for (const auto& [w, c] : sorted) {
-      TrainWord tw;
-      tw.count = c;
-      std::size_t i = 0;
-      while (i < w.size()) {
-        std::size_t len = 0;
-        const int b = text::char_to_byte(text::decode_utf8(w, i, &len));
-        TZ_ASSERT(b >= 0, "a pre-token holds a character outside the byte alphabet");
-        tw.syms.push_back(static_cast<std::uint32_t>(b));
-        i += len;
-      }
-      words.push_back(std::move(tw));
-    }
-  }
-  std::unordered_map<PairKey, std::int64_t> pair_counts;
-  std::unordered_map<PairKey, std::vector<std::uint32_t>> where;
-  for (std::size_t w = 0; w < words.size(); ++w) {
-    const auto& s = words[w].syms;
-    for (std::size_t i = 0; i + 1 < s.size(); ++i) {
-      const PairKey k = pair_key(s[i], s[i + 1]);
-      pair_counts[k] += words[w].count;
-      auto& list = where[k];
-      if (list.empty() || list.back() != w) list.push_back(static_cast<std::uint32_t>(w));
-    }
-  }
-  // Max-heap of (count, pair); the smaller pair key wins a tie. Entries go stale when counts
-  // change and are re-checked when popped.
-  using Entry = std::pair<std::int64_t, PairKey>;
-  auto cmp = [](const Entry& a, const Entry& b) {
-    return a.first != b.first ? a.first < b.first : a.second > b.second;
-  };
-  std::priority_queue<Entry, std::vector<Entry>, decltype(cmp)> heap(cmp);
-  for (const auto& [k, c] : pair_counts) heap.emplace(c, k);
-
-  nlohmann::ordered_json merges = nlohmann::ordered_json::array();
-  const auto target = static_cast<std::size_t>(options.vocab - 1);  // the last id is <|endoftext|>
-  std::vector<std::uint32_t> touched_marker(words.size(), 0);
-  std::uint32_t merge_no = 0;
-  while (tokens.size() < target && !heap.empty()) {
-    const auto [count, key] = heap.top();
-    heap.pop();
-    auto pc = pair_counts.find(key);
-    const std::int64_t current = pc == pair_counts.end() ? 0 : pc->second;
-    if (current != count) {
-      if (current > 0) heap.emplace(current, key);
-      continue;
-    }
-    if (count <= 0) break;
-    const auto a = static_cast<std::uint32_t>(key >> 32);
-    const auto b = static_cast<std::uint32_t>(key & 0xffffffffu);
-    const std::string merged = tokens[a] + tokens[b];
-    std::uint32_t id = 0;
-    if (auto it = token_ids.find(merged); it != token_ids.end()) {
-      id = it->second;  // another pair already made this string: the merge maps to its id
-    } else {
-      id = static_cast<std::uint32_t>(tokens.size());
-      tokens.push_back(merged);
-      token_ids.emplace(merged, id);
-    }
-    merges.push_back(tokens[a] + " " + tokens[b]);
-    ++merge_no;
-    std::unordered_set<PairKey> grown;
-    std::vector<std::uint32_t> word_list = std::move(where[key]);
-    where.erase(key);
-    for (std::uint32_t w : word_list) {
-      if (touched_marker[w] == merge_no) continue;
-      touched_marker[w] = merge_no;
-      TrainWord& word = words[w];
-      auto& s = word.syms;
-      bool has = false;
-      for (std::size_t i = 0; i + 1 < s.size() && !has; ++i) has = s[i] == a && s[i + 1] == b;
-      if (!has) continue;
-      for (std::size_t i = 0; i + 1 < s.size(); ++i)
-        pair_counts[pair_key(s[i], s[i + 1])] -= word.count;
-      std::vector<std::uint32_t> next;
-      next.reserve(s.size());
-      for (std::size_t i = 0; i < s.size(); ++i) {
-        if (i + 1 < s.size() && s[i] == a && s[i + 1] == b) {
-          next.push_back(id);
-          ++i;
-        } else {
-          next.push_back(s[i]);
-        }
-      }
-      s = std::move(next);
+    words_.reserve(sorted.size());
+    for (const auto& [w, c] : sorted) words_.push_back(word_of(w, c));
+    for (std::size_t w = 0; w < words_.size(); ++w) {
+      const auto& s = words_[w].syms;
       for (std::size_t i = 0; i + 1 < s.size(); ++i) {
         const PairKey k = pair_key(s[i], s[i + 1]);
-        pair_counts[k] += word.count;
-        if (s[i] == id || s[i + 1] == id) {
-          grown.insert(k);
-          auto& list = where[k];
-          if (list.empty() || list.back() != w) list.push_back(w);
-        }
+        pair_counts_[k] += words_[w].count;
+        note_word(k, static_cast<std::uint32_t>(w));
       }
     }
-    pair_counts.erase(key);
-    for (PairKey k : grown) heap.emplace(pair_counts[k], k);
-    if (options.progress != nullptr) options.progress->add(1);
+    for (const auto& [k, c] : pair_counts_) heap_.emplace(c, k);
+    touched_marker_.assign(words_.size(), 0);
   }
 
+  // Merges until `target` tokens exist or no pair is left; false when none is left.
+  bool merge_next(std::size_t target) {
+    while (tokens_.size() < target && !heap_.empty()) {
+      const auto [count, key] = heap_.top();
+      heap_.pop();
+      auto pc = pair_counts_.find(key);
+      const std::int64_t current = pc == pair_counts_.end() ? 0 : pc->second;
+      if (current != count) {  // a stale entry: counts changed since it was pushed
+        if (current > 0) heap_.emplace(current, key);
+        continue;
+      }
+      if (count <= 0) return false;
+      merge(key);
+      return true;
+    }
+    return false;
+  }
+
+  const std::vector<std::string>& tokens() const { return tokens_; }
+  nlohmann::ordered_json& merges() { return merges_; }
+
+ private:
+  using Entry = std::pair<std::int64_t, PairKey>;
+  struct Less {
+    bool operator()(const Entry& a, const Entry& b) const {
+      return a.first != b.first ? a.first < b.first : a.second > b.second;
+    }
+  };
+
+  static TrainWord word_of(const std::string& w, std::int64_t count) {
+    TrainWord tw;
+    tw.count = count;
+    std::size_t i = 0;
+    while (i < w.size()) {
+      std::size_t len = 0;
+      const int b = text::char_to_byte(text::decode_utf8(w, i, &len));
+      TZ_ASSERT(b >= 0, "a pre-token holds a character outside the byte alphabet");
+      tw.syms.push_back(static_cast<std::uint32_t>(b));
+      i += len;
+    }
+    return tw;
+  }
+
+  void note_word(PairKey k, std::uint32_t w) {
+    auto& list = where_[k];
+    if (list.empty() || list.back() != w) list.push_back(w);
+  }
+
+  void merge(PairKey key) {
+    const auto a = static_cast<std::uint32_t>(key >> 32);
+    const auto b = static_cast<std::uint32_t>(key & 0xffffffffu);
+    const std::string merged = tokens_[a] + tokens_[b];
+    std::uint32_t id = 0;
+    if (auto it = token_ids_.find(merged); it != token_ids_.end()) {
+      id = it->second;  // another pair already made this string: the merge maps to its id
+    } else {
+      id = static_cast<std::uint32_t>(tokens_.size());
+      tokens_.push_back(merged);
+      token_ids_.emplace(merged, id);
+    }
+    merges_.push_back(tokens_[a] + " " + tokens_[b]);
+    ++merge_no_;
+    std::unordered_set<PairKey> grown;
+    const std::vector<std::uint32_t> word_list = std::move(where_[key]);
+    where_.erase(key);
+    for (std::uint32_t w : word_list) {
+      if (touched_marker_[w] == merge_no_) continue;
+      touched_marker_[w] = merge_no_;
+      rewrite_word(w, a, b, id, grown);
+    }
+    pair_counts_.erase(key);
+    for (PairKey k : grown) heap_.emplace(pair_counts_[k], k);
+  }
+
+  // Replaces every (a, b) in word w by `id`, moving its pair counts; `grown` collects the pairs
+  // that now hold `id`.
+  void rewrite_word(std::uint32_t w, std::uint32_t a, std::uint32_t b, std::uint32_t id,
+                    std::unordered_set<PairKey>& grown) {
+    TrainWord& word = words_[w];
+    auto& s = word.syms;
+    bool has = false;
+    for (std::size_t i = 0; i + 1 < s.size() && !has; ++i) has = s[i] == a && s[i + 1] == b;
+    if (!has) return;
+    for (std::size_t i = 0; i + 1 < s.size(); ++i) {
+      pair_counts_[pair_key(s[i], s[i + 1])] -= word.count;
+    }
+    std::vector<std::uint32_t> next;
+    next.reserve(s.size());
+    for (std::size_t i = 0; i < s.size(); ++i) {
+      if (i + 1 < s.size() && s[i] == a && s[i + 1] == b) {
+        next.push_back(id);
+        ++i;
+      } else {
+        next.push_back(s[i]);
+      }
+    }
+    s = std::move(next);
+    for (std::size_t i = 0; i + 1 < s.size(); ++i) {
+      const PairKey k = pair_key(s[i], s[i + 1]);
+      pair_counts_[k] += word.count;
+      if (s[i] == id || s[i + 1] == id) {
+        grown.insert(k);
+        note_word(k, w);
+      }
+    }
+  }
+
+  std::vector<std::string> tokens_;
+  std::unordered_map<std::string, std::uint32_t> token_ids_;
+  std::vector<TrainWord> words_;
+  std::unordered_map<PairKey, std::int64_t> pair_counts_;
+  std::unordered_map<PairKey, std::vector<std::uint32_t>> where_;
+  std::priority_queue<Entry, std::vector<Entry>, Less> heap_;  // stale entries re-checked on pop
+  std::vector<std::uint32_t> touched_marker_;
+  std::uint32_t merge_no_ = 0;
+  nlohmann::ordered_json merges_ = nlohmann::ordered_json::array();
+};
+
+// The trained tokenizer.json: the skeleton with vocab, merges and <|endoftext|> as the last id.
+std::string trained_tokenizer_json(nlohmann::ordered_json j, BpeMerger& merger) {
+  const std::vector<std::string>& tokens = merger.tokens();
   nlohmann::ordered_json vocab = nlohmann::ordered_json::object();
   for (std::size_t i = 0; i < tokens.size(); ++i) vocab[tokens[i]] = i;
   j["added_tokens"].push_back({{"id", tokens.size()},
@@ -387,8 +406,37 @@ Result<std::string> train_byte_level_bpe(const std::vector<std::string>& text_pa
                 {"byte_fallback", false},
                 {"ignore_merges", false},
                 {"vocab", std::move(vocab)},
-                {"merges", std::move(merges)}};
+                {"merges", std::move(merger.merges())}};
   return j.dump(1);
+}
+
+}  // namespace
+
+Result<std::string> train_byte_level_bpe(const std::vector<std::string>& text_paths,
+                                         const TrainTokenizerOptions& options) {
+  if (options.vocab < 257 || options.vocab > 0x7fffffff) {
+    return Status::invalid_argument("byte-level BPE trainer: vocab " +
+                                    std::to_string(options.vocab) +
+                                    " must be at least 257 (256 bytes and <|endoftext|>)");
+  }
+  if (text_paths.empty()) {
+    return Status::invalid_argument("byte-level BPE trainer: no text files");
+  }
+  nlohmann::ordered_json j = byte_level_skeleton();
+  TZ_ASSIGN_OR_RETURN(
+      std::vector<PreTokenizer> pre,
+      parse_pre_tokenizers(nlohmann::json::parse(j["pre_tokenizer"].dump()), "<trainer>"));
+  const int threads = thread_count(options.threads);
+  WordCounts counts;
+  for (const std::string& path : text_paths) {
+    TZ_RETURN_IF_ERROR(count_words(path, pre, threads, counts));
+  }
+  BpeMerger merger(std::move(counts));
+  const auto target = static_cast<std::size_t>(options.vocab - 1);  // the last id is <|endoftext|>
+  while (merger.merge_next(target)) {
+    if (options.progress != nullptr) options.progress->add(1);
+  }
+  return trained_tokenizer_json(std::move(j), merger);
 }
 
 Status write_tokenizer_json(const std::string& dir, const std::string& json) {
