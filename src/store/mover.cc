@@ -452,10 +452,7 @@ bool Store::Impl::finish_copy_if_done(Block& b, Op& op) {
   link_end(l);
   if (!op.failed && op.dst == Tier::kNvme) b.nvme_written = true;
   if (!op.failed && !op.zero_fill) {
-    stats.links[li(l)].bytes += b.bytes;
-    ++stats.links[li(l)].moves;
-    stats.tiers[ti(op.src)].bytes_out += b.bytes;
-    stats.tiers[ti(op.dst)].bytes_in += b.bytes;
+    count_move(b, op.src, op.dst);
     if (options.trace_spans && Trace::global().enabled()) {
       const bool nvme_link = op.src == Tier::kNvme || op.dst == Tier::kNvme;
       const char* track = nvme_link                 ? "store nvme"
@@ -619,10 +616,7 @@ void Store::Impl::finish_extent_write(Block& b, IoJob& job) {
   link_end(l);
   if (b.extent_write_status.is_ok()) {
     b.nvme_written = true;
-    stats.links[li(l)].bytes += b.bytes;
-    ++stats.links[li(l)].moves;
-    stats.tiers[ti(Tier::kDevice)].bytes_out += b.bytes;
-    stats.tiers[ti(Tier::kNvme)].bytes_in += b.bytes;
+    count_move(b, Tier::kDevice, Tier::kNvme);
     if (options.trace_spans && Trace::global().enabled()) {
       Trace::global().span("store nvme", std::string(link_name(l)) + " " + b.name,
                            b.extent_write_start_us, Trace::global().now_us());

@@ -409,6 +409,16 @@ void Store::reset_stats() {
   for (std::size_t i = 0; i < kTierCount; ++i) m.update_used(static_cast<Tier>(i));
   const double t = now_s();
   for (std::size_t i = 0; i < kLinkCount; ++i) m.link_busy_since[i] = t;
+  for (auto& [id, b] : m.blocks) b.stats = BlockStats{};
+}
+
+Result<BlockStats> Store::block_stats(BlockId id) const {
+  std::lock_guard lock(impl_->mu);
+  const Block* b = impl_->find(id);
+  if (b == nullptr) {
+    return Status::invalid_argument("store: statistics of unknown block " + std::to_string(id));
+  }
+  return b->stats;
 }
 
 std::uint64_t Store::used_bytes(Tier tier) const {

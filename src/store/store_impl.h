@@ -227,6 +227,7 @@ struct Store::Impl {
 
   // ---- stats.cc (statistics) ----
   void update_used(Tier t);
+  void count_move(Block& b, Tier src, Tier dst);
   void link_start(Link l);
   void link_end(Link l);
 };

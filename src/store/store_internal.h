@@ -147,6 +147,7 @@ struct Block {
   std::uint32_t extent_writes = 0;
   std::uint64_t extent_write_seq = 0;
   double extent_write_start_us = 0;
+  BlockStats stats;  // bytes copied into each tier (Impl::count_move)
   bool extent_write_early = false;  // an early write-back's (deferrable)
   Status extent_write_status;
 
