@@ -14,7 +14,21 @@ IoScheduler::IoScheduler(IoGrouping grouping, std::uint64_t max_in_flight_bytes,
       max_in_flight_bytes_(max_in_flight_bytes),
       write_run_bytes_(write_run_bytes) {}
 
+void IoScheduler::check() const {
+  const std::uint32_t jobs = in_flight_reads_ + in_flight_writes_;
+  TZ_ASSERT(in_flight_bytes_ <= max_in_flight_bytes_ || jobs == 1,
+            "I/O scheduler: past the in-flight bound with more than one job");
+  TZ_ASSERT((in_flight_bytes_ == 0) == (jobs == 0),
+            "I/O scheduler: bytes and jobs in flight disagree");
+  TZ_ASSERT(grouping_ == IoGrouping::kMixed || in_flight_reads_ == 0 || in_flight_writes_ == 0,
+            "kGrouped never has both directions in flight");
+}
+
 void IoScheduler::queue(IoJob job) {
+  check();
+  TZ_ASSERT(job.block != 0, "I/O scheduler: a job of no block");
+  TZ_ASSERT(job.io_bytes > 0 && job.io_bytes % kAlign == 0,
+            "I/O scheduler: a job that is not a positive multiple of 4 KiB");
   job.order = job_order_++;
   if (job.dir == nvme::IoOp::kRead) {
     read_q_.push_back(std::move(job));
@@ -24,6 +38,7 @@ void IoScheduler::queue(IoJob job) {
 }
 
 void IoScheduler::complete(const IoJob& job) {
+  check();
   TZ_ASSERT(in_flight_bytes_ >= job.io_bytes, "completing more bytes than are in flight");
   in_flight_bytes_ -= job.io_bytes;
   if (job.dir == nvme::IoOp::kRead) {
@@ -33,6 +48,7 @@ void IoScheduler::complete(const IoJob& job) {
     TZ_ASSERT(in_flight_writes_ > 0, "completing a write that is not in flight");
     --in_flight_writes_;
   }
+  check();
 }
 
 bool IoScheduler::empty() const {
@@ -58,8 +74,7 @@ void IoScheduler::take(std::deque<IoJob>& q, std::vector<IoJob>& out) {
 }
 
 std::vector<IoJob> IoScheduler::pick(const std::function<bool(BlockId)>& deferrable) {
-  TZ_ASSERT(grouping_ == IoGrouping::kMixed || in_flight_reads_ == 0 || in_flight_writes_ == 0,
-            "kGrouped never has both directions in flight");
+  check();
   std::vector<IoJob> out;
   // Writes somebody waits for (a victim's, whose space a load needs) before deferrable ones.
   std::stable_partition(write_q_.begin(), write_q_.end(),
@@ -69,6 +84,7 @@ std::vector<IoJob> IoScheduler::pick(const std::function<bool(BlockId)>& deferra
   } else {
     pick_grouped(out);
   }
+  check();
   return out;
 }
 

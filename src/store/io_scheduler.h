@@ -23,7 +23,8 @@ class IoScheduler {
   IoScheduler(IoGrouping grouping, std::uint64_t max_in_flight_bytes,
               std::uint64_t write_run_bytes);
 
-  // Queues `job` (its `order` is set to its arrival).
+  // Queues `job` (its `order` is set to its arrival): a piece of a block, of a positive multiple
+  // of 4 KiB.
   void queue(IoJob job);
   // The jobs to submit now, taken from the queues and counted in flight. `deferrable(block)`
   // says whether a write of that block may wait behind the others (an early write-back nothing
@@ -41,6 +42,10 @@ class IoScheduler {
   bool writing() const { return writing_; }  // kGrouped: the direction being issued
 
  private:
+  // The state every entry point starts from: the in-flight bound is kept (past it only one job,
+  // which an idle disk always takes), bytes and jobs in flight agree, and kGrouped never has
+  // both directions in flight.
+  void check() const;
   void take(std::deque<IoJob>& q, std::vector<IoJob>& out);
   bool fits(const IoJob& job) const;
   void pick_mixed(std::vector<IoJob>& out);

@@ -117,98 +117,14 @@ bool Store::Impl::touches_extent(const Op& op) {
 
 // Tries to start op (the head of b's chain). Returns true if it made progress.
 bool Store::Impl::start_op(Block& b, Op& op) {
+  TZ_ASSERT(!b.ops.empty() && &b.ops.front() == &op, "start_op: not the head of the chain");
   if (b.extent_writes > 0 && !op.started && touches_extent(op)) return false;
-  if (op.kind == OpKind::kAlloc) {
-    auto& fifo = alloc_fifo[ti(op.dst)];
-    TZ_ASSERT(!fifo.empty());
-    if (fifo.front() != std::make_pair(b.id, op.seq)) return false;
-    const Tier t = op.dst;
-    Status st;
-    if (t == Tier::kDevice) {
-      auto hit = dev_cache.find(b.bytes);
-      if (hit != dev_cache.end()) {
-        b.dev = std::move(hit->second);
-        dev_cache.erase(hit);
-        dev_cache_bytes -= b.bytes;
-        update_used(t);
-        fifo.pop_front();
-        op.started = true;
-        return finish_op(b);  // its bytes were never given back
-      }
-      while (phys_used[ti(t)] + b.bytes > budget[ti(t)] && !dev_cache.empty()) {
-        auto last = std::prev(dev_cache.end());
-        phys_used[ti(t)] -= last->first;
-        dev_cache_bytes -= last->first;
-        device_frees.push_back(std::move(last->second));  // freed outside `mu`
-        dev_cache.erase(last);
-        update_used(t);
-      }
-      if (phys_used[ti(t)] + b.bytes > budget[ti(t)]) return false;
-      // Counted now; the buffer comes from the allocation outside `mu` (finish_device_calls).
-      fifo.pop_front();
-      op.started = true;
-      op.device_pending = true;
-      phys_used[ti(t)] += b.bytes;
-      update_used(t);
-      push_device_call(DeviceCall::Kind::kAllocate, b, op, device->h2d_stream()).bytes = b.bytes;
-      return true;
-    } else if (t == Tier::kHost) {
-      if (phys_used[ti(t)] + b.bytes > budget[ti(t)]) {
-        st = Status::out_of_memory("store: the host tier's budget is used by copies not yet "
-                                   "freed and nothing more can be evicted");
-      } else if (auto buf = pool->allocate(b.bytes)) {
-        b.host = std::move(buf).value();
-      } else {
-        st = std::move(buf).take_status().with_context("store: pinned pool");
-      }
-      // No room (copies evicted, frees pending) or no piece of the pool fits: wait for a free
-      // that can run, else evict more and retry after those frees, else fail the load.
-      if (!st.is_ok() && (free_can_complete(t) || make_host_room(b))) return false;
-    } else {
-      TZ_ASSERT(false, "NVMe extents are allocated at create");
-    }
-    fifo.pop_front();
-    op.started = true;
-    if (st.is_ok()) {
-      phys_used[ti(t)] += b.bytes;
-      update_used(t);
-    } else {
-      // The copy is unusable: later reads of the block report this.
-      fail_op(b, op,
-              std::move(st).with_context("store: allocating '" + b.name + "' in the " +
-                                         tier_name(t) + " tier"));
-      op.failed = false;            // the allocation op itself is over
-      phys_used[ti(t)] += b.bytes;  // balanced by the free that follows (logically present)
-    }
-    return finish_op(b);
-  }
-  if (op.kind == OpKind::kFree) {
-    if (op.dst == Tier::kDevice && b.user_event_recorded && !op.started) {
-      // Free only after the caller's device work on the copy: order a callback after it.
-      op.started = true;
-      op.device_pending = true;
-      push_device_call(DeviceCall::Kind::kFree, b, op, device->d2h_stream());
-      return true;
-    }
-    if (op.device_pending) return false;
-    op.started = true;
-    free_physical(b, op.dst);
-    return finish_op(b);
-  }
-  if (op.kind == OpKind::kStage) {
-    if (!op.started) {
-      op.started = true;
-      // Nothing to read ahead: a never-written extent (its load is a zero fill), lost bytes, or
-      // a move already queued behind (it reads the block itself, as quickly).
-      if (!b.nvme_written || op.seq <= b.skip_until || !b.error.is_ok() || b.ops.size() > 1) {
-        unreserve_staged(b, op.chunks);
-        op.chunks = 0;
-      } else {
-        b.staged.resize(b.chunk_count(options.chunk_bytes), -1);
-        op.start_us = Trace::global().now_us();
-      }
-    }
-    return pump_chunks(b, op);
+  switch (op.kind) {
+    case OpKind::kAlloc: return start_alloc(b, op);
+    case OpKind::kFree: return start_free(b, op);
+    case OpKind::kStage: return start_stage(b, op);
+    case OpKind::kZero:
+    case OpKind::kCopy: break;
   }
   if (op.seq <= b.skip_until && !op.started) {
     op.started = true;
@@ -216,20 +132,128 @@ bool Store::Impl::start_op(Block& b, Op& op) {
     op.status = b.error.is_ok() ? Status::internal("skipped") : b.error;
     return finish_op(b);
   }
-  if (op.kind == OpKind::kZero) {
-    op.started = true;
-    if (op.dst == Tier::kDevice) {
-      push_whole(b, op, device->h2d_stream(), zero_work(b), true);
-      return true;
-    }
-    if (op.dst == Tier::kHost) std::memset(b.host.data(), 0, b.bytes);
-    if (op.dst == Tier::kNvme) {
-      drop_staged(b);
-      b.nvme_written = false;
-    }
-    return finish_op(b);
-  }
+  if (op.kind == OpKind::kZero) return start_zero(b, op);
   return start_copy(b, op);
+}
+
+// An allocation runs at the head of its tier's FIFO (decision order).
+bool Store::Impl::start_alloc(Block& b, Op& op) {
+  auto& fifo = alloc_fifo[ti(op.dst)];
+  TZ_ASSERT(!fifo.empty(), "an allocation op outside its tier's FIFO");
+  if (fifo.front() != std::make_pair(b.id, op.seq)) return false;
+  if (op.dst == Tier::kDevice) return start_device_alloc(b, op);
+  TZ_ASSERT(op.dst == Tier::kHost, "NVMe extents are allocated at create");
+  return start_host_alloc(b, op);
+}
+
+// A device buffer: one of the same size kept from an evicted copy, else a new one once the
+// physical use (cached buffers given back first) leaves room; the allocation itself runs outside
+// `mu` (finish_device_calls).
+bool Store::Impl::start_device_alloc(Block& b, Op& op) {
+  const Tier t = Tier::kDevice;
+  auto& fifo = alloc_fifo[ti(t)];
+  auto hit = dev_cache.find(b.bytes);
+  if (hit != dev_cache.end()) {
+    b.dev = std::move(hit->second);
+    dev_cache.erase(hit);
+    dev_cache_bytes -= b.bytes;
+    update_used(t);
+    fifo.pop_front();
+    op.started = true;
+    return finish_op(b);  // its bytes were never given back
+  }
+  while (phys_used[ti(t)] + b.bytes > budget[ti(t)] && !dev_cache.empty()) {
+    auto last = std::prev(dev_cache.end());
+    phys_used[ti(t)] -= last->first;
+    dev_cache_bytes -= last->first;
+    device_frees.push_back(std::move(last->second));  // freed outside `mu`
+    dev_cache.erase(last);
+    update_used(t);
+  }
+  if (phys_used[ti(t)] + b.bytes > budget[ti(t)]) return false;
+  // Counted now; the buffer comes from the allocation outside `mu` (finish_device_calls).
+  fifo.pop_front();
+  op.started = true;
+  op.device_pending = true;
+  phys_used[ti(t)] += b.bytes;
+  update_used(t);
+  push_device_call(DeviceCall::Kind::kAllocate, b, op, device->h2d_stream()).bytes = b.bytes;
+  return true;
+}
+
+// A pinned host buffer from the pool, within the host budget's physical use.
+bool Store::Impl::start_host_alloc(Block& b, Op& op) {
+  const Tier t = Tier::kHost;
+  Status st;
+  if (phys_used[ti(t)] + b.bytes > budget[ti(t)]) {
+    st = Status::out_of_memory("store: the host tier's budget is used by copies not yet "
+                               "freed and nothing more can be evicted");
+  } else if (auto buf = pool->allocate(b.bytes)) {
+    b.host = std::move(buf).value();
+  } else {
+    st = std::move(buf).take_status().with_context("store: pinned pool");
+  }
+  // No room (copies evicted, frees pending) or no piece of the pool fits: wait for a free
+  // that can run, else evict more and retry after those frees, else fail the load.
+  if (!st.is_ok() && (free_can_complete(t) || make_host_room(b))) return false;
+  alloc_fifo[ti(t)].pop_front();
+  op.started = true;
+  if (st.is_ok()) {
+    phys_used[ti(t)] += b.bytes;
+    update_used(t);
+  } else {
+    // The copy is unusable: later reads of the block report this.
+    fail_op(b, op,
+            std::move(st).with_context("store: allocating '" + b.name + "' in the " +
+                                       tier_name(t) + " tier"));
+    op.failed = false;            // the allocation op itself is over
+    phys_used[ti(t)] += b.bytes;  // balanced by the free that follows (logically present)
+  }
+  return finish_op(b);
+}
+
+bool Store::Impl::start_free(Block& b, Op& op) {
+  if (op.dst == Tier::kDevice && b.user_event_recorded && !op.started) {
+    // Free only after the caller's device work on the copy: order a callback after it.
+    op.started = true;
+    op.device_pending = true;
+    push_device_call(DeviceCall::Kind::kFree, b, op, device->d2h_stream());
+    return true;
+  }
+  if (op.device_pending) return false;
+  op.started = true;
+  free_physical(b, op.dst);
+  return finish_op(b);
+}
+
+bool Store::Impl::start_stage(Block& b, Op& op) {
+  if (!op.started) {
+    op.started = true;
+    // Nothing to read ahead: a never-written extent (its load is a zero fill), lost bytes, or
+    // a move already queued behind (it reads the block itself, as quickly).
+    if (!b.nvme_written || op.seq <= b.skip_until || !b.error.is_ok() || b.ops.size() > 1) {
+      unreserve_staged(b, op.chunks);
+      op.chunks = 0;
+    } else {
+      b.staged.resize(b.chunk_count(options.chunk_bytes), -1);
+      op.start_us = Trace::global().now_us();
+    }
+  }
+  return pump_chunks(b, op);
+}
+
+bool Store::Impl::start_zero(Block& b, Op& op) {
+  op.started = true;
+  if (op.dst == Tier::kDevice) {
+    push_whole(b, op, device->h2d_stream(), zero_work(b), true);
+    return true;
+  }
+  if (op.dst == Tier::kHost) std::memset(b.host.data(), 0, b.bytes);
+  if (op.dst == Tier::kNvme) {
+    drop_staged(b);
+    b.nvme_written = false;
+  }
+  return finish_op(b);
 }
 
 bool Store::Impl::start_copy(Block& b, Op& op) {
@@ -297,7 +321,7 @@ bool Store::Impl::pump_chunks(Block& b, Op& op) {
       // Read ahead: copied on at once (its buffer is already counted as a read's).
       const int s = b.staged[k];
       b.staged[k] = -1;
-      --ahead_held;
+      staging_acct.hand_over_ahead();
       unreserve_staged(b, 1);
       ++op.next_chunk;
       ++op.outstanding;
@@ -307,13 +331,10 @@ bool Store::Impl::pump_chunks(Block& b, Op& op) {
     }
     int s = -1;
     if (via_staging) {
-      const std::size_t dir = op.src == Tier::kDevice ? 1 : 0;
-      if (staging_free.empty() || staging_held[dir] >= staging_cap) break;
-      if (stage && ahead_held >= ahead_cap) break;
-      s = staging_free.back();
-      staging_free.pop_back();
-      ++staging_held[dir];
-      if (stage) ++ahead_held;
+      const std::size_t dir =
+          op.src == Tier::kDevice ? StagingAccounting::kWrite : StagingAccounting::kRead;
+      s = staging_acct.take(dir, stage);
+      if (s < 0) break;
     }
     ++op.next_chunk;
     ++op.outstanding;
@@ -360,22 +381,8 @@ void Store::Impl::copy_piece_to_device(Block& b, Op& op, std::uint32_t chunk, in
   if (++op.copies_enqueued == op.chunks) c.ready = b.ready_event.get();
 }
 
-// Returns staging buffer s, held by direction dir (0: reads, 1: writes), counted in ahead_held
-// when it held a read ahead.
-void Store::Impl::give_back_staging(int s, std::size_t dir, bool ahead) {
-  staging_free.push_back(s);
-  --staging_held[dir];
-  if (ahead) --ahead_held;
-}
-
 void Store::Impl::unreserve_staged(Block& b, std::uint32_t pieces) {
-  TZ_ASSERT(b.stage_reserved >= pieces && ahead_reserved >= pieces);
-  b.stage_reserved -= pieces;
-  ahead_reserved -= pieces;
-  if (b.stage_reserved == 0) {
-    b.staged.clear();
-    staged_blocks.erase(b.id);
-  }
+  if (staging_acct.unreserve(b.id, pieces) == 0) b.staged.clear();
 }
 
 // Gives back the staging buffers of b's pieces read ahead and not taken (pieces still being
@@ -384,7 +391,7 @@ void Store::Impl::drop_staged(Block& b) {
   std::uint32_t dropped = 0;
   for (std::size_t k = 0; k < b.staged.size(); ++k) {
     if (b.staged[k] < 0) continue;
-    give_back_staging(b.staged[k], 0, true);
+    staging_acct.give_back(b.staged[k], StagingAccounting::kRead, true);
     b.staged[k] = -1;
     ++dropped;
     stats.read_ahead_dropped_bytes +=
@@ -396,7 +403,8 @@ void Store::Impl::drop_staged(Block& b) {
 }
 
 void Store::Impl::drop_all_staged() {
-  const std::vector<BlockId> ids(staged_blocks.begin(), staged_blocks.end());
+  std::vector<BlockId> ids;
+  for (const auto& [id, pieces] : staging_acct.reservations()) ids.push_back(id);
   for (BlockId id : ids) drop_staged(blocks.at(id));
   wake();
 }
@@ -414,7 +422,12 @@ void Store::Impl::queue_job(IoJob job) { io_sched.queue(std::move(job)); }
 
 // Marks piece k of an NVMe copy finished (or failed) and frees its staging buffer.
 void Store::Impl::piece_done(Op& op, int staging_index) {
-  if (staging_index >= 0) give_back_staging(staging_index, op.src == Tier::kDevice ? 1 : 0, false);
+  if (staging_index >= 0) {
+    staging_acct.give_back(staging_index,
+                           op.src == Tier::kDevice ? StagingAccounting::kWrite
+                                                   : StagingAccounting::kRead,
+                           false);
+  }
   TZ_ASSERT(op.outstanding > 0);
   --op.outstanding;
   ++op.finished;
@@ -439,10 +452,7 @@ bool Store::Impl::finish_copy_if_done(Block& b, Op& op) {
   link_end(l);
   if (!op.failed && op.dst == Tier::kNvme) b.nvme_written = true;
   if (!op.failed && !op.zero_fill) {
-    stats.links[li(l)].bytes += b.bytes;
-    ++stats.links[li(l)].moves;
-    stats.tiers[ti(op.src)].bytes_out += b.bytes;
-    stats.tiers[ti(op.dst)].bytes_in += b.bytes;
+    count_move(b, op.src, op.dst);
     if (options.trace_spans && Trace::global().enabled()) {
       const bool nvme_link = op.src == Tier::kNvme || op.dst == Tier::kNvme;
       const char* track = nvme_link                 ? "store nvme"
@@ -565,7 +575,7 @@ void Store::Impl::apply_io_done(IoJob& job) {
       ++stats.io_errors;
       TZ_LOG_DEBUG("store: reading ahead '%s' piece %u: %s", b.name.c_str(), job.chunk,
                    job.status.to_string().c_str());
-      give_back_staging(job.staging, 0, true);
+      staging_acct.give_back(job.staging, StagingAccounting::kRead, true);
       unreserve_staged(b, 1);
     }
     finish_stage_if_done(b, *op);
@@ -594,7 +604,7 @@ void Store::Impl::apply_io_done(IoJob& job) {
 // what the op's end would have: the extent holds the bytes, or the block records the failure for
 // the leases that depend on the write (every op from it on, as fail_op would have).
 void Store::Impl::finish_extent_write(Block& b, IoJob& job) {
-  give_back_staging(job.staging, 1, false);
+  staging_acct.give_back(job.staging, StagingAccounting::kWrite, false);
   if (!job.status.is_ok() && b.extent_write_status.is_ok()) {
     b.extent_write_status = std::move(job.status).with_context(
         "store: writing block '" + b.name + "' piece " + std::to_string(job.chunk));
@@ -606,10 +616,7 @@ void Store::Impl::finish_extent_write(Block& b, IoJob& job) {
   link_end(l);
   if (b.extent_write_status.is_ok()) {
     b.nvme_written = true;
-    stats.links[li(l)].bytes += b.bytes;
-    ++stats.links[li(l)].moves;
-    stats.tiers[ti(Tier::kDevice)].bytes_out += b.bytes;
-    stats.tiers[ti(Tier::kNvme)].bytes_in += b.bytes;
+    count_move(b, Tier::kDevice, Tier::kNvme);
     if (options.trace_spans && Trace::global().enabled()) {
       Trace::global().span("store nvme", std::string(link_name(l)) + " " + b.name,
                            b.extent_write_start_us, Trace::global().now_us());
@@ -668,38 +675,119 @@ void Store::Impl::reap_destroyed() {
   to_reap.resize(kept);
 }
 
+// Applies the completions device callbacks posted to the mailbox; `seen` is the mailbox's
+// event count they were taken at (the mover sleeps until it moves on).
+bool Store::Impl::apply_device_completions(std::uint64_t& seen) {
+  std::vector<DeviceDone> dd;
+  {
+    std::lock_guard wl(wake_mu);
+    seen = events;
+    dd.swap(device_done);
+  }
+  for (const DeviceDone& d : dd) apply_device_done(d);
+  return !dd.empty();
+}
+
+// Advances every busy chain. Chains run in the order their heads were decided, so that staging
+// buffers and disk slots go to the move decided first (the victim's write-back before a later
+// one); reads ahead and early write-backs, which nothing waits for yet, go after the rest.
+bool Store::Impl::run_chains() {
+  std::vector<Block*> work;
+  work.reserve(busy.size());
+  for (BlockId id : busy) work.push_back(&blocks.at(id));
+  auto rank = [this](const Block* b) {
+    return deferrable(*b) ? 2 : b->ops.front().kind == OpKind::kStage ? 1 : 0;
+  };
+  std::sort(work.begin(), work.end(), [&](const Block* x, const Block* y) {
+    const int rx = rank(x);
+    const int ry = rank(y);
+    if (rx != ry) return rx < ry;
+    return x->ops.front().decided < y->ops.front().decided;
+  });
+  bool progress = false;
+  for (Block* b : work) progress |= advance(*b);
+  return progress;
+}
+
+// Issues the device work decided under `mu` (without it), then hashes the pieces just copied on
+// from staging buffers while the copies run.
+void Store::Impl::issue_device_work(std::vector<DeviceCall>& calls) {
+  for (DeviceCall& c : calls) issue_device_call(c);
+  for (DeviceCall& c : calls) {
+    if (c.check_data != nullptr) {
+      c.check_failed = XXH3_64bits(c.check_data, c.check_len) != c.check_sum;
+    }
+  }
+}
+
+// Submits `jobs` (writes hashed first) and polls the I/O engine (without `mu`). Returns the jobs
+// that completed or failed, reads into the host tier hashed.
+std::vector<IoJob> Store::Impl::run_io(std::vector<IoJob>& jobs, InFlight& in_flight,
+                                       nvme::IoQueue* io) {
+  std::vector<IoJob> done;
+  for (IoJob& j : jobs) {
+    TZ_ASSERT(io != nullptr, "an NVMe job without a swap space");
+    if (j.dir == nvme::IoOp::kWrite) j.sum = XXH3_64bits(j.data, j.data_len);
+    auto id = io->start(j.transfers);
+    if (!id) {
+      j.status = std::move(id).take_status();
+      done.push_back(std::move(j));
+    } else {
+      in_flight.emplace(*id, std::move(j));
+    }
+  }
+  if (io != nullptr && !in_flight.empty()) {
+    Status st = io->poll();
+    if (!st.is_ok()) {
+      // The engine itself failed: its requests will not complete. Every job in flight fails
+      // with the engine's error, so the leases waiting for them return it.
+      TZ_LOG_ERROR("store: I/O engine failed: %s", st.to_string().c_str());
+      for (auto& [id, j] : in_flight) {
+        j.status = Status(st).with_context("store: I/O engine failed with this request in flight");
+        done.push_back(std::move(j));
+      }
+      in_flight.clear();
+    }
+    for (auto it = in_flight.begin(); it != in_flight.end();) {
+      if (io->done(it->first)) {
+        it->second.status = io->wait(it->first);
+        done.push_back(std::move(it->second));
+        it = in_flight.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  for (IoJob& j : done) {
+    // Reads into staging buffers go on to the device and are hashed then (check_data).
+    if (j.dir == nvme::IoOp::kRead && j.status.is_ok() && j.staging < 0) {
+      j.sum = XXH3_64bits(j.data, j.data_len);
+    }
+  }
+  return done;
+}
+
+// Sleeps on the mailbox (without `mu`, so that callers and callbacks can post meanwhile) until
+// its event count moves past `seen`; while I/O is in flight, at most 200 us between polls.
+void Store::Impl::wait_for_events(std::uint64_t seen, bool polling) {
+  std::unique_lock wl(wake_mu);
+  if (polling) {
+    mover_cv.wait_for(wl, std::chrono::microseconds(200), [&] { return events != seen; });
+  } else {
+    mover_cv.wait(wl, [&] { return events != seen; });
+  }
+}
+
+// The mover's pass: completions, chains and I/O picks under `mu`; device calls, frees and I/O
+// without it; their results under `mu` again; sleep when nothing moved.
 void Store::Impl::mover_loop() {
-  std::unordered_map<nvme::IoOpId, IoJob> in_flight;
+  InFlight in_flight;
   nvme::IoQueue* io = swap ? &swap->queue() : nullptr;
   std::unique_lock lock(mu);
   for (;;) {
-    std::uint64_t seen;
-    bool progress = false;
-    // Completions reported by device callbacks.
-    std::vector<DeviceDone> dd;
-    {
-      std::lock_guard wl(wake_mu);
-      seen = events;
-      dd.swap(device_done);
-    }
-    for (const DeviceDone& d : dd) apply_device_done(d);
-    progress |= !dd.empty();
-    // Chains run in the order their heads were decided, so that staging buffers and disk
-    // slots go to the move decided first (the victim's write-back before a later one).
-    std::vector<Block*> work;
-    work.reserve(busy.size());
-    for (BlockId id : busy) work.push_back(&blocks.at(id));
-    // Reads ahead and early write-backs, which nothing waits for yet, go after the rest.
-    auto rank = [this](const Block* b) {
-      return deferrable(*b) ? 2 : b->ops.front().kind == OpKind::kStage ? 1 : 0;
-    };
-    std::sort(work.begin(), work.end(), [&](const Block* x, const Block* y) {
-      const int rx = rank(x);
-      const int ry = rank(y);
-      if (rx != ry) return rx < ry;
-      return x->ops.front().decided < y->ops.front().decided;
-    });
-    for (Block* b : work) progress |= advance(*b);
+    std::uint64_t seen = 0;
+    bool progress = apply_device_completions(seen);
+    progress |= run_chains();
     reap_destroyed();
     std::vector<IoJob> jobs = pick_jobs();
     if (stopping && idle() && in_flight.empty()) break;
@@ -712,67 +800,15 @@ void Store::Impl::mover_loop() {
     lock.unlock();
     frees.clear();  // first: the allocations below may count on their room
     erased.clear();
-    for (DeviceCall& c : calls) issue_device_call(c);
-    // The pieces just copied on from staging buffers: hashed while the copies run.
-    for (DeviceCall& c : calls) {
-      if (c.check_data != nullptr) {
-        c.check_failed = XXH3_64bits(c.check_data, c.check_len) != c.check_sum;
-      }
-    }
-    std::vector<IoJob> done;
-    for (IoJob& j : jobs) {
-      if (j.dir == nvme::IoOp::kWrite) j.sum = XXH3_64bits(j.data, j.data_len);
-      auto id = io->start(j.transfers);
-      if (!id) {
-        j.status = std::move(id).take_status();
-        done.push_back(std::move(j));
-      } else {
-        in_flight.emplace(*id, std::move(j));
-      }
-    }
-    if (io != nullptr && !in_flight.empty()) {
-      Status st = io->poll();
-      if (!st.is_ok()) {
-        // The engine itself failed: its requests will not complete. Every job in flight fails
-        // with the engine's error, so the leases waiting for them return it.
-        TZ_LOG_ERROR("store: I/O engine failed: %s", st.to_string().c_str());
-        for (auto& [id, j] : in_flight) {
-          j.status = Status(st).with_context("store: I/O engine failed with this request in flight");
-          done.push_back(std::move(j));
-        }
-        in_flight.clear();
-      }
-      for (auto it = in_flight.begin(); it != in_flight.end();) {
-        if (io->done(it->first)) {
-          it->second.status = io->wait(it->first);
-          done.push_back(std::move(it->second));
-          it = in_flight.erase(it);
-        } else {
-          ++it;
-        }
-      }
-    }
-    for (IoJob& j : done) {
-      // Reads into staging buffers go on to the device and are hashed then (check_data).
-      if (j.dir == nvme::IoOp::kRead && j.status.is_ok() && j.staging < 0) {
-        j.sum = XXH3_64bits(j.data, j.data_len);
-      }
-    }
+    issue_device_work(calls);
+    std::vector<IoJob> done = run_io(jobs, in_flight, io);
     lock.lock();
     finish_device_calls(calls);
     for (IoJob& j : done) apply_io_done(j);
     progress |= !calls.empty() || !done.empty() || !jobs.empty();
     if (progress) continue;
-    // Sleep on the mailbox without `mu`, so that callers and callbacks can post meanwhile.
     lock.unlock();
-    {
-      std::unique_lock wl(wake_mu);
-      if (!in_flight.empty()) {
-        mover_cv.wait_for(wl, std::chrono::microseconds(200), [&] { return events != seen; });
-      } else {
-        mover_cv.wait(wl, [&] { return events != seen; });
-      }
-    }
+    wait_for_events(seen, !in_flight.empty());
     lock.lock();
   }
 }

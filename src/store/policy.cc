@@ -1,6 +1,6 @@
-// The policy: the access trace recorded per step, the next-use index built from it, victim
-// choice (Belady's farthest next use while the step follows the trace, LRU otherwise) and the
-// prefetch walk along the trace. Runs under Impl::mu.
+// The policy: victim choice (Belady's farthest next use while the step follows the trace, LRU
+// otherwise) over the victim index, read ahead and the prefetch walk along the trace, and what a
+// pin's trace bookkeeping (trace_index.h) means for the rest of the store. Runs under Impl::mu.
 #include <algorithm>
 #include <unordered_set>
 
@@ -9,43 +9,25 @@
 
 namespace tz::store {
 
-std::uint64_t Store::Impl::next_in(const std::unordered_map<BlockId, std::vector<std::uint32_t>>& m,
-                                   BlockId id, std::size_t pos, std::size_t len) {
-  auto it = m.find(id);
-  if (it == m.end() || it->second.empty()) return kNever;
-  const auto& v = it->second;
-  auto p = std::lower_bound(v.begin(), v.end(), static_cast<std::uint32_t>(pos));
-  if (p != v.end()) return *p - pos;
-  return len - pos + v.front();
-}
-
-// Distance (in pins) from the current trace position to the next use of b's copy in `t`.
-// A copy whose block is overwritten (write-only pin) before it is next read holds dead bytes.
+// Distance (in pins) from the current trace position to the next use of b's copy in `t`
+// (TraceIndex::next_use: a host copy serves pins of every tier; an overwrite first means never).
 std::uint64_t Store::Impl::next_use(const Block& b, Tier t) const {
-  const std::size_t len = trace.size();
-  std::uint64_t nu;
-  if (t == Tier::kDevice) {
-    nu = next_in(dev_uses, b.id, trace_pos, len);
-  } else {
-    // A host copy serves host pins, and device pins once the device copy is gone. Counting it
-    // as unused while the block is also on the device made every device eviction copy the
-    // block back up to the host tier (a memcpy, and another block pushed out for it).
-    nu = next_in(any_uses, b.id, trace_pos, len);
-  }
-  return next_in(overwrites, b.id, trace_pos, len) < nu ? kNever : nu;
+  return trace.next_use(b.id, t);
 }
 
-bool Store::Impl::belady() const { return options.policy == Policy::kTrace && following; }
+bool Store::Impl::belady() const {
+  return options.policy == Policy::kTrace && trace.following();
+}
 
 // The eviction key of b's copy in `t` (larger: evict first). Following the trace, the trace
-// position of its next use (Belady's farthest first); it is trace_pos plus next_use, which stays
+// position of its next use (Belady's farthest first); it is the position plus next_use, which stays
 // the same while the trace moves on, because the position can only pass a block's next use by
 // pinning that block, and a pinned block is no candidate (its key is taken again at release).
 // Otherwise LRU: least recently used first.
 std::uint64_t Store::Impl::candidate_key(const Block& b, Tier t) const {
   if (belady()) {
     const std::uint64_t nu = next_use(b, t);
-    return nu == kNever ? kNever : trace_pos + nu;
+    return nu == kNever ? kNever : trace.pos() + nu;
   }
   return kNever - b.copies[ti(t)].lru_tick;
 }
@@ -82,7 +64,7 @@ std::optional<std::vector<BlockId>> Store::Impl::choose_victims(
   if (beyond && !bel) return std::nullopt;  // without a trace nothing is known to be farther
   // Under Belady a key is an absolute trace position: "farther than beyond" is a key past this.
   const std::uint64_t floor =
-      beyond ? (*beyond >= kNever - trace_pos ? kNever : trace_pos + *beyond) : 0;
+      beyond ? (*beyond >= kNever - trace.pos() ? kNever : trace.pos() + *beyond) : 0;
   std::vector<BlockId> out;
   std::uint64_t freed = 0;
   const std::uint64_t over = logical_used[ti(t)] + need - budget[ti(t)];
@@ -106,18 +88,17 @@ std::optional<std::vector<BlockId>> Store::Impl::choose_victims(
 // busy. Uses nearer than this one keep their buffers; idle read-ahead of uses farther away is
 // dropped for it (Belady over the read-ahead buffers). Returns false when no buffer is left.
 bool Store::Impl::try_stage(Block& b, std::uint64_t distance) {
+  const std::uint32_t ahead_cap = staging_acct.ahead_cap();
   if (ahead_cap == 0) return false;
-  if (b.home != Tier::kNvme || b.stage_reserved > 0) return true;
+  if (b.home != Tier::kNvme || staging_acct.reserved(b.id) > 0) return true;
   // Only a load that will read the disk: no current upper copy (being loaded or not).
   if (b.copies[ti(Tier::kDevice)].valid || b.copies[ti(Tier::kHost)].valid) return true;
-  const std::size_t len = trace.size();
   // Pieces of blocks whose load is decided (their device copy is current, logically) are on
   // their way to the device and free their buffers by themselves: only the others count.
   auto undecided = [&] {
     std::uint32_t n = 0;
-    for (BlockId id : staged_blocks) {
-      const Block& x = blocks.at(id);
-      if (!x.copies[ti(Tier::kDevice)].valid) n += x.stage_reserved;
+    for (const auto& [id, pieces] : staging_acct.reservations()) {
+      if (!blocks.at(id).copies[ti(Tier::kDevice)].valid) n += pieces;
     }
     return n;
   };
@@ -125,13 +106,12 @@ bool Store::Impl::try_stage(Block& b, std::uint64_t distance) {
   while (used >= ahead_cap) {
     Block* victim = nullptr;
     std::uint64_t farthest = distance;
-    for (BlockId id : staged_blocks) {
+    for (const auto& [id, pieces] : staging_acct.reservations()) {
       Block& x = blocks.at(id);
       // A block with moves queued may have its load among them (it takes the pieces soon).
       if (!x.ops.empty() || x.copies[ti(Tier::kDevice)].valid) continue;
       if (std::none_of(x.staged.begin(), x.staged.end(), [](int s) { return s >= 0; })) continue;
-      std::uint64_t nu = next_in(dev_uses, id, trace_pos, len);
-      if (next_in(overwrites, id, trace_pos, len) < nu) nu = kNever;
+      const std::uint64_t nu = trace.next_use(id, Tier::kDevice);
       if (nu > farthest) {
         victim = &x;
         farthest = nu;
@@ -146,11 +126,9 @@ bool Store::Impl::try_stage(Block& b, std::uint64_t distance) {
   op.src = Tier::kNvme;
   op.dst = Tier::kDevice;
   op.chunks = std::min(b.chunk_count(options.chunk_bytes), ahead_cap - used);
-  b.stage_reserved = op.chunks;
-  ahead_reserved += op.chunks;
-  staged_blocks.insert(b.id);
+  staging_acct.reserve(b.id, op.chunks);
   TZ_LOG_DEBUG("store: read ahead %u pieces of '%s' at trace pos %zu", op.chunks, b.name.c_str(),
-               trace_pos);
+               trace.pos());
   push_op(b, std::move(op));
   return true;
 }
@@ -174,8 +152,8 @@ void Store::Impl::prefetch_ahead() {
   bool host_stop = false;
   std::uint32_t host_sourced = 0;  // device uses in the window whose bytes come from the host
   const std::size_t len = trace.size();
-  if (trace_pos > 0) {
-    const TraceEntry& cur = trace[trace_pos - 1];
+  if (trace.pos() > 0) {
+    const TraceEntry& cur = trace.at(trace.pos() - 1);
     const Block* b = find(cur.block);
     if (cur.tier == Tier::kDevice && b != nullptr && b->leases[ti(Tier::kDevice)] > 0 &&
         b->copies[ti(Tier::kDevice)].loaded_from == Tier::kHost) {
@@ -191,14 +169,14 @@ void Store::Impl::prefetch_ahead() {
   // blocks (every further load would be a host-sourced one left for later). With no host-tier
   // loads in the trace either, the walk ends there instead of visiting the whole trace per pin.
   bool dev_rest = false;
-  const bool host_none = !trace_has_host_loads;
+  const bool host_none = !trace.has_host_loads();
   constexpr std::uint32_t kStageLookahead = 64;
-  bool stage_stop = ahead_cap == 0 || !trace_has_nvme_blocks;
+  bool stage_stop = staging_acct.ahead_cap() == 0 || !trace.has_nvme_blocks();
   std::uint32_t stage_looked = 0;
   for (std::size_t d = 0;
        d < len && !(((dev_stop && stage_stop) || dev_rest) && (host_stop || host_none)); ++d) {
     if (dev_stop && !stage_stop && ++stage_looked > kStageLookahead) stage_stop = true;
-    const TraceEntry& e = trace[(trace_pos + d) % len];
+    const TraceEntry& e = trace.ahead(d);
     Block* b = find(e.block);
     if (b == nullptr) continue;
     if (e.access == Access::kWrite) {
@@ -210,7 +188,7 @@ void Store::Impl::prefetch_ahead() {
     }
     if (!b->error.is_ok()) continue;
     // Loading bytes that a write-only pin replaces before this use would be wasted.
-    if (next_in(overwrites, b->id, trace_pos, len) < d) continue;
+    if (trace.next_overwrite(b->id) < d) continue;
     if (b->total_leases > 0 && b->copies[ti(e.tier)].valid) continue;
     bool has_writer = false;
     for (std::size_t i = 0; i < kTierCount; ++i) has_writer |= b->write_leases[i] > 0;
@@ -226,7 +204,7 @@ void Store::Impl::prefetch_ahead() {
           dev.valid ? dev.loaded_from == Tier::kHost : b->copies[ti(Tier::kHost)].valid;
       const bool far = host_sourced >= options.host_prefetch_depth;
       if (from_host) ++host_sourced;
-      if (far && !trace_has_nvme_blocks) {
+      if (far && !trace.has_nvme_blocks()) {
         dev_rest = true;
         skipped_far = true;  // the loads past here are for later walks
         continue;
@@ -247,64 +225,27 @@ void Store::Impl::prefetch_ahead() {
   if (!dev_stop && !host_stop && !skipped_far && epoch == walk_epoch) walk_idle_at = epoch;
 }
 
-void Store::Impl::note_pin(const TraceEntry& e) {
-  record.push_back(e);
-  if (!following) return;
-  if (trace_pos < trace.size() && trace[trace_pos] == e) {
-    ++trace_pos;
-    return;
+TraceIndex::PinMark Store::Impl::begin_pin(const TraceEntry& e, bool noted) {
+  const TraceIndex::PinMark mark = trace.begin_pin(e, noted);
+  if (trace.left_trace(mark)) {
+    rebuild_candidates();  // the keys turn from next uses into recency
+    drop_all_staged();     // read for uses that may not come
+    ++stats.trace_deviations;
+    TZ_LOG_DEBUG(
+        "store: access order left the recorded trace at pin %zu; LRU until the next "
+        "step",
+        trace.pos());
   }
-  following = false;
-  rebuild_candidates();  // the keys turn from next uses into recency
-  drop_all_staged();     // read for uses that may not come
-  ++stats.trace_deviations;
-  TZ_LOG_DEBUG(
-      "store: access order left the recorded trace at pin %zu; LRU until the next "
-      "step",
-      trace_pos);
-}
-
-Store::Impl::PinTraceMark Store::Impl::begin_pin(const TraceEntry& e, bool noted) {
-  const PinTraceMark mark{trace_pos, following, stats.trace_deviations, noted};
-  if (noted) note_pin(e);
   return mark;
 }
 
-// Undoes begin_pin: the pin leaves the record, the trace position and the deviation count are as
-// before it, and the victim keys are rebuilt if the pin had made the store leave the trace.
-void Store::Impl::undo_pin(const PinTraceMark& mark) {
-  TZ_ASSERT(!mark.noted || !record.empty(), "undo_pin: the record does not hold the pin");
-  if (mark.noted) record.pop_back();
-  trace_pos = mark.pos;
-  const bool refollow = following != mark.following;
-  following = mark.following;
-  stats.trace_deviations = mark.deviations;
-  if (refollow) rebuild_candidates();
-}
-
-void Store::Impl::build_index() {
-  dev_uses.clear();
-  host_uses.clear();
-  overwrites.clear();
-  any_uses.clear();
-  trace_has_nvme_blocks = false;
-  trace_has_host_loads = false;
-  for (std::size_t i = 0; i < trace.size(); ++i) {
-    const TraceEntry& e = trace[i];
-    const auto pos = static_cast<std::uint32_t>(i);
-    const Block* b = find(e.block);
-    const bool nvme_homed = b != nullptr && b->home == Tier::kNvme;
-    trace_has_nvme_blocks |= nvme_homed;
-    // A write-only pin needs space, not the bytes: it is no reason to keep a copy.
-    if (e.access == Access::kWrite) {
-      overwrites[e.block].push_back(pos);
-      continue;
-    }
-    trace_has_host_loads |= nvme_homed && e.tier == Tier::kHost;
-    if (e.tier == Tier::kDevice) dev_uses[e.block].push_back(pos);
-    if (e.tier == Tier::kHost) host_uses[e.block].push_back(pos);
-    any_uses[e.block].push_back(pos);
-  }
+// Undoes begin_pin (TraceIndex::undo_pin): the pin leaves the record, the trace position is as
+// before it, and a deviation it caused is taken back with the victim keys rebuilt as positions.
+void Store::Impl::undo_pin(const TraceIndex::PinMark& mark) {
+  if (!trace.undo_pin(mark)) return;
+  TZ_ASSERT(stats.trace_deviations > 0, "undo_pin: a deviation that was not counted");
+  --stats.trace_deviations;
+  rebuild_candidates();
 }
 
 }  // namespace tz::store

@@ -67,16 +67,13 @@ std::uint64_t Store::Impl::push_copy(Block& b, Tier src, Tier dst, bool prefetch
 // (and an allocation queued behind the block's pending moves) for nothing.
 bool Store::Impl::host_keeps(const Block& x, std::uint64_t nu) const {
   std::uint64_t need = x.bytes;
-  const std::size_t len = trace.size();
   for (const auto& [id, b] : blocks) {
     if (b.destroyed || id == x.id) continue;
     if (b.home == Tier::kHost) need += b.bytes;  // homed there: never leaves
     if (b.home != Tier::kNvme) continue;
     const bool host = b.copies[ti(Tier::kHost)].present;
     if (!host && !only_valid(b, Tier::kDevice)) continue;
-    std::uint64_t next = next_in(any_uses, id, trace_pos, len);
-    if (next_in(overwrites, id, trace_pos, len) < next) next = kNever;
-    if (next < nu) need += b.bytes;
+    if (trace.next_use(id, Tier::kHost) < nu) need += b.bytes;
   }
   return need <= budget[ti(Tier::kHost)];
 }
@@ -87,8 +84,7 @@ bool Store::Impl::admit_to_host(Block& b) {
   if (b.home != Tier::kNvme) return false;
   std::optional<std::uint64_t> beyond;
   if (belady()) {
-    std::uint64_t nu = next_in(any_uses, b.id, trace_pos, trace.size());
-    if (next_in(overwrites, b.id, trace_pos, trace.size()) < nu) nu = kNever;
+    const std::uint64_t nu = trace.next_use(b.id, Tier::kHost);
     if (nu == kNever) return false;
     beyond = nu;
   }
@@ -151,11 +147,11 @@ bool Store::Impl::only_valid(const Block& b, Tier t) const {
 void Store::Impl::write_back_early(Block& b, Tier t) {
   if (!belady() || b.total_leases > 0 || b.home != Tier::kNvme || t == Tier::kNvme ||
       !b.error.is_ok() || !b.copies[ti(t)].present || !only_valid(b, t) || b.dirtied_at == kNoPos ||
-      spill_trace.count(b.dirtied_at) == 0) {
+      !trace.spilled(b.dirtied_at)) {
     return;
   }
   TZ_LOG_DEBUG("store: early write-back of '%s' from %s at trace pos %zu", b.name.c_str(),
-               tier_name(t), trace_pos);
+               tier_name(t), trace.pos());
   push_copy(b, t, Tier::kNvme, false);
   b.ops.back().early = true;
   b.copies[ti(Tier::kNvme)].valid = true;
@@ -170,7 +166,7 @@ void Store::Impl::evict(Block& b, Tier t) {
   TierStats& ts = stats.tiers[ti(t)];
   ++ts.evictions;
   TZ_LOG_DEBUG("store: evict '%s' from %s at trace pos %zu%s", b.name.c_str(), tier_name(t),
-               trace_pos, only_valid(b, t) ? " (dirty)" : "");
+               trace.pos(), only_valid(b, t) ? " (dirty)" : "");
   const bool dirty = only_valid(b, t) && b.error.is_ok();
   if (t == Tier::kDevice) {
     Copy& host = b.copies[ti(Tier::kHost)];
@@ -197,7 +193,7 @@ void Store::Impl::evict(Block& b, Tier t) {
   if (b.dirtied_at != kNoPos && !b.copies[ti(Tier::kDevice)].valid &&
       !b.copies[ti(Tier::kHost)].valid) {
     // The bytes of that write pin had to go home: next time write them back at unpin.
-    if (belady()) spill_record.insert(b.dirtied_at);
+    if (belady()) trace.note_spill(b.dirtied_at);
     b.dirtied_at = kNoPos;
   }
   refresh_candidate(b);
@@ -278,7 +274,7 @@ bool Store::Impl::try_prefetch(Block& b, Tier t, std::optional<std::uint64_t> di
   auto src = load_source(b, t);
   TZ_ASSERT(src.has_value(), "a block without a current copy");
   TZ_LOG_DEBUG("store: prefetch '%s' %s -> %s at trace pos %zu", b.name.c_str(), tier_name(*src),
-               tier_name(t), trace_pos);
+               tier_name(t), trace.pos());
   push_copy(b, *src, t, true);
   b.copies[ti(t)].valid = true;
   b.copies[ti(t)].by_prefetch = true;
@@ -332,22 +328,8 @@ Status Store::Impl::check_invariants() const {
   std::array<std::uint64_t, kTierCount> frees{};
   std::array<std::uint64_t, kTierCount> allocs{};
   std::array<std::size_t, kTierCount> candidate_count{};
-  std::uint32_t reserved = 0;
-  std::uint32_t held_ahead = 0;
-  std::size_t free_staging = staging_free.size();
   for (const auto& [id, b] : blocks) {
     const std::string who = "block '" + b.name + "'";
-    const auto held = static_cast<std::uint32_t>(
-        std::count_if(b.staged.begin(), b.staged.end(), [](int s) { return s >= 0; }));
-    if (held > b.stage_reserved || (b.stage_reserved > 0) != (staged_blocks.count(id) > 0)) {
-      return Status::internal(who + ": read-ahead pieces held past its reservation");
-    }
-    reserved += b.stage_reserved;
-    free_staging += held;
-    held_ahead += held;
-    for (const Op& op : b.ops) {
-      if (op.kind == OpKind::kStage) held_ahead += op.outstanding;
-    }
     for (std::size_t t = 0; t < kTierCount; ++t) {
       if (b.copies[t].present) present[t] += b.bytes;
       if (b.destroyed && b.copies[t].present) {
@@ -411,18 +393,45 @@ Status Store::Impl::check_invariants() const {
     }
     TZ_RETURN_IF_ERROR(check_alloc_fifo(static_cast<Tier>(t)));
   }
-  if (reserved != ahead_reserved || held_ahead != ahead_held || ahead_held > ahead_cap ||
-      free_staging > staging.size()) {
-    return Status::internal("store: read ahead: " + std::to_string(reserved) +
-                            " pieces reserved (" + std::to_string(ahead_reserved) + " counted), " +
-                            std::to_string(held_ahead) + " held (" + std::to_string(ahead_held) +
-                            " counted, at most " + std::to_string(ahead_cap) + ")");
-  }
+  TZ_RETURN_IF_ERROR(check_staging());
   for (std::size_t t = 0; t < kTierCount; ++t) {
     if (candidates.size(static_cast<Tier>(t)) != candidate_count[t]) {
       return Status::internal(std::string("the ") + tier_name(static_cast<Tier>(t)) +
                               " tier's eviction candidates hold entries of no candidate");
     }
+  }
+  return Status::ok();
+}
+
+// The read-ahead pieces the blocks hold and their stage ops read agree with the staging
+// accounting: per block within its reservation, in all the reservations and the buffers held
+// for reads ahead, and no more buffers held than exist.
+Status Store::Impl::check_staging() const {
+  std::uint32_t reserved = 0;
+  std::uint32_t held_ahead = 0;
+  std::size_t free_staging = staging_acct.free_count();
+  for (const auto& [id, b] : blocks) {
+    const auto held = static_cast<std::uint32_t>(
+        std::count_if(b.staged.begin(), b.staged.end(), [](int s) { return s >= 0; }));
+    const std::uint32_t block_reserved = staging_acct.reserved(id);
+    if (held > block_reserved || (block_reserved == 0 && !b.staged.empty())) {
+      return Status::internal("block '" + b.name + "': read-ahead pieces held past its reservation");
+    }
+    reserved += block_reserved;
+    free_staging += held;
+    held_ahead += held;
+    for (const Op& op : b.ops) {
+      if (op.kind == OpKind::kStage) held_ahead += op.outstanding;
+    }
+  }
+  if (reserved != staging_acct.reserved_total() || held_ahead != staging_acct.ahead_held() ||
+      staging_acct.ahead_held() > staging_acct.ahead_cap() || free_staging > staging.size() ||
+      staging_acct.buffers() != staging.size()) {
+    return Status::internal(
+        "store: read ahead: " + std::to_string(reserved) + " pieces reserved (" +
+        std::to_string(staging_acct.reserved_total()) + " counted), " +
+        std::to_string(held_ahead) + " held (" + std::to_string(staging_acct.ahead_held()) +
+        " counted, at most " + std::to_string(staging_acct.ahead_cap()) + ")");
   }
   return Status::ok();
 }

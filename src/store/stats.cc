@@ -81,6 +81,17 @@ void Store::Impl::update_used(Tier t) {
   ts.peak_bytes = std::max(ts.peak_bytes, phys_used[ti(t)]);
 }
 
+// A whole move of b's bytes from `src` to `dst` landed: the link's, the tiers' and the block's
+// counters.
+void Store::Impl::count_move(Block& b, Tier src, Tier dst) {
+  LinkStats& ls = stats.links[li(link_of(src, dst))];
+  ls.bytes += b.bytes;
+  ++ls.moves;
+  stats.tiers[ti(src)].bytes_out += b.bytes;
+  stats.tiers[ti(dst)].bytes_in += b.bytes;
+  b.stats.bytes_in[ti(dst)] += b.bytes;
+}
+
 void Store::Impl::link_start(Link l) {
   if (link_active[li(l)]++ == 0) link_busy_since[li(l)] = now_s();
 }

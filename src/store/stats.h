@@ -55,6 +55,15 @@ struct LinkStats {
   double busy_s = 0;  // time with at least one move of this link in flight
 };
 
+// One block's counters (Store::block_stats): the bytes its moves copied into each tier (loads,
+// write-backs, flushes; a never-written NVMe block's zero fill copies nothing). bytes_in of the
+// block's home tier is what was written to its durable copy: 0 for a block whose bytes were never
+// written back (a frozen weight that is only read). Zeroed by Store::reset_stats.
+struct BlockStats {
+  std::array<std::uint64_t, kTierCount> bytes_in{};
+  std::uint64_t tier_bytes_in(Tier t) const { return bytes_in[static_cast<std::size_t>(t)]; }
+};
+
 struct StoreStats {
   std::array<TierStats, kTierCount> tiers{};
   std::array<LinkStats, kLinkCount> links{};

@@ -63,14 +63,10 @@ Result<std::unique_ptr<Store>> Store::create(const StoreOptions& options, gpu::D
                                                        std::to_string(i));
     }
     impl->staging.push_back(std::move(buf).value());
-    impl->staging_free.push_back(static_cast<int>(i));
   }
-  // Each direction leaves a quarter of the buffers (at least one, when there are two or more) to
-  // the other.
-  impl->staging_cap = options.staging_buffers -
-                      (options.staging_buffers < 2 ? 0 : std::max(1u, options.staging_buffers / 4));
-  impl->ahead_cap = std::min(options.read_ahead_buffers,
-                             impl->staging_cap > 0 ? impl->staging_cap - 1 : 0);
+  // Each direction leaves a quarter of the buffers to the other; reads ahead stay below the read
+  // direction's share (staging_accounting.h).
+  impl->staging_acct = StagingAccounting(options.staging_buffers, options.read_ahead_buffers);
   for (auto [stream, name] : {std::pair{&impl->piece_h2d, "store pieces h2d"},
                               std::pair{&impl->piece_d2h, "store pieces d2h"}}) {
     auto created = device.create_stream(name);
@@ -242,7 +238,7 @@ Result<Lease> Store::pin(BlockId id, Tier tier, Access access) {
   }
   // The pin takes its trace position before placement (victims are chosen by the uses after
   // it); a pin that cannot be placed is undone: it is neither in the trace nor in the counters.
-  const Impl::PinTraceMark mark = m.begin_pin(TraceEntry{id, tier, access}, tier != Tier::kNvme);
+  const TraceIndex::PinMark mark = m.begin_pin(TraceEntry{id, tier, access}, tier != Tier::kNvme);
   Copy& c = b.copies[ti(tier)];
   const bool hit = c.present && (c.valid || access == Access::kWrite);
   const bool prefetch_hit = hit && c.by_prefetch;
@@ -283,9 +279,7 @@ Result<Lease> Store::pin(BlockId id, Tier tier, Access access) {
       }
     }
     ++b.write_leases[ti(tier)];
-    b.dirtied_at = tier == Tier::kNvme || m.record.empty()
-                       ? kNoPos
-                       : static_cast<std::uint32_t>(m.record.size() - 1);
+    b.dirtied_at = tier == Tier::kNvme ? kNoPos : m.trace.last_recorded();
   }
   ++b.leases[ti(tier)];
   ++b.total_leases;
@@ -332,20 +326,15 @@ void Store::mark_step() {
   std::lock_guard lock(impl_->mu);
   Impl& m = *impl_;
   ++m.stats.steps;
-  const bool followed = m.following;  // the whole step followed the trace
-  if (m.options.policy == Policy::kTrace) {
-    m.trace = std::move(m.record);
-    m.build_index();
-    m.following = !m.trace.empty();
-    ++m.walk_epoch;
-  }
-  m.trace_pos = 0;
+  // Under kTrace the step's record becomes the trace the next step follows; spills learned
+  // while following the trace carry over (TraceIndex::end_step).
+  const bool adopt = m.options.policy == Policy::kTrace;
+  m.trace.end_step(adopt, [&m](BlockId id) {
+    const Block* b = m.find(id);
+    return b != nullptr && b->home == Tier::kNvme;
+  });
+  if (adopt) ++m.walk_epoch;
   m.rebuild_candidates();  // keys are positions in the new trace
-  // Spills learned while following the trace are valid for the next step; a recording step's
-  // (LRU) evictions say nothing about Belady's.
-  m.spill_trace = followed ? std::move(m.spill_record) : std::unordered_set<std::uint32_t>{};
-  m.spill_record.clear();
-  m.record.clear();
   m.prefetch_ahead();
 }
 
@@ -420,6 +409,16 @@ void Store::reset_stats() {
   for (std::size_t i = 0; i < kTierCount; ++i) m.update_used(static_cast<Tier>(i));
   const double t = now_s();
   for (std::size_t i = 0; i < kLinkCount; ++i) m.link_busy_since[i] = t;
+  for (auto& [id, b] : m.blocks) b.stats = BlockStats{};
+}
+
+Result<BlockStats> Store::block_stats(BlockId id) const {
+  std::lock_guard lock(impl_->mu);
+  const Block* b = impl_->find(id);
+  if (b == nullptr) {
+    return Status::invalid_argument("store: statistics of unknown block " + std::to_string(id));
+  }
+  return b->stats;
 }
 
 std::uint64_t Store::used_bytes(Tier tier) const {
@@ -439,7 +438,7 @@ Status Store::check_invariants() const {
 
 bool Store::following_trace() const {
   std::lock_guard lock(impl_->mu);
-  return impl_->following;
+  return impl_->trace.following();
 }
 
 void Store::unpin(Lease& lease, gpu::Stream* writer) {

@@ -181,7 +181,9 @@ class Store {
 
   // Counters so far (a consistent snapshot).
   StoreStats stats() const;
-  void reset_stats();  // zeroes the counters (peaks restart at the current use)
+  void reset_stats();  // zeroes the counters, the blocks' too (peaks restart at the current use)
+  // One block's counters so far (stats.h, BlockStats). kInvalidArgument for an unknown block.
+  Result<BlockStats> block_stats(BlockId id) const;
   const StoreOptions& options() const { return options_; }
   // Bytes each tier holds now by its budget (logical: decided placements).
   std::uint64_t used_bytes(Tier tier) const;

@@ -1,7 +1,9 @@
 // Store::Impl: the state behind the public Store, shared by the files that implement it along
-// its seams: residency.cc (copies, budgets, evictions, demand loads), policy.cc (trace, Belady,
-// LRU, the prefetch walk), mover.cc (the mover thread: physical operations, staging, I/O
-// scheduling), stats.cc (counters) and store.cc (the public API). Included only by them.
+// its seams: residency.cc (copies, budgets, evictions, demand loads), policy.cc (Belady, LRU,
+// read ahead, the prefetch walk), mover.cc (the mover thread: physical operations, staging),
+// stats.cc (counters) and store.cc (the public API). Included only by them. It keeps the blocks
+// and the move state machine; the trace index, the victim index, the I/O scheduler and the
+// staging accounting are classes of their own (docs/store.md, "Code map").
 //
 // Threading: the logical layer (residency, budgets, pins, policy) runs in the caller's thread
 // under `mu` and turns decisions into per-block chains of physical operations (allocate, copy,
@@ -40,7 +42,9 @@
 
 #include "store/io_scheduler.h"
 #include "store/store.h"
+#include "store/staging_accounting.h"
 #include "store/store_internal.h"
+#include "store/trace_index.h"
 #include "store/victim_index.h"
 
 namespace tz::store {
@@ -105,43 +109,15 @@ struct Store::Impl {
   std::vector<PinnedBuffer> staging;
   std::unique_ptr<gpu::Stream> piece_h2d;
   std::unique_ptr<gpu::Stream> piece_d2h;
-  std::vector<int> staging_free;
-  // Staging buffers held by NVMe -> device reads [0] and device -> NVMe writes [1]: neither
-  // direction may hold more than staging_cap, so that a run of write-backs (whose pieces are
-  // ready at once) cannot take every buffer while reads wait, and the disk gets both.
-  std::array<std::uint32_t, 2> staging_held{};
-  std::uint32_t staging_cap = 0;
-  // Read ahead: pieces reserved by the policy (Block::stage_reserved summed; those of blocks
-  // whose load is not decided yet at most ahead_cap), and the staging buffers that hold pieces
-  // read ahead or being read ahead, at most ahead_cap (options.read_ahead_buffers, below
-  // staging_cap, so that the reads of decided loads always get a buffer in the end: a stage op
-  // waits for this bound, nothing waits for a stage op). The blocks holding a reservation.
-  std::uint32_t ahead_cap = 0;
-  std::uint32_t ahead_reserved = 0;
-  std::uint32_t ahead_held = 0;
-  std::set<BlockId> staged_blocks;
+  // Which staging buffers are free, held per direction and by reads ahead, and the pieces the
+  // policy reserved for reads ahead (staging_accounting.h).
+  StagingAccounting staging_acct;
 
   // I/O scheduling (mover only, under mu): the queued NVMe piece jobs and those in flight.
   IoScheduler io_sched;
 
-  // Policy.
-  std::vector<TraceEntry> trace;
-  std::vector<TraceEntry> record;
-  std::size_t trace_pos = 0;
-  bool following = false;
-  // Set by build_index: whether the trace pins any NVMe-homed block, and whether it has host-tier
-  // reads of one (without them, the prefetch walk ends where nothing more could be started).
-  bool trace_has_nvme_blocks = false;
-  bool trace_has_host_loads = false;
-  std::unordered_map<BlockId, std::vector<std::uint32_t>> dev_uses;
-  std::unordered_map<BlockId, std::vector<std::uint32_t>> host_uses;
-  std::unordered_map<BlockId, std::vector<std::uint32_t>> any_uses;
-  std::unordered_map<BlockId, std::vector<std::uint32_t>> overwrites;  // write-only pins
-  // Trace positions of write pins whose bytes went home before being overwritten (in the pin's
-  // own step or the next), learned during the current step (spill_record) and in the last step
-  // that followed the trace (spill_trace).
-  std::unordered_set<std::uint32_t> spill_record;
-  std::unordered_set<std::uint32_t> spill_trace;
+  // Policy: the recorded and followed traces, the next-use index, the spills (trace_index.h).
+  TraceIndex trace;
 
   // Statistics.
   StoreStats stats;
@@ -163,6 +139,7 @@ struct Store::Impl {
   bool only_valid(const Block& b, Tier t) const;
   Status check_invariants() const;
   Status check_alloc_fifo(Tier t) const;
+  Status check_staging() const;
   void write_back_early(Block& b, Tier t);
   void evict(Block& b, Tier t);
   std::optional<Tier> load_source(const Block& b, Tier t) const;
@@ -176,8 +153,6 @@ struct Store::Impl {
                               std::uint64_t ready_seq);
 
   // ---- policy.cc (the trace, Belady and LRU victims, the prefetch walk) ----
-  static std::uint64_t next_in(const std::unordered_map<BlockId, std::vector<std::uint32_t>>& m,
-                               BlockId id, std::size_t pos, std::size_t len);
   std::uint64_t next_use(const Block& b, Tier t) const;
   bool belady() const;
   std::uint64_t candidate_key(const Block& b, Tier t) const;
@@ -190,19 +165,11 @@ struct Store::Impl {
   bool free_can_complete(Tier t) const;
   bool try_stage(Block& b, std::uint64_t distance);
   void prefetch_ahead();
-  void note_pin(const TraceEntry& e);
-  // A pin's trace bookkeeping, taken before its placement and undone when placement fails: the
-  // trace position, whether the trace was followed and the deviation count as they were, and
-  // whether the pin went into the record (NVMe pins do not).
-  struct PinTraceMark {
-    std::size_t pos = 0;
-    bool following = false;
-    std::uint64_t deviations = 0;
-    bool noted = false;
-  };
-  PinTraceMark begin_pin(const TraceEntry& e, bool noted);
-  void undo_pin(const PinTraceMark& mark);
-  void build_index();
+  // A pin's trace position, taken before its placement (TraceIndex::begin_pin); when the pin
+  // leaves the trace the victim keys turn into recency and reads ahead are dropped. undo_pin
+  // rolls it back when placement fails (the deviation is taken back, the keys rebuilt).
+  TraceIndex::PinMark begin_pin(const TraceEntry& e, bool noted);
+  void undo_pin(const TraceIndex::PinMark& mark);
 
   // ---- mover.cc (physical operations: allocations, copies, the staging pipeline, I/O scheduling)
   // ----
@@ -220,10 +187,15 @@ struct Store::Impl {
   void issue_device_call(DeviceCall& c);  // without `mu`
   void finish_device_calls(std::vector<DeviceCall>& calls);
   bool start_op(Block& b, Op& op);
+  bool start_alloc(Block& b, Op& op);
+  bool start_device_alloc(Block& b, Op& op);
+  bool start_host_alloc(Block& b, Op& op);
+  bool start_free(Block& b, Op& op);
+  bool start_stage(Block& b, Op& op);
+  bool start_zero(Block& b, Op& op);
   bool start_copy(Block& b, Op& op);
   bool pump_chunks(Block& b, Op& op);
   void copy_piece_to_device(Block& b, Op& op, std::uint32_t chunk, int staging_index);
-  void give_back_staging(int s, std::size_t dir, bool ahead);
   void unreserve_staged(Block& b, std::uint32_t pieces);
   void drop_staged(Block& b);
   void drop_all_staged();
@@ -243,10 +215,19 @@ struct Store::Impl {
   std::vector<IoJob> pick_jobs();
   bool idle() const;
   void reap_destroyed();
+  // The mover's pass, in named steps (mover_loop).
+  using InFlight = std::unordered_map<nvme::IoOpId, IoJob>;
+  bool apply_device_completions(std::uint64_t& seen);
+  bool run_chains();
+  void issue_device_work(std::vector<DeviceCall>& calls);                          // without `mu`
+  std::vector<IoJob> run_io(std::vector<IoJob>& jobs, InFlight& in_flight,
+                            nvme::IoQueue* io);                                     // without `mu`
+  void wait_for_events(std::uint64_t seen, bool polling);                           // without `mu`
   void mover_loop();
 
   // ---- stats.cc (statistics) ----
   void update_used(Tier t);
+  void count_move(Block& b, Tier src, Tier dst);
   void link_start(Link l);
   void link_end(Link l);
 };

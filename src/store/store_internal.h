@@ -137,16 +137,17 @@ struct Block {
   std::array<bool, kTierCount> candidate{};
   std::array<std::uint64_t, kTierCount> candidate_key{};
   // Read ahead (kStage): per piece, the staging buffer holding it as read from the extent (or
-  // -1), and the pieces reserved for this block (those held, and those its stage op may still
-  // read). The held pieces are the extent's current bytes: an op writing the extent drops them.
+  // -1); the pieces reserved for this block (those held, and those its stage op may still read)
+  // are counted by Impl::staging_acct. The held pieces are the extent's current bytes: an op
+  // writing the extent drops them.
   std::vector<int> staged;
-  std::uint32_t stage_reserved = 0;
   // A write-back out of the device ends its op once every piece has left the device buffer; its
   // pieces still in staging buffers (or on their way to the disk) are the extent's writes in
   // flight, of the op extent_write_seq. Ops that read, write or free the extent wait for them.
   std::uint32_t extent_writes = 0;
   std::uint64_t extent_write_seq = 0;
   double extent_write_start_us = 0;
+  BlockStats stats;  // bytes copied into each tier (Impl::count_move)
   bool extent_write_early = false;  // an early write-back's (deferrable)
   Status extent_write_status;
 

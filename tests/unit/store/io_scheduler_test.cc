@@ -125,6 +125,67 @@ TEST(IoScheduler, WaitedForWritesGoBeforeDeferrableOnes) {
   EXPECT_EQ(names(io.pick([&](BlockId b) { return early.contains(b); })), "w2 w4 w1 w3");
 }
 
+TEST(IoScheduler, MixedInterleavesReadsWithWaitedForWritesAheadOfDeferrableOnes) {
+  // Arrival: w1 (early, 0), r2 (1), w3 (2), r4 (3). Waited-for writes move ahead of deferrable
+  // ones among the writes (w3 w1); the two queues' heads then go by arrival: r2 (1) before
+  // w3 (2), w1 (0) before r4 (3).
+  IoScheduler io(IoGrouping::kMixed, 1ull << 20, 1ull << 30);
+  io.queue(write(1));
+  io.queue(read(2));
+  io.queue(write(3));
+  io.queue(read(4));
+  EXPECT_EQ(names(io.pick([](BlockId b) { return b == 1; })), "r2 w3 w1 r4");
+  EXPECT_EQ(io.in_flight_reads(), 2u);
+  EXPECT_EQ(io.in_flight_writes(), 2u);
+  EXPECT_EQ(io.queued_reads() + io.queued_writes(), 0u);
+}
+
+TEST(IoScheduler, TheBoundCountsBothDirectionsAndCompletionsRefillIt) {
+  // 12 KiB in flight at most: r1 (8 KiB) and w2 (4 KiB); r3 waits for one of them, w4 too.
+  IoScheduler io(IoGrouping::kMixed, 3 * k4K, 1ull << 30);
+  io.queue(read(1, 2 * k4K));
+  io.queue(write(2));
+  io.queue(read(3));
+  io.queue(write(4));
+  std::vector<IoJob> got = io.pick(kNothingDeferrable);
+  EXPECT_EQ(names(got), "r1 w2");
+  EXPECT_EQ(io.in_flight_bytes(), 3 * k4K);
+  io.complete(got[1]);  // w2 done: 4 KiB free, r3 fits
+  std::vector<IoJob> next = io.pick(kNothingDeferrable);
+  EXPECT_EQ(names(next), "r3");
+  io.complete(got[0]);  // r1 done: 8 KiB free, w4 fits
+  EXPECT_EQ(names(io.pick(kNothingDeferrable)), "w4");
+  EXPECT_EQ(io.in_flight_bytes(), 2 * k4K);
+}
+
+TEST(IoScheduler, GroupedWritesFirstWhenOnlyWritesWaitThenBackToReads) {
+  // Nothing to read: the writes run; a read arriving meanwhile waits until the run is over
+  // (8 KiB) and the writes in flight drain, then reads go.
+  IoScheduler io(IoGrouping::kGrouped, 1ull << 20, 2 * k4K);
+  io.queue(write(1));
+  io.queue(write(2));
+  io.queue(write(3));
+  std::vector<IoJob> got = io.pick(kNothingDeferrable);
+  EXPECT_EQ(names(got), "w1 w2 w3");  // no read waits: the run goes on
+  EXPECT_TRUE(io.writing());
+  io.queue(write(4));
+  io.queue(read(5));
+  EXPECT_EQ(names(io.pick(kNothingDeferrable)), "");  // run over, reads wait for the drain
+  for (const IoJob& j : got) io.complete(j);
+  got = io.pick(kNothingDeferrable);
+  EXPECT_EQ(names(got), "r5");
+  EXPECT_FALSE(io.writing());
+  io.complete(got[0]);
+  EXPECT_EQ(names(io.pick(kNothingDeferrable)), "w4");
+}
+
+TEST(IoScheduler, MalformedJobsAreProgrammerErrors) {
+  IoScheduler io(IoGrouping::kMixed, 1ull << 20, 1ull << 30);
+  EXPECT_DEATH(io.queue(read(0)), "no block");
+  EXPECT_DEATH(io.queue(read(1, 0)), "multiple of 4 KiB");
+  EXPECT_DEATH(io.queue(read(1, 100)), "multiple of 4 KiB");
+}
+
 TEST(IoScheduler, CompletingWhatIsNotInFlightIsAProgrammerError) {
   IoScheduler io(IoGrouping::kMixed, 1ull << 20, 1ull << 30);
   EXPECT_DEATH(io.complete(read(1)), "in flight");

@@ -315,6 +315,49 @@ TEST(Store, StatisticsExportJson) {
   h.finish();
 }
 
+// Per-block counters: a block only read after the counters are reset is never written to its
+// home, however often it is loaded and evicted; a block written three times reaches its home
+// once, at the flush (LRU keeps evicted device copies in the host tier, which holds both blocks,
+// and each new write pin drops the stale host copy); and the blocks' counters add up to the
+// tiers'. The device holds one block: each pin evicts the other.
+TEST(Store, BlockCountersShowWhatWasWrittenHome) {
+  HarnessOptions o = small_options();
+  o.store.policy = Policy::kLru;
+  o.store.host_budget_bytes = 1 << 20;
+  Harness h;
+  h.init(o);
+  constexpr std::uint64_t kBytes = 300000;  // one fits the 512 KiB device budget, two the host
+  auto a = h.store->create_block(kBytes, Tier::kNvme, "frozen");
+  auto b = h.store->create_block(kBytes, Tier::kNvme, "trained");
+  ASSERT_TRUE(a.is_ok() && b.is_ok());
+  write_block(*h.store, *a, Tier::kDevice, pattern(kBytes, 5));
+  ASSERT_TRUE(h.store->flush().is_ok());
+  auto written = h.store->block_stats(*a);
+  ASSERT_TRUE(written.is_ok());
+  EXPECT_EQ(written->tier_bytes_in(Tier::kNvme), kBytes);  // the flush wrote it home
+  EXPECT_EQ(written->tier_bytes_in(Tier::kDevice), 0u);    // a write pin loads nothing
+  h.store->reset_stats();
+  EXPECT_EQ(h.store->block_stats(*a)->tier_bytes_in(Tier::kNvme), 0u);
+  for (int i = 0; i < 3; ++i) {
+    (void)read_block(*h.store, *a, Tier::kDevice, kBytes);
+    write_block(*h.store, *b, Tier::kDevice, pattern(kBytes, 10 + static_cast<std::uint64_t>(i)));
+  }
+  ASSERT_TRUE(h.store->flush().is_ok());
+  const BlockStats frozen = h.store->block_stats(*a).value();
+  const BlockStats trained = h.store->block_stats(*b).value();
+  EXPECT_EQ(frozen.tier_bytes_in(Tier::kNvme), 0u);
+  // Loaded from its host copy in rounds 2 and 3 (round 1 found the flushed device copy).
+  EXPECT_EQ(frozen.tier_bytes_in(Tier::kDevice), 2 * kBytes);
+  EXPECT_EQ(trained.tier_bytes_in(Tier::kNvme), kBytes);
+  const StoreStats st = h.store->stats();
+  for (Tier t : {Tier::kDevice, Tier::kHost, Tier::kNvme}) {
+    EXPECT_EQ(frozen.tier_bytes_in(t) + trained.tier_bytes_in(t), st.tier(t).bytes_in)
+        << tier_name(t);
+  }
+  EXPECT_EQ(h.store->block_stats(999).status().code(), ErrorCode::kInvalidArgument);
+  h.finish();
+}
+
 TEST(Store, BadArgumentsAreRejected) {
   Harness h;
   h.init(small_options());

@@ -70,11 +70,34 @@ TEST(VictimIndex, AWalkStopsWhenTheVisitorSaysSo) {
   EXPECT_EQ(seen, (std::vector<BlockId>{10, 9, 8}));
 }
 
+TEST(VictimIndex, NeverUsedAgainGoesFirstAndLruKeysEvictTheOldest) {
+  // Belady keys: trace positions of the next use, kNever for a copy never used again (or
+  // overwritten first). Blocks 4 and 2 are never used again, 1 at position 12, 3 at 30.
+  constexpr std::uint64_t kNeverKey = ~std::uint64_t{0};
+  VictimIndex v;
+  v.insert(Tier::kDevice, 1, 12);
+  v.insert(Tier::kDevice, 4, kNeverKey);
+  v.insert(Tier::kDevice, 3, 30);
+  v.insert(Tier::kDevice, 2, kNeverKey);
+  EXPECT_EQ(walk(v, Tier::kDevice), (Order{{2, kNeverKey}, {4, kNeverKey}, {3, 30}, {1, 12}}));
+  // LRU keys: kNever - last use tick. Ticks 5 (block 7), 2 (block 8), 9 (block 6): the least
+  // recently used (tick 2) goes first.
+  VictimIndex lru;
+  lru.insert(Tier::kHost, 7, kNeverKey - 5);
+  lru.insert(Tier::kHost, 8, kNeverKey - 2);
+  lru.insert(Tier::kHost, 6, kNeverKey - 9);
+  std::vector<BlockId> order;
+  for (const auto& [id, key] : walk(lru, Tier::kHost)) order.push_back(id);
+  EXPECT_EQ(order, (std::vector<BlockId>{8, 7, 6}));
+}
+
 TEST(VictimIndex, MisuseIsAProgrammerError) {
   VictimIndex v;
   v.insert(Tier::kDevice, 1, 1);
   EXPECT_DEATH(v.insert(Tier::kDevice, 1, 1), "already a candidate");
   EXPECT_DEATH(v.erase(Tier::kDevice, 2, 1), "no candidate");
+  EXPECT_DEATH(v.erase(Tier::kDevice, 1, 2), "no candidate");  // the key is part of the entry
+  EXPECT_DEATH(v.insert(static_cast<Tier>(7), 1, 1), "no such tier");
 }
 
 }  // namespace
