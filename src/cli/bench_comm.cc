@@ -127,21 +127,33 @@ Result<std::vector<Row>> run_rank(comm::Comm& comm, gpu::Device& device, gpu::St
   return rows;
 }
 
-// Single-thread memcpy bandwidth of `bytes` (the in-run ceiling for CPU collectives).
-double memcpy_gbps(std::size_t bytes) {
-  std::vector<char> a(bytes, 1);
-  std::vector<char> b(bytes, 2);
-  std::vector<double> v;
-  for (int i = 0; i < 4; ++i) {
-    const auto t0 = Clock::now();
-    std::memcpy(b.data(), a.data(), bytes);
-    v.push_back(static_cast<double>(bytes) /
-                std::chrono::duration<double>(Clock::now() - t0).count() / 1e9);
+int fail(const Status& st) { return report_failure("bench comm", st); }
+
+// The options resolved: backend, device, dtype and the (op, size) cases.
+struct CommSetup {
+  comm::CommBackend backend = comm::CommBackend::kAuto;
+  gpu::DeviceChoice device;
+  DType dtype = DType::kF32;
+  std::uint64_t max_bytes = 0;
+  std::vector<Case> cases;
+};
+
+Result<std::vector<comm::CollectiveOp>> parse_ops(const std::string& list) {
+  std::vector<comm::CollectiveOp> ops;
+  std::stringstream ss(list);
+  std::string name;
+  while (std::getline(ss, name, ',')) {
+    bool found = false;
+    for (auto op : {comm::CollectiveOp::kAllReduce, comm::CollectiveOp::kAllGather,
+                    comm::CollectiveOp::kReduceScatter, comm::CollectiveOp::kBroadcast}) {
+      if (comm::collective_op_name(op) == name) ops.push_back(op), found = true;
+    }
+    if (!found) return Status::invalid_argument("--ops: unknown op '" + name + "'");
   }
-  return median(v);
+  return ops;
 }
 
-int run(const CommOptions& opts) {
+Result<CommSetup> parse(const CommOptions& opts) {
   auto backend = comm::parse_comm_backend(opts.backend);
   auto choice = gpu::parse_device_choice(opts.device);
   auto min_b = parse_size(opts.min_bytes);
@@ -149,136 +161,138 @@ int run(const CommOptions& opts) {
   auto dtype = parse_dtype(opts.dtype);
   if (!backend.is_ok() || !choice.is_ok() || !min_b.is_ok() || !max_b.is_ok() || !dtype ||
       *min_b == 0 || *min_b > *max_b || opts.factor < 2) {
-    return report_failure(
-        "bench comm", Status::invalid_argument(
-                          "bad option (backend auto|local|mpi|nccl, device auto|host|cuda, "
-                          "0 < --min-bytes <= --max-bytes, --factor >= 2, dtype fp32|bf16|fp16)"));
+    return Status::invalid_argument(
+        "bad option (backend auto|local|mpi|nccl, device auto|host|cuda, "
+        "0 < --min-bytes <= --max-bytes, --factor >= 2, dtype fp32|bf16|fp16)");
   }
-  std::vector<comm::CollectiveOp> ops;
-  {
-    std::stringstream ss(opts.ops);
-    std::string name;
-    while (std::getline(ss, name, ',')) {
-      bool found = false;
-      for (auto op : {comm::CollectiveOp::kAllReduce, comm::CollectiveOp::kAllGather,
-                      comm::CollectiveOp::kReduceScatter, comm::CollectiveOp::kBroadcast}) {
-        if (comm::collective_op_name(op) == name) ops.push_back(op), found = true;
-      }
-      if (!found) {
-        return report_failure("bench comm",
-                              Status::invalid_argument("--ops: unknown op '" + name + "'"));
-      }
-    }
-  }
-  std::vector<Case> cases;
+  TZ_ASSIGN_OR_RETURN(std::vector<comm::CollectiveOp> ops, parse_ops(opts.ops));
+  CommSetup setup{*backend, *choice, *dtype, *max_b, {}};
   for (auto op : ops) {
     for (std::uint64_t b = *min_b; b <= *max_b; b *= static_cast<std::uint64_t>(opts.factor)) {
-      cases.push_back({op, b});
+      setup.cases.push_back({op, b});
     }
   }
-  gpu::DeviceOptions dopts;
-  dopts.choice = *choice;
-  auto device = gpu::open_device(dopts);
-  if (!device.is_ok()) {
-    return report_failure("bench comm", device.status());
-  }
-  gpu::Device& dev = **device;
+  return setup;
+}
 
+// What the ranks measured: rank 0's rows, the world and the backend's name; `printing` is
+// false on the other ranks of a launched run.
+struct CommRun {
   std::vector<Row> rows;
   int world = 1;
   std::string backend_name;
+  bool printing = true;
+  bool failed = false;  // a rank other than 0 failed (rank 0 returns the error)
+};
+
+// LocalComm: --ranks ranks as threads of this process, each on a stream of its own.
+Result<CommRun> run_local(const CommOptions& opts, const CommSetup& setup, gpu::Device& dev) {
+  if (opts.ranks < 1 || opts.ranks > 256) {
+    return Status::invalid_argument("--ranks must be in [1, 256]");
+  }
+  TZ_ASSIGN_OR_RETURN(auto group, comm::LocalComm::create_group(opts.ranks));
+  CommRun run{{}, opts.ranks, "local", true, false};
   Status failure;
-  const bool local = *backend == comm::CommBackend::kLocal ||
-                     (*backend == comm::CommBackend::kAuto && dev.kind() == gpu::DeviceKind::kHost &&
-                      comm::detect_launch_env().world_size == 1);
-  if (local) {
-    if (opts.ranks < 1 || opts.ranks > 256) {
-      return report_failure("bench comm",
-                            Status::invalid_argument("--ranks must be in [1, 256]"));
-    }
-    auto group = comm::LocalComm::create_group(opts.ranks);
-    if (!group.is_ok()) {
-      return report_failure("bench comm", group.status());
-    }
-    world = opts.ranks;
-    backend_name = "local";
-    std::mutex mu;
-    std::vector<std::thread> threads;
-    for (int r = 0; r < opts.ranks; ++r) {
-      threads.emplace_back([&, r] {
-        Status st;
-        auto stream = dev.create_stream("comm" + std::to_string(r));
-        if (stream.is_ok()) {
-          auto out = run_rank(*(*group)[static_cast<std::size_t>(r)], dev, **stream, cases, *dtype, opts);
-          if (out.is_ok() && r == 0) rows = std::move(*out);
-          if (!out.is_ok()) st = std::move(out).take_status();
-        } else {
-          st = stream.status();
-        }
-        if (!st.is_ok()) {
-          std::lock_guard lock(mu);
-          if (failure.is_ok()) failure = st;
-        }
-      });
-    }
-    for (auto& t : threads) t.join();
-  } else {
-    auto c = comm::open_comm(dev, *backend);
-    if (!c.is_ok()) {
-      return report_failure("bench comm", c.status());
-    }
-    world = (*c)->world_size();
-    backend_name = std::string((*c)->backend());
-    auto stream = dev.create_stream("comm");
-    if (!stream.is_ok()) {
-      return report_failure("bench comm", stream.status());
-    }
-    auto out = run_rank(**c, dev, **stream, cases, *dtype, opts);
-    if (out.is_ok()) rows = std::move(*out); else failure = std::move(out).take_status();
-    if ((*c)->rank() != 0) return failure.is_ok() ? 0 : 1;
-  }
-  if (!failure.is_ok()) {
-    return report_failure("bench comm", failure);
-  }
-  const double peer = dev.kind() == gpu::DeviceKind::kHost ? memcpy_gbps(*max_b) : 0;
-  if (opts.json) {
-    for (const Row& r : rows) {
-      json j;
-      j["bench"] = "comm";
-      j["backend"] = backend_name;
-      j["device"] = dev.name();
-      j["op"] = comm::collective_op_name(r.c.op);
-      j["ranks"] = world;
-      j["dtype"] = dtype_name(*dtype);
-      j["bytes"] = r.c.bytes;
-      j["count"] = r.count;
-      j["iters"] = opts.iters;
-      j["repeats"] = opts.repeats;
-      j["time_us_median"] = r.time_us;
-      j["algbw_gbps"] = r.algbw_gbps;
-      j["busbw_gbps"] = r.busbw_gbps;
-      j["bytes_sent_per_op_rank0"] = r.bytes_sent_per_op;
-      if (peer > 0) {
-        j["peer"] = "single-thread memcpy";
-        j["peer_gbps"] = peer;
-        j["busbw_fraction_of_peer"] = r.busbw_gbps / peer;
+  std::mutex mu;
+  std::vector<std::thread> threads;
+  for (int r = 0; r < opts.ranks; ++r) {
+    threads.emplace_back([&, r] {
+      Status st;
+      auto stream = dev.create_stream("comm" + std::to_string(r));
+      if (stream.is_ok()) {
+        auto out = run_rank(*group[static_cast<std::size_t>(r)], dev, **stream, setup.cases,
+                            setup.dtype, opts);
+        if (out.is_ok() && r == 0) run.rows = std::move(*out);
+        if (!out.is_ok()) st = std::move(out).take_status();
+      } else {
+        st = stream.status();
       }
-      j["machine"] = machine_json();
-      std::printf("%s\n", j.dump().c_str());
+      if (!st.is_ok()) {
+        std::lock_guard lock(mu);
+        if (failure.is_ok()) failure = st;
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  TZ_RETURN_IF_ERROR(failure);
+  return run;
+}
+
+// One rank of a launched run (MPI or NCCL): this process's rank.
+Result<CommRun> run_launched(const CommOptions& opts, const CommSetup& setup, gpu::Device& dev) {
+  TZ_ASSIGN_OR_RETURN(auto c, comm::open_comm(dev, setup.backend));
+  CommRun run{{}, c->world_size(), std::string(c->backend()), c->rank() == 0, false};
+  TZ_ASSIGN_OR_RETURN(auto stream, dev.create_stream("comm"));
+  Result<std::vector<Row>> rows = run_rank(*c, dev, *stream, setup.cases, setup.dtype, opts);
+  if (!rows.is_ok() && run.printing) return rows.status();
+  // The other ranks exit 1 without a message of their own: rank 0 reports.
+  run.failed = !rows.is_ok();
+  if (rows.is_ok()) run.rows = std::move(rows).value();
+  return run;
+}
+
+void report(const CommOptions& opts, const CommSetup& setup, gpu::Device& dev,
+            const CommRun& run) {
+  // Single-thread memcpy of the largest message: the in-run ceiling for CPU collectives.
+  const double peer = dev.kind() == gpu::DeviceKind::kHost
+                          ? median(memcpy_gbps_samples(setup.max_bytes, 4))
+                          : 0;
+  BenchReport out(opts.json);
+  out.text(cell("bench comm: backend %s, %d ranks, %s, %s; median of %d x %d iterations",
+                run.backend_name.c_str(), run.world, dev.name().c_str(),
+                std::string(dtype_name(setup.dtype)).c_str(), opts.repeats, opts.iters));
+  out.table({{"op", 15, true},
+             {"bytes", 12},
+             {"count", 12},
+             {"time_us", 12},
+             {"algbw GB/s", 12},
+             {"busbw GB/s", 12}});
+  for (const Row& r : run.rows) {
+    json j;
+    j["bench"] = "comm";
+    j["backend"] = run.backend_name;
+    j["device"] = dev.name();
+    j["op"] = comm::collective_op_name(r.c.op);
+    j["ranks"] = run.world;
+    j["dtype"] = dtype_name(setup.dtype);
+    j["bytes"] = r.c.bytes;
+    j["count"] = r.count;
+    j["iters"] = opts.iters;
+    j["repeats"] = opts.repeats;
+    j["time_us_median"] = r.time_us;
+    j["algbw_gbps"] = r.algbw_gbps;
+    j["busbw_gbps"] = r.busbw_gbps;
+    j["bytes_sent_per_op_rank0"] = r.bytes_sent_per_op;
+    if (peer > 0) {
+      j["peer"] = "single-thread memcpy";
+      j["peer_gbps"] = peer;
+      j["busbw_fraction_of_peer"] = r.busbw_gbps / peer;
     }
-    return 0;
+    j["machine"] = machine_json();
+    out.result(j, {std::string(comm::collective_op_name(r.c.op)), cell("%zu", r.c.bytes),
+                   cell("%zu", r.count), cell("%.1f", r.time_us), cell("%.3f", r.algbw_gbps),
+                   cell("%.3f", r.busbw_gbps)});
   }
-  std::printf("bench comm: backend %s, %d ranks, %s, %s; median of %d x %d iterations\n",
-              backend_name.c_str(), world, dev.name().c_str(), std::string(dtype_name(*dtype)).c_str(),
-              opts.repeats, opts.iters);
-  std::printf("%-15s %12s %12s %12s %12s %12s\n", "op", "bytes", "count", "time_us", "algbw GB/s",
-              "busbw GB/s");
-  for (const Row& r : rows) {
-    std::printf("%-15s %12zu %12zu %12.1f %12.3f %12.3f\n",
-                std::string(comm::collective_op_name(r.c.op)).c_str(), r.c.bytes, r.count,
-                r.time_us, r.algbw_gbps, r.busbw_gbps);
-  }
-  if (peer > 0) std::printf("peer: single-thread memcpy %.2f GB/s\n", peer);
+  if (peer > 0) out.text(cell("peer: single-thread memcpy %.2f GB/s", peer));
+}
+
+// parse -> build (device, communicators) -> measure -> report (rank 0).
+int run(const CommOptions& opts) {
+  Result<CommSetup> setup = parse(opts);
+  if (!setup.is_ok()) return fail(setup.status());
+  gpu::DeviceOptions dopts;
+  dopts.choice = setup->device;
+  auto device = gpu::open_device(dopts);
+  if (!device.is_ok()) return fail(device.status());
+  gpu::Device& dev = **device;
+  const bool local = setup->backend == comm::CommBackend::kLocal ||
+                     (setup->backend == comm::CommBackend::kAuto &&
+                      dev.kind() == gpu::DeviceKind::kHost &&
+                      comm::detect_launch_env().world_size == 1);
+  Result<CommRun> run = local ? run_local(opts, *setup, dev) : run_launched(opts, *setup, dev);
+  if (!run.is_ok()) return fail(run.status());
+  if (!run->printing) return run->failed ? 1 : 0;
+  report(opts, *setup, dev, *run);
   return 0;
 }
 

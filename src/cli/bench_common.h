@@ -1,10 +1,22 @@
-// What every `tierzero bench` command reports the same way: the median of repeated timings and
-// the machine a result was measured on (STYLE.md, "Benchmarks": each JSON result names it).
+// The harness every `tierzero bench` command shares (STYLE.md, "Benchmarks"): one result type
+// that prints a run's records as JSON lines or as the human table (BenchReport), the median of
+// repeated timings and the machine a result was measured on, and the ceilings a bench holds its
+// figures against (the disk through the tiered stack's own swap space, host<->device copies,
+// memcpy), each measured once per run where a bench needs it. Benches build the tiered stack
+// through store/stack.h (prepare_stack/open_store or build_stack); a run() reads as parse ->
+// build -> measure -> report.
 #pragma once
 
+#include <cstdint>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
+
+#include "core/status.h"
+#include "cpu/pinned_pool.h"
+#include "gpu/device.h"
+#include "nvme/swap_space.h"
+#include "store/stack.h"
 
 namespace tz::cli {
 
@@ -16,5 +28,81 @@ std::string cpu_model_name();
 
 // {"host", "cpu", "cpus", "kernel"}: the machine a benchmark result was measured on.
 nlohmann::ordered_json machine_json();
+
+// printf into a string: one cell of a BenchReport's table, or one of its text lines.
+std::string cell(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+
+// A bench's output, printed as it is given, in order: with --json one JSON object per result
+// and nothing else on stdout; without, the text lines and the table (a header row, then one row
+// per result). Every bench's records and rows go through this one type, so the two forms show
+// the same results.
+class BenchReport {
+ public:
+  // One table column: its header and width; left-aligned or right-aligned (printf's %-Ns, %Ns).
+  struct Column {
+    std::string name;
+    int width = 0;
+    bool left = false;
+  };
+
+  explicit BenchReport(bool json) : json_(json) {}
+  bool json() const { return json_; }
+
+  // A line people read (a title, the ceilings, a summary); not printed with --json.
+  void text(const std::string& line) const;
+  // The table's columns; prints the header row (not with --json).
+  void table(std::vector<Column> columns);
+  // One result: its JSON line with --json; otherwise its row, `cells` in column order (none:
+  // the result has no row). TZ_ASSERT: as many cells as columns.
+  void result(const nlohmann::ordered_json& record, const std::vector<std::string>& cells) const;
+  void result(const nlohmann::json& record, const std::vector<std::string>& cells) const;
+  // A table row with no JSON record of its own (its figures are in another result's record).
+  void row(const std::vector<std::string>& cells) const;
+  // A JSON-only record (a summary whose text form is a line of its own).
+  void record(const nlohmann::ordered_json& record) const;
+  void record(const nlohmann::json& record) const;
+
+ private:
+  void print_row(const std::vector<std::string>& cells) const;
+  void json_line(const std::string& dumped) const;
+
+  bool json_;
+  std::vector<Column> columns_;
+};
+
+// Sequential O_DIRECT throughput of the disk under a swap space: what the disk gives with
+// nothing else in the way. `mixed_gbps` is reads and writes at once, both directions together
+// (0 when the bytes are too few for a mixed pass).
+struct DiskCeiling {
+  double read_gbps = 0;
+  double write_gbps = 0;
+  double mixed_gbps = 0;
+};
+// Host <-> device copy bandwidth on the device's copy streams (memcpy on HostDevice).
+struct CopyCeiling {
+  double h2d_gbps = 0;
+  double d2h_gbps = 0;
+};
+
+// The disk ceiling through a swap space of `stack`'s own factory (made on this thread, its
+// buffers registered with its queue when the engine allows, gone before this returns, so before
+// the store makes its own): `bytes` written, read, then mixed, with the store's chunking and
+// bytes in flight. Errors: the swap space's and the pool's.
+Result<DiskCeiling> measure_stack_disk(store::TieredStack& stack, std::uint64_t bytes,
+                                       std::uint64_t chunk_bytes, std::uint64_t in_flight_bytes);
+// The copy ceiling: the best of three copies of `bytes` each way between `stack`'s pool and
+// `device`. Errors: the allocations' and the copies'.
+Result<CopyCeiling> measure_stack_copies(store::TieredStack& stack, gpu::Device& device,
+                                         std::uint64_t bytes);
+// The disk through plain files (no stack): a sequential write (fsync'd) then read of `bytes` in
+// 8 MiB requests in a probe file of `dir`, O_DIRECT where the filesystem allows it, buffered
+// otherwise; bytes per second. `what` names the bench in errors.
+Status measure_file_disk(const std::string& what, const std::string& dir, std::uint64_t bytes,
+                         double* write_bytes_per_s, double* read_bytes_per_s);
+// Single-thread memcpy of `bytes` from `src` to `dst`, `repeats` times: GB/s of each.
+std::vector<double> memcpy_gbps_samples(void* dst, const void* src, std::size_t bytes,
+                                        int repeats);
+// The same on buffers of its own.
+std::vector<double> memcpy_gbps_samples(std::size_t bytes, int repeats);
 
 }  // namespace tz::cli

@@ -18,6 +18,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "cli/bench_common.h"
 #include "cli/command.h"
 #include "core/config.h"
 #include "core/output_file.h"
@@ -42,11 +43,6 @@ struct ModelBenchOptions {
   std::string logits_out;
   bool json = false;
 };
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
-}
 
 // {"tokens": [[...], ...], "targets": [[...], ...]}: B rows of T ids each.
 Status read_ids(const std::string& path, std::vector<std::int32_t>& tokens,
@@ -164,19 +160,17 @@ Status run(const ModelBenchOptions& o) {
     return Status::ok();
   });
   TZ_RETURN_IF_ERROR(ranks);
-  if (o.json) {
-    std::printf("%s\n", result.dump().c_str());
-  } else {
-    std::printf("%s\n", result["gemm"].get<std::string>().c_str());
-    std::printf("model %s  batch %d  seq %d  loss %.6f", shape.name.c_str(), batch, length,
-                result["loss"].get<double>());
-    if (result.contains("fwd_bwd_s_median")) {
-      std::printf("  fwd+bwd %.4f s (median of %d)  %.0f tokens/s",
-                  result["fwd_bwd_s_median"].get<double>(), o.repeat,
-                  result["tokens_per_s"].get<double>());
-    }
-    std::printf("\n");
+  BenchReport out(o.json);
+  out.record(result);
+  out.text(result["gemm"].get<std::string>());
+  std::string line = cell("model %s  batch %d  seq %d  loss %.6f", shape.name.c_str(), batch,
+                          length, result["loss"].get<double>());
+  if (result.contains("fwd_bwd_s_median")) {
+    line += cell("  fwd+bwd %.4f s (median of %d)  %.0f tokens/s",
+                 result["fwd_bwd_s_median"].get<double>(), o.repeat,
+                 result["tokens_per_s"].get<double>());
   }
+  out.text(line);
   return Status::ok();
 }
 

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <string>
@@ -51,191 +52,248 @@ double cpu_seconds() {
          static_cast<double>(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) * 1e-6;
 }
 
-int run(const BenchNvmeOptions& o) {
-  auto fail = [](const Status& st) { return report_failure("bench nvme", st); };
-  auto bs = parse_size(o.bs);
-  if (!bs.is_ok()) return fail(std::move(bs).take_status().with_context("--bs"));
-  auto size = parse_size(o.size);
-  if (!size.is_ok()) return fail(std::move(size).take_status().with_context("--size"));
-  if (*bs == 0 || *bs % 4096 != 0 || *bs > (1ull << 30)) {
-    return fail(Status::invalid_argument("--bs must be a multiple of 4 KiB and at most 1 GiB"));
-  }
-  if (o.qd == 0 || o.repeat < 1) return fail(Status::invalid_argument("--qd and --repeat must be >= 1"));
-  const std::size_t nfiles = o.paths.size();
-  const std::uint64_t chunks_per_file = *size / nfiles / *bs;
-  if (chunks_per_file == 0) {
-    return fail(Status::invalid_argument("--size " + o.size + " is smaller than --bs times the number of paths"));
-  }
-  const std::uint64_t file_bytes = chunks_per_file * *bs;
+int fail(const Status& st) { return report_failure("bench nvme", st); }
 
-  auto choice = nvme::choose_io_engine(o.engine, o.paths);
-  if (!choice.is_ok()) return fail(choice.status());
-  const nvme::DirectMode direct_mode =
-      choice->kind == nvme::IoEngineKind::kPsync && !choice->direct ? nvme::DirectMode::kPrefer
-                                                                    : nvme::DirectMode::kRequire;
+// The options in numbers: the request size, and the whole requests each file holds.
+struct NvmeSizes {
+  std::uint64_t bs = 0;
+  std::size_t nfiles = 0;
+  std::uint64_t chunks_per_file = 0;
+  std::uint64_t file_bytes = 0;
+  std::uint64_t slots = 0;  // requests in flight at most: --qd per file
+};
 
-  // In-flight buffers: one per request slot, from the pinned pool (registered with io_uring).
-  const std::uint64_t slots = static_cast<std::uint64_t>(o.qd) * nfiles;
+Result<NvmeSizes> parse(const BenchNvmeOptions& o) {
+  NvmeSizes z;
+  Result<std::uint64_t> bs = parse_size(o.bs);
+  if (!bs.is_ok()) return std::move(bs).take_status().with_context("--bs");
+  Result<std::uint64_t> size = parse_size(o.size);
+  if (!size.is_ok()) return std::move(size).take_status().with_context("--size");
+  z.bs = *bs;
+  if (z.bs == 0 || z.bs % 4096 != 0 || z.bs > (1ull << 30)) {
+    return Status::invalid_argument("--bs must be a multiple of 4 KiB and at most 1 GiB");
+  }
+  if (o.qd == 0 || o.repeat < 1) return Status::invalid_argument("--qd and --repeat must be >= 1");
+  z.nfiles = o.paths.size();
+  z.chunks_per_file = *size / z.nfiles / z.bs;
+  if (z.chunks_per_file == 0) {
+    return Status::invalid_argument("--size " + o.size +
+                                    " is smaller than --bs times the number of paths");
+  }
+  z.file_bytes = z.chunks_per_file * z.bs;
+  z.slots = static_cast<std::uint64_t>(o.qd) * z.nfiles;
+  return z;
+}
+
+// What the timed passes run on: the I/O engine under the store's swap space, alone (no swap
+// space, no store: the bench measures the engine on files fio can read too). Members are
+// destroyed files first, then the buffers, the queue, the pool.
+struct NvmeRig {
+  nvme::EngineChoice choice;
+  std::optional<PinnedPool> pool;
+  std::optional<nvme::IoQueue> queue;
+  std::vector<PinnedBuffer> buffers;  // one per request slot, random bytes
+  std::vector<nvme::IoFileHandle> files;
+  std::vector<int> ids;        // the files' ids in the queue
+  std::vector<bool> created;   // the file was shorter than needed: written once before timing
+};
+
+// The staging pool (registered with the queue unless --no-register), the engine and its queue,
+// one random buffer per request slot.
+Status build_queue(const BenchNvmeOptions& o, const NvmeSizes& z, NvmeRig& rig) {
+  TZ_ASSIGN_OR_RETURN(rig.choice, nvme::choose_io_engine(o.engine, o.paths));
   PinnedPoolOptions po;
-  po.budget_bytes = slots * *bs;
+  po.budget_bytes = z.slots * z.bs;
   po.huge_pages = !o.no_huge_pages;
-  po.slab_bytes = std::min<std::uint64_t>(1ull << 30, std::max<std::uint64_t>(*bs, po.budget_bytes));
-  po.slab_bytes = std::max<std::uint64_t>(po.slab_bytes / *bs * *bs, *bs);
-  auto pool = PinnedPool::create(po);
-  if (!pool.is_ok()) return fail(pool.status());
+  po.slab_bytes = std::min<std::uint64_t>(1ull << 30, std::max<std::uint64_t>(z.bs, po.budget_bytes));
+  po.slab_bytes = std::max<std::uint64_t>(po.slab_bytes / z.bs * z.bs, z.bs);
+  TZ_ASSIGN_OR_RETURN(rig.pool, PinnedPool::create(po));
   // The same warnings as `tierzero info`; --no-huge-pages asks for the 4 KiB path on purpose.
   for (const std::string& w : cpu::data_path_report().warnings) {
     if (w.find("optimizer") != std::string::npos) continue;  // not this benchmark's path
     std::fprintf(stderr, "tierzero bench nvme: warning: %s\n", w.c_str());
   }
-
   nvme::IoEngineOptions eo;
-  eo.queue_depth = static_cast<std::uint32_t>(slots);
+  eo.queue_depth = static_cast<std::uint32_t>(z.slots);
   eo.sqpoll = o.sqpoll;
-  eo.max_files = static_cast<std::uint32_t>(nfiles);
-  auto engine = nvme::make_io_engine(choice->kind, eo);
-  if (!engine.is_ok()) return fail(engine.status());
+  eo.max_files = static_cast<std::uint32_t>(z.nfiles);
+  TZ_ASSIGN_OR_RETURN(std::unique_ptr<nvme::IoEngine> engine,
+                      nvme::make_io_engine(rig.choice.kind, eo));
   nvme::IoQueueOptions qo;
-  qo.block_bytes = *bs;
+  qo.block_bytes = z.bs;
   qo.depth_per_file = o.qd;
-  auto queue = nvme::IoQueue::create(std::move(engine).value(), qo);
-  if (!queue.is_ok()) return fail(queue.status());
-  if (!o.no_register) {
-    Status st = store::register_pool_with_queue(*queue, *pool);
-    if (!st.is_ok()) return fail(st);
-  }
-
-  std::vector<PinnedBuffer> buffers;
+  TZ_ASSIGN_OR_RETURN(rig.queue, nvme::IoQueue::create(std::move(engine), qo));
+  if (!o.no_register) TZ_RETURN_IF_ERROR(store::register_pool_with_queue(*rig.queue, *rig.pool));
   std::mt19937_64 rng(42);
-  for (std::uint64_t i = 0; i < slots; ++i) {
-    auto b = pool->allocate(*bs);
-    if (!b.is_ok()) return fail(b.status());
-    auto* words = reinterpret_cast<std::uint64_t*>(b->data());
-    for (std::uint64_t w = 0; w < *bs / 8; ++w) words[w] = rng();
-    buffers.push_back(std::move(b).value());
+  for (std::uint64_t i = 0; i < z.slots; ++i) {
+    TZ_ASSIGN_OR_RETURN(PinnedBuffer b, rig.pool->allocate(z.bs));
+    auto* words = reinterpret_cast<std::uint64_t*>(b.data());
+    for (std::uint64_t w = 0; w < z.bs / 8; ++w) words[w] = rng();
+    rig.buffers.push_back(std::move(b));
   }
+  return Status::ok();
+}
 
-  // The files: created, preallocated and written once (reads of unwritten extents never reach the
-  // device), then reused across repeats and, with --keep-file, across runs and by fio.
-  std::vector<nvme::IoFileHandle> files;
-  std::vector<int> ids;
-  std::vector<bool> created;
-  // Files this run made (empty before it): removed when setting up fails, so a full or
-  // unwritable disk leaves no 0-byte or partial bench file behind.
+// The files: created, preallocated and added to the queue, then reused across repeats and, with
+// --keep-file, across runs and by fio. Files this run made (empty before it) are removed when
+// setting up fails, so a full or unwritable disk leaves no 0-byte or partial bench file behind.
+Status open_files(const BenchNvmeOptions& o, const NvmeSizes& z, NvmeRig& rig) {
+  const nvme::DirectMode direct_mode =
+      rig.choice.kind == nvme::IoEngineKind::kPsync && !rig.choice.direct
+          ? nvme::DirectMode::kPrefer
+          : nvme::DirectMode::kRequire;
   std::vector<std::string> made;
-  const auto fail_setup = [&](const Status& st) {
-    files.clear();
+  const auto fail_setup = [&](Status st) {
+    rig.files.clear();
     for (const std::string& m : made) ::unlink(m.c_str());
-    return fail(st);
+    return st;
   };
-  for (std::size_t i = 0; i < nfiles; ++i) {
+  for (std::size_t i = 0; i < z.nfiles; ++i) {
     const std::string name =
-        o.paths[i] + "/" + (nfiles == 1 ? o.file_name : o.file_name + "." + std::to_string(i));
+        o.paths[i] + "/" + (z.nfiles == 1 ? o.file_name : o.file_name + "." + std::to_string(i));
     nvme::FileOpenOptions fo;
     fo.create = true;
     fo.direct = direct_mode;
-    auto f = nvme::IoFileHandle::open(name, fo);
-    if (!f.is_ok()) return fail(f.status());
-    auto have = f->size_bytes();
-    if (!have.is_ok()) return fail(have.status());
-    if (*have == 0) made.push_back(name);
-    created.push_back(*have < file_bytes);
-    if (*have < file_bytes) {
-      Status st = f->preallocate(file_bytes);
-      if (!st.is_ok()) return fail_setup(st);
+    TZ_ASSIGN_OR_RETURN(nvme::IoFileHandle f, nvme::IoFileHandle::open(name, fo));
+    TZ_ASSIGN_OR_RETURN(std::uint64_t have, f.size_bytes());
+    if (have == 0) made.push_back(name);
+    rig.created.push_back(have < z.file_bytes);
+    if (have < z.file_bytes) {
+      if (Status st = f.preallocate(z.file_bytes); !st.is_ok()) return fail_setup(st);
     }
-    auto id = queue->add_file(f->io_file());
+    Result<int> id = rig.queue->add_file(f.io_file());
     if (!id.is_ok()) return fail_setup(id.status());
-    ids.push_back(*id);
-    files.push_back(std::move(f).value());
+    rig.ids.push_back(*id);
+    rig.files.push_back(std::move(f));
   }
-  auto transfers_for = [&](bool read, bool write, const std::vector<bool>* only) {
-    std::vector<nvme::Transfer> t;
-    t.reserve(chunks_per_file * nfiles);
-    std::uint64_t slot = 0;
-    for (std::uint64_t j = 0; j < chunks_per_file; ++j) {
-      for (std::size_t f = 0; f < nfiles; ++f) {
-        if (only != nullptr && !(*only)[f]) continue;
-        const bool is_read = read && (!write || j % 2 == 0);
-        t.push_back({is_read ? nvme::IoOp::kRead : nvme::IoOp::kWrite, ids[f], j * *bs,
-                     buffers[slot++ % slots].data(), *bs});
-      }
-    }
-    return t;
-  };
-  if (std::find(created.begin(), created.end(), true) != created.end()) {
-    // A new file is written once first: reads of a hole never reach the device, and writes
-    // that allocate blocks measure the file system's allocator rather than the device.
-    TZ_LOG_INFO("bench nvme: writing %s per new file once first, so the measured %s",
-                format_bytes(static_cast<double>(file_bytes)).c_str(),
-                o.rw == "write" ? "writes overwrite allocated blocks"
-                                : "reads reach the device");
-    auto fill = transfers_for(false, true, &created);
-    Status st = queue->run(fill);
-    if (!st.is_ok()) return fail(st);
-  }
+  return Status::ok();
+}
 
+// The requests of one pass: chunk j of every file (of the files in `only`, when given), reads,
+// writes, or both alternating by chunk; the buffers cycle over the slots.
+std::vector<nvme::Transfer> transfers_for(const NvmeSizes& z, const NvmeRig& rig, bool read,
+                                          bool write, const std::vector<bool>* only) {
+  std::vector<nvme::Transfer> t;
+  t.reserve(z.chunks_per_file * z.nfiles);
+  std::uint64_t slot = 0;
+  for (std::uint64_t j = 0; j < z.chunks_per_file; ++j) {
+    for (std::size_t f = 0; f < z.nfiles; ++f) {
+      if (only != nullptr && !(*only)[f]) continue;
+      const bool is_read = read && (!write || j % 2 == 0);
+      t.push_back({is_read ? nvme::IoOp::kRead : nvme::IoOp::kWrite, rig.ids[f], j * z.bs,
+                   rig.buffers[slot++ % z.slots].data(), z.bs});
+    }
+  }
+  return t;
+}
+
+// A new file is written once first: reads of a hole never reach the device, and writes that
+// allocate blocks measure the file system's allocator rather than the device.
+Status fill_new_files(const BenchNvmeOptions& o, const NvmeSizes& z, NvmeRig& rig) {
+  if (std::find(rig.created.begin(), rig.created.end(), true) == rig.created.end()) {
+    return Status::ok();
+  }
+  TZ_LOG_INFO("bench nvme: writing %s per new file once first, so the measured %s",
+              format_bytes(static_cast<double>(z.file_bytes)).c_str(),
+              o.rw == "write" ? "writes overwrite allocated blocks" : "reads reach the device");
+  return rig.queue->run(transfers_for(z, rig, false, true, &rig.created));
+}
+
+// The timed passes: GB/s and CPU seconds per GB of each.
+struct NvmeRuns {
+  std::vector<double> gbps;
+  std::vector<double> cpu_per_gb;
+};
+
+Result<NvmeRuns> measure(const BenchNvmeOptions& o, const NvmeSizes& z, NvmeRig& rig) {
   const bool do_read = o.rw == "read" || o.rw == "readwrite";
   const bool do_write = o.rw == "write" || o.rw == "readwrite";
-  const auto work = transfers_for(do_read, do_write, nullptr);
-  const double bytes = static_cast<double>(file_bytes) * static_cast<double>(nfiles);
-  std::vector<double> gbps, cpu_per_gb;
+  const auto work = transfers_for(z, rig, do_read, do_write, nullptr);
+  const double bytes = static_cast<double>(z.file_bytes) * static_cast<double>(z.nfiles);
+  NvmeRuns runs;
   for (int r = 0; r < o.repeat; ++r) {
     const double c0 = cpu_seconds();
     const auto t0 = std::chrono::steady_clock::now();
-    Status st = queue->run(work);
+    Status st = rig.queue->run(work);
     const auto t1 = std::chrono::steady_clock::now();
     const double c1 = cpu_seconds();
-    if (!st.is_ok()) return fail(st);
+    TZ_RETURN_IF_ERROR(st);
     const double secs = std::chrono::duration<double>(t1 - t0).count();
-    gbps.push_back(bytes / secs / 1e9);
-    cpu_per_gb.push_back((c1 - c0) / (bytes / 1e9));
+    runs.gbps.push_back(bytes / secs / 1e9);
+    runs.cpu_per_gb.push_back((c1 - c0) / (bytes / 1e9));
   }
+  return runs;
+}
 
-  if (!o.keep_file) {
-    for (const nvme::IoFileHandle& f : files) {
-      if (::unlink(f.path().c_str()) != 0) {
-        TZ_LOG_WARN("bench nvme: cannot remove %s: %s", f.path().c_str(), std::strerror(errno));
-      }
+void remove_files(const NvmeRig& rig) {
+  for (const nvme::IoFileHandle& f : rig.files) {
+    if (::unlink(f.path().c_str()) != 0) {
+      TZ_LOG_WARN("bench nvme: cannot remove %s: %s", f.path().c_str(), std::strerror(errno));
     }
   }
+}
+
+void report(const BenchNvmeOptions& o, const NvmeSizes& z, NvmeRig& rig,
+            const NvmeRuns& runs) {
+  const std::vector<double>& gbps = runs.gbps;
+  const double gbps_min = *std::min_element(gbps.begin(), gbps.end());
+  const double gbps_max = *std::max_element(gbps.begin(), gbps.end());
+  nvme::IoQueue& queue = *rig.queue;
   nlohmann::json j = {
       {"bench", "nvme"},
-      {"engine", queue->engine().name()},
-      {"engine_reason", choice->reason},
+      {"engine", queue.engine().name()},
+      {"engine_reason", rig.choice.reason},
       {"rw", o.rw},
-      {"bs_bytes", *bs},
+      {"bs_bytes", z.bs},
       {"qd", o.qd},
-      {"paths", nfiles},
-      {"size_bytes", file_bytes * nfiles},
+      {"paths", z.nfiles},
+      {"size_bytes", z.file_bytes * z.nfiles},
       {"repeat", o.repeat},
       {"gbps_median", median(gbps)},
-      {"gbps_min", *std::min_element(gbps.begin(), gbps.end())},
-      {"gbps_max", *std::max_element(gbps.begin(), gbps.end())},
+      {"gbps_min", gbps_min},
+      {"gbps_max", gbps_max},
       {"gbps_runs", gbps},
-      {"cpu_s_per_gb", median(cpu_per_gb)},
-      {"bytes_in_flight", queue->stats().max_in_flight_bytes},
-      {"registered_buffers", queue->engine().buffers_registered()},
-      {"fixed_files", queue->engine().files_registered()},
-      {"direct", files.front().direct()},
+      {"cpu_s_per_gb", median(runs.cpu_per_gb)},
+      {"bytes_in_flight", queue.stats().max_in_flight_bytes},
+      {"registered_buffers", queue.engine().buffers_registered()},
+      {"fixed_files", queue.engine().files_registered()},
+      {"direct", rig.files.front().direct()},
       {"sqpoll", o.sqpoll},
       {"huge_pages", !o.no_huge_pages},
-      {"staging_huge_bytes", pool->stats().huge_bytes},
-      {"staging_bytes", pool->stats().mapped_bytes},
+      {"staging_huge_bytes", rig.pool->stats().huge_bytes},
+      {"staging_bytes", rig.pool->stats().mapped_bytes},
       {"machine", machine_json()},
   };
-  if (o.json) {
-    std::printf("%s\n", j.dump().c_str());
-  } else {
-    std::printf("%-9s %-9s %8s %4s %5s %10s %10s %10s %10s %12s\n", "engine", "rw", "bs", "qd",
-                "paths", "median", "min", "max", "cpu s/GB", "in flight");
-    std::printf("%-9s %-9s %8s %4u %5zu %10s %10s %10s %10.4f %12s\n", queue->engine().name(),
-                o.rw.c_str(), format_bytes(static_cast<double>(*bs)).c_str(), o.qd, nfiles,
-                format_rate(median(gbps) * 1e9).c_str(),
-                format_rate(j["gbps_min"].get<double>() * 1e9).c_str(),
-                format_rate(j["gbps_max"].get<double>() * 1e9).c_str(), median(cpu_per_gb),
-                format_bytes(static_cast<double>(queue->stats().max_in_flight_bytes)).c_str());
-  }
+  BenchReport out(o.json);
+  out.table({{"engine", 9, true},
+             {"rw", 9, true},
+             {"bs", 8},
+             {"qd", 4},
+             {"paths", 5},
+             {"median", 10},
+             {"min", 10},
+             {"max", 10},
+             {"cpu s/GB", 10},
+             {"in flight", 12}});
+  out.result(j, {queue.engine().name(), o.rw, format_bytes(static_cast<double>(z.bs)),
+                 cell("%u", o.qd), cell("%zu", z.nfiles), format_rate(median(gbps) * 1e9),
+                 format_rate(gbps_min * 1e9), format_rate(gbps_max * 1e9),
+                 cell("%.4f", median(runs.cpu_per_gb)),
+                 format_bytes(static_cast<double>(queue.stats().max_in_flight_bytes))});
+}
+
+// parse -> build (pool, engine, queue, files) -> measure -> report.
+int run(const BenchNvmeOptions& o) {
+  Result<NvmeSizes> z = parse(o);
+  if (!z.is_ok()) return fail(z.status());
+  NvmeRig rig;
+  if (Status st = build_queue(o, *z, rig); !st.is_ok()) return fail(st);
+  if (Status st = open_files(o, *z, rig); !st.is_ok()) return fail(st);
+  if (Status st = fill_new_files(o, *z, rig); !st.is_ok()) return fail(st);
+  Result<NvmeRuns> runs = measure(o, *z, rig);
+  if (!runs.is_ok()) return fail(runs.status());
+  if (!o.keep_file) remove_files(rig);
+  report(o, *z, rig, *runs);
   return 0;
 }
 

@@ -87,50 +87,11 @@ class Buffers {
   std::vector<gpu::DeviceBuffer> owned_;
 };
 
-Result<std::vector<BenchCase>> build_cases(ops::Ops& o, Buffers& buf, const OpsBenchOptions& opt,
-                                           DType act, DType param, gpu::Stream& s) {
-  const std::int64_t b = opt.batch, t = opt.seq, c = opt.embd, h = opt.heads, v = opt.vocab;
-  const std::int64_t rows = b * t;
+// The block's four matmuls and the tied head (its weight is the embedding's, `wte`).
+Status add_matmul_cases(ops::Ops& o, Buffers& buf, DType act, DType param, std::int64_t rows,
+                        std::int64_t c, std::int64_t v, const ops::Tensor& wte,
+                        const ops::Tensor& dwte, gpu::Stream& s, std::vector<BenchCase>& cases) {
   const auto n = [](std::int64_t x) { return static_cast<std::size_t>(x); };
-  const double ea = static_cast<double>(dtype_size(act));
-  const double ep = static_cast<double>(dtype_size(param));
-  std::vector<BenchCase> cases;
-
-  TZ_ASSIGN_OR_RETURN(std::int32_t* tok, buf.tokens(n(rows), opt.vocab));
-  TZ_ASSIGN_OR_RETURN(ops::Tensor wte, buf.tensor(n(v * c), param, 0.01f));
-  TZ_ASSIGN_OR_RETURN(ops::Tensor wpe, buf.tensor(n(t * c), param, 0.01f));
-  TZ_ASSIGN_OR_RETURN(ops::Tensor dwte, buf.tensor(n(v * c), param, 0.0f));
-  TZ_ASSIGN_OR_RETURN(ops::Tensor dwpe, buf.tensor(n(t * c), param, 0.0f));
-  TZ_ASSIGN_OR_RETURN(ops::Tensor x, buf.tensor(n(rows * c), act, 0.5f));
-  TZ_ASSIGN_OR_RETURN(ops::Tensor y, buf.tensor(n(rows * c), act, 0.0f));
-  TZ_ASSIGN_OR_RETURN(ops::Tensor dx, buf.tensor(n(rows * c), act, 0.0f));
-  TZ_ASSIGN_OR_RETURN(ops::Tensor dy, buf.tensor(n(rows * c), act, 0.01f));
-  TZ_ASSIGN_OR_RETURN(ops::Tensor lnw, buf.tensor(n(c), param, 1.0f));
-  TZ_ASSIGN_OR_RETURN(ops::Tensor lnb, buf.tensor(n(c), param, 0.0f));
-  TZ_ASSIGN_OR_RETURN(ops::Tensor dlnw, buf.tensor(n(c), param, 0.0f));
-  TZ_ASSIGN_OR_RETURN(ops::Tensor dlnb, buf.tensor(n(c), param, 0.0f));
-  TZ_ASSIGN_OR_RETURN(float* mean, buf.f32(n(rows)));
-  TZ_ASSIGN_OR_RETURN(float* rstd, buf.f32(n(rows)));
-
-  cases.push_back({"embedding", "fwd", std::to_string(rows) + "x" + std::to_string(c), 0,
-                   rows * c * (ea + 2 * ep), [&o, x, tok, wte, wpe, b, t, c, v, &s] {
-                     return o.embedding_forward(x, tok, wte, wpe, b, t, c, v, s);
-                   }});
-  cases.push_back({"embedding", "bwd", std::to_string(rows) + "x" + std::to_string(c), 0,
-                   rows * c * (ea + 4 * ep), [&o, dwte, dwpe, dy, tok, b, t, c, v, &s] {
-                     return o.embedding_backward(dwte, dwpe, dy, tok, b, t, c, v, s);
-                   }});
-  cases.push_back({"layernorm", "fwd", std::to_string(rows) + "x" + std::to_string(c), 0,
-                   2 * rows * c * ea, [&o, y, mean, rstd, x, lnw, lnb, rows, c, &s] {
-                     return o.layernorm_forward(y, mean, rstd, x, lnw, lnb, rows, c, s);
-                   }});
-  cases.push_back({"layernorm", "bwd", std::to_string(rows) + "x" + std::to_string(c), 0,
-                   3 * rows * c * ea, [&o, dx, dlnw, dlnb, dy, x, lnw, mean, rstd, rows, c, &s] {
-                     return o.layernorm_backward(dx, ops::Accumulate::kAdd, dlnw, dlnb, dy, x, lnw,
-                                                 mean, rstd, rows, c, s);
-                   }});
-
-  // The block's four matmuls and the tied head.
   struct Mm {
     const char* name;
     std::int64_t in, out;
@@ -181,24 +142,16 @@ Result<std::vector<BenchCase>> build_cases(ops::Ops& o, Buffers& buf, const OpsB
     cases.push_back(bwd);
   }
 
-  TZ_ASSIGN_OR_RETURN(ops::Tensor qkv, buf.tensor(n(rows * 3 * c), act, 0.1f));
-  TZ_ASSIGN_OR_RETURN(ops::Tensor dqkv, buf.tensor(n(rows * 3 * c), act, 0.0f));
-  TZ_ASSIGN_OR_RETURN(float* lse, buf.f32(n(b * h * t)));
-  TZ_ASSIGN_OR_RETURN(float* delta, buf.f32(n(b * h * t)));
-  // Causal attention: QK^T and PV over the lower triangle, 2 * 2 * B * C * T(T+1)/2 flops;
-  // backward recomputes QK^T and adds dV, dP, dQ, dK: 2.5x the forward.
-  const double attn_f = 2.0 * static_cast<double>(b * c) * static_cast<double>(t) * static_cast<double>(t + 1);
-  const std::string attn_shape = "B" + std::to_string(b) + " T" + std::to_string(t) + " C" +
-                                 std::to_string(c) + " H" + std::to_string(h);
-  cases.push_back({"attention", "fwd", attn_shape, attn_f, 0, [&o, y, lse, qkv, b, t, c, h, &s] {
-                     return o.attention_forward(y, lse, qkv, b, t, c, h, s);
-                   }});
-  cases.push_back({"attention", "bwd", attn_shape, 2.5 * attn_f, 0,
-                   [&o, dqkv, delta, dy, qkv, y, lse, b, t, c, h, &s] {
-                     return o.attention_backward(dqkv, ops::Accumulate::kOverwrite, delta, dy, qkv,
-                                                 y, lse, b, t, c, h, s);
-                   }});
+  return Status::ok();
+}
 
+// GELU over the MLP's hidden rows, the residual add, and the cross-entropy over the logits.
+Status add_elementwise_cases(ops::Ops& o, Buffers& buf, DType act, std::int64_t rows,
+                             std::int64_t c, std::int64_t v, std::int32_t* tok, ops::Tensor x,
+                             ops::Tensor y, ops::Tensor dx, ops::Tensor dy, gpu::Stream& s,
+                             std::vector<BenchCase>& cases) {
+  const auto n = [](std::int64_t z) { return static_cast<std::size_t>(z); };
+  const double ea = static_cast<double>(dtype_size(act));
   TZ_ASSIGN_OR_RETURN(ops::Tensor hid, buf.tensor(n(rows * 4 * c), act, 0.5f));
   TZ_ASSIGN_OR_RETURN(ops::Tensor hout, buf.tensor(n(rows * 4 * c), act, 0.0f));
   TZ_ASSIGN_OR_RETURN(ops::Tensor hgrad, buf.tensor(n(rows * 4 * c), act, 0.01f));
@@ -231,104 +184,192 @@ Result<std::vector<BenchCase>> build_cases(ops::Ops& o, Buffers& buf, const OpsB
                      return o.cross_entropy_backward(logits, losses, logits, tok, rows, v,
                                                      1.0f / static_cast<float>(rows), s);
                    }});
+  return Status::ok();
+}
+
+Result<std::vector<BenchCase>> build_cases(ops::Ops& o, Buffers& buf, const OpsBenchOptions& opt,
+                                           DType act, DType param, gpu::Stream& s) {
+  const std::int64_t b = opt.batch, t = opt.seq, c = opt.embd, h = opt.heads, v = opt.vocab;
+  const std::int64_t rows = b * t;
+  const auto n = [](std::int64_t x) { return static_cast<std::size_t>(x); };
+  const double ea = static_cast<double>(dtype_size(act));
+  const double ep = static_cast<double>(dtype_size(param));
+  std::vector<BenchCase> cases;
+
+  TZ_ASSIGN_OR_RETURN(std::int32_t* tok, buf.tokens(n(rows), opt.vocab));
+  TZ_ASSIGN_OR_RETURN(ops::Tensor wte, buf.tensor(n(v * c), param, 0.01f));
+  TZ_ASSIGN_OR_RETURN(ops::Tensor wpe, buf.tensor(n(t * c), param, 0.01f));
+  TZ_ASSIGN_OR_RETURN(ops::Tensor dwte, buf.tensor(n(v * c), param, 0.0f));
+  TZ_ASSIGN_OR_RETURN(ops::Tensor dwpe, buf.tensor(n(t * c), param, 0.0f));
+  TZ_ASSIGN_OR_RETURN(ops::Tensor x, buf.tensor(n(rows * c), act, 0.5f));
+  TZ_ASSIGN_OR_RETURN(ops::Tensor y, buf.tensor(n(rows * c), act, 0.0f));
+  TZ_ASSIGN_OR_RETURN(ops::Tensor dx, buf.tensor(n(rows * c), act, 0.0f));
+  TZ_ASSIGN_OR_RETURN(ops::Tensor dy, buf.tensor(n(rows * c), act, 0.01f));
+  TZ_ASSIGN_OR_RETURN(ops::Tensor lnw, buf.tensor(n(c), param, 1.0f));
+  TZ_ASSIGN_OR_RETURN(ops::Tensor lnb, buf.tensor(n(c), param, 0.0f));
+  TZ_ASSIGN_OR_RETURN(ops::Tensor dlnw, buf.tensor(n(c), param, 0.0f));
+  TZ_ASSIGN_OR_RETURN(ops::Tensor dlnb, buf.tensor(n(c), param, 0.0f));
+  TZ_ASSIGN_OR_RETURN(float* mean, buf.f32(n(rows)));
+  TZ_ASSIGN_OR_RETURN(float* rstd, buf.f32(n(rows)));
+
+  cases.push_back({"embedding", "fwd", std::to_string(rows) + "x" + std::to_string(c), 0,
+                   rows * c * (ea + 2 * ep), [&o, x, tok, wte, wpe, b, t, c, v, &s] {
+                     return o.embedding_forward(x, tok, wte, wpe, b, t, c, v, s);
+                   }});
+  cases.push_back({"embedding", "bwd", std::to_string(rows) + "x" + std::to_string(c), 0,
+                   rows * c * (ea + 4 * ep), [&o, dwte, dwpe, dy, tok, b, t, c, v, &s] {
+                     return o.embedding_backward(dwte, dwpe, dy, tok, b, t, c, v, s);
+                   }});
+  cases.push_back({"layernorm", "fwd", std::to_string(rows) + "x" + std::to_string(c), 0,
+                   2 * rows * c * ea, [&o, y, mean, rstd, x, lnw, lnb, rows, c, &s] {
+                     return o.layernorm_forward(y, mean, rstd, x, lnw, lnb, rows, c, s);
+                   }});
+  cases.push_back({"layernorm", "bwd", std::to_string(rows) + "x" + std::to_string(c), 0,
+                   3 * rows * c * ea, [&o, dx, dlnw, dlnb, dy, x, lnw, mean, rstd, rows, c, &s] {
+                     return o.layernorm_backward(dx, ops::Accumulate::kAdd, dlnw, dlnb, dy, x, lnw,
+                                                 mean, rstd, rows, c, s);
+                   }});
+
+  TZ_RETURN_IF_ERROR(add_matmul_cases(o, buf, act, param, rows, c, v, wte, dwte, s, cases));
+
+  TZ_ASSIGN_OR_RETURN(ops::Tensor qkv, buf.tensor(n(rows * 3 * c), act, 0.1f));
+  TZ_ASSIGN_OR_RETURN(ops::Tensor dqkv, buf.tensor(n(rows * 3 * c), act, 0.0f));
+  TZ_ASSIGN_OR_RETURN(float* lse, buf.f32(n(b * h * t)));
+  TZ_ASSIGN_OR_RETURN(float* delta, buf.f32(n(b * h * t)));
+  // Causal attention: QK^T and PV over the lower triangle, 2 * 2 * B * C * T(T+1)/2 flops;
+  // backward recomputes QK^T and adds dV, dP, dQ, dK: 2.5x the forward.
+  const double attn_f = 2.0 * static_cast<double>(b * c) * static_cast<double>(t) * static_cast<double>(t + 1);
+  const std::string attn_shape = "B" + std::to_string(b) + " T" + std::to_string(t) + " C" +
+                                 std::to_string(c) + " H" + std::to_string(h);
+  cases.push_back({"attention", "fwd", attn_shape, attn_f, 0, [&o, y, lse, qkv, b, t, c, h, &s] {
+                     return o.attention_forward(y, lse, qkv, b, t, c, h, s);
+                   }});
+  cases.push_back({"attention", "bwd", attn_shape, 2.5 * attn_f, 0,
+                   [&o, dqkv, delta, dy, qkv, y, lse, b, t, c, h, &s] {
+                     return o.attention_backward(dqkv, ops::Accumulate::kOverwrite, delta, dy, qkv,
+                                                 y, lse, b, t, c, h, s);
+                   }});
+
+  TZ_RETURN_IF_ERROR(add_elementwise_cases(o, buf, act, rows, c, v, tok, x, y, dx, dy, s, cases));
   return cases;
 }
 
-int run(const OpsBenchOptions& opt) {
-  auto fail = [](const Status& st) { return report_failure("bench ops", st); };
+int fail(const Status& st) { return report_failure("bench ops", st); }
+
+// The dtypes the options name.
+struct OpsDtypes {
+  DType act = DType::kF32;
+  DType param = DType::kF32;
+};
+
+Result<OpsDtypes> parse(const OpsBenchOptions& opt) {
   const auto act = parse_dtype(opt.dtype);
   const auto param = parse_dtype(opt.param_dtype.empty() ? opt.dtype : opt.param_dtype);
   if (!act || !param) {
-    return fail(Status::invalid_argument("--dtype/--param-dtype accept fp32, bf16, fp16"));
+    return Status::invalid_argument("--dtype/--param-dtype accept fp32, bf16, fp16");
   }
   if (opt.embd % opt.heads != 0) {
-    return fail(Status::invalid_argument("--embd " + std::to_string(opt.embd) +
-                                         " does not divide by --heads " +
-                                         std::to_string(opt.heads)));
+    return Status::invalid_argument("--embd " + std::to_string(opt.embd) +
+                                    " does not divide by --heads " + std::to_string(opt.heads));
   }
-  auto choice = gpu::parse_device_choice(opt.device);
-  if (!choice.is_ok()) return fail(choice.status());
-  gpu::DeviceOptions dopts;
-  dopts.choice = *choice;
-  auto device = gpu::open_device(dopts);
-  if (!device.is_ok()) return fail(device.status());
-  gpu::Device& dev = **device;
-  auto o = ops::Ops::create(dev, ops::OpsOptions{opt.threads});
-  if (!o.is_ok()) return fail(o.status());
+  return OpsDtypes{*act, *param};
+}
+
+// Every case, timed after a warm-up, and the same-shape GEMM alone after each matmul.
+Result<std::vector<BenchResult>> measure(const OpsBenchOptions& opt, const OpsDtypes& d,
+                                         gpu::Device& dev, ops::Ops& o) {
   gpu::Stream& s = dev.compute_stream();
   std::vector<BenchResult> results;
-  {
-    Buffers buf(dev);
-    auto cases = build_cases(**o, buf, opt, *act, *param, s);
-    if (!cases.is_ok()) return fail(cases.status());
-    if (Status st = s.synchronize(); !st.is_ok()) return fail(st);
-    for (const BenchCase& c : *cases) {
-      std::vector<double> times;
-      for (int rep = -1; rep < opt.repeat; ++rep) {  // rep -1 is the warm-up
-        const auto t0 = Clock::now();
-        Status st = c.run();
-        if (st.is_ok()) st = s.synchronize();
-        if (!st.is_ok()) return fail(st);
-        const std::chrono::duration<double> dt = Clock::now() - t0;
-        if (rep >= 0) times.push_back(dt.count());
-      }
-      BenchResult r{c, median(times), *std::min_element(times.begin(), times.end()),
-                    *std::max_element(times.begin(), times.end()), 0};
-      if (c.gemm_m > 0) {
-        auto g = (*o)->gemm_seconds(c.gemm_m, c.gemm_n, c.gemm_k, *act, opt.repeat, s);
-        if (!g.is_ok()) return fail(g.status());
-        r.peak_gflops = 2.0 * static_cast<double>(c.gemm_m) * static_cast<double>(c.gemm_n) *
-                        static_cast<double>(c.gemm_k) / *g / 1e9;
-      }
-      results.push_back(r);
+  Buffers buf(dev);
+  TZ_ASSIGN_OR_RETURN(std::vector<BenchCase> cases, build_cases(o, buf, opt, d.act, d.param, s));
+  TZ_RETURN_IF_ERROR(s.synchronize());
+  for (const BenchCase& c : cases) {
+    std::vector<double> times;
+    for (int rep = -1; rep < opt.repeat; ++rep) {  // rep -1 is the warm-up
+      const auto t0 = Clock::now();
+      TZ_RETURN_IF_ERROR(c.run());
+      TZ_RETURN_IF_ERROR(s.synchronize());
+      const std::chrono::duration<double> dt = Clock::now() - t0;
+      if (rep >= 0) times.push_back(dt.count());
     }
-    if (Status st = dev.synchronize(); !st.is_ok()) return fail(st);
+    BenchResult r{c, median(times), *std::min_element(times.begin(), times.end()),
+                  *std::max_element(times.begin(), times.end()), 0};
+    if (c.gemm_m > 0) {
+      TZ_ASSIGN_OR_RETURN(double g, o.gemm_seconds(c.gemm_m, c.gemm_n, c.gemm_k, d.act,
+                                                   opt.repeat, s));
+      r.peak_gflops = 2.0 * static_cast<double>(c.gemm_m) * static_cast<double>(c.gemm_n) *
+                      static_cast<double>(c.gemm_k) / g / 1e9;
+    }
+    results.push_back(r);
   }
-  const std::string backend((*o)->name());
+  TZ_RETURN_IF_ERROR(dev.synchronize());
+  return results;
+}
+
+void report(const OpsBenchOptions& opt, const OpsDtypes& d, const std::string& backend,
+            const std::vector<BenchResult>& results) {
   // The CPU GEMM's library, kernel target and quick sgemm against the FMA peak (as `info` prints).
   const std::string gemm_line =
       backend.rfind("cpu", 0) == 0 ? ops::gemm_report_line(ops::cpu_gemm_report(opt.threads, true))
                                    : std::string();
-  if (opt.json) {
-    for (const BenchResult& r : results) {
-      json j;
-      j["bench"] = "ops";
-      j["backend"] = backend;
-      j["op"] = r.c.op;
-      j["pass"] = r.c.pass;
-      j["shape"] = r.c.shape;
-      j["act_dtype"] = dtype_name(*act);
-      j["param_dtype"] = dtype_name(*param);
-      j["repeats"] = opt.repeat;
-      j["median_ms"] = r.median_s * 1e3;
-      j["min_ms"] = r.min_s * 1e3;
-      j["max_ms"] = r.max_s * 1e3;
-      if (r.c.flops > 0) j["gflops"] = r.c.flops / r.median_s / 1e9;
-      if (r.c.bytes > 0) j["gbps"] = r.c.bytes / r.median_s / 1e9;
-      if (r.peak_gflops > 0) {
-        j["peer"] = "backend GEMM alone, same shape, same run";
-        j["peak_gflops"] = r.peak_gflops;
-        j["fraction_of_peak"] = r.c.flops / r.median_s / 1e9 / r.peak_gflops;
-      }
-      j["machine"] = machine_json();
-      if (!gemm_line.empty()) j["gemm"] = gemm_line;
-      std::printf("%s\n", j.dump().c_str());
-    }
-    return 0;
-  }
-  std::printf("bench ops: %s, act %s, param %s, median of %d\n", backend.c_str(),
-              std::string(dtype_name(*act)).c_str(), std::string(dtype_name(*param)).c_str(),
-              opt.repeat);
-  if (!gemm_line.empty()) std::printf("%s\n", gemm_line.c_str());
-  std::printf("%-20s %-4s %-22s %10s %9s %8s %9s %7s\n", "op", "pass", "shape", "median ms",
-              "GFLOP/s", "GB/s", "GEMM pk", "of pk");
+  BenchReport out(opt.json);
+  out.text(cell("bench ops: %s, act %s, param %s, median of %d", backend.c_str(),
+                std::string(dtype_name(d.act)).c_str(), std::string(dtype_name(d.param)).c_str(),
+                opt.repeat));
+  if (!gemm_line.empty()) out.text(gemm_line);
+  out.table({{"op", 20, true},
+             {"pass", 4, true},
+             {"shape", 22, true},
+             {"median ms", 10},
+             {"GFLOP/s", 9},
+             {"GB/s", 8},
+             {"GEMM pk", 9},
+             {"of pk", 7}});
   for (const BenchResult& r : results) {
     const double gf = r.c.flops > 0 ? r.c.flops / r.median_s / 1e9 : 0;
     const double gb = r.c.bytes > 0 ? r.c.bytes / r.median_s / 1e9 : 0;
-    std::printf("%-20s %-4s %-22s %10.3f %9.1f %8.2f %9.1f %7.2f\n", r.c.op.c_str(),
-                r.c.pass.c_str(), r.c.shape.c_str(), r.median_s * 1e3, gf, gb, r.peak_gflops,
-                r.peak_gflops > 0 ? gf / r.peak_gflops : 0.0);
+    json j;
+    j["bench"] = "ops";
+    j["backend"] = backend;
+    j["op"] = r.c.op;
+    j["pass"] = r.c.pass;
+    j["shape"] = r.c.shape;
+    j["act_dtype"] = dtype_name(d.act);
+    j["param_dtype"] = dtype_name(d.param);
+    j["repeats"] = opt.repeat;
+    j["median_ms"] = r.median_s * 1e3;
+    j["min_ms"] = r.min_s * 1e3;
+    j["max_ms"] = r.max_s * 1e3;
+    if (r.c.flops > 0) j["gflops"] = gf;
+    if (r.c.bytes > 0) j["gbps"] = gb;
+    if (r.peak_gflops > 0) {
+      j["peer"] = "backend GEMM alone, same shape, same run";
+      j["peak_gflops"] = r.peak_gflops;
+      j["fraction_of_peak"] = gf / r.peak_gflops;
+    }
+    j["machine"] = machine_json();
+    if (!gemm_line.empty()) j["gemm"] = gemm_line;
+    out.result(j, {r.c.op, r.c.pass, r.c.shape, cell("%.3f", r.median_s * 1e3), cell("%.1f", gf),
+                   cell("%.2f", gb), cell("%.1f", r.peak_gflops),
+                   cell("%.2f", r.peak_gflops > 0 ? gf / r.peak_gflops : 0.0)});
   }
+}
+
+// parse -> build (device, backend) -> measure -> report.
+int run(const OpsBenchOptions& opt) {
+  Result<OpsDtypes> d = parse(opt);
+  if (!d.is_ok()) return fail(d.status());
+  gpu::DeviceOptions dopts;
+  Result<gpu::DeviceChoice> choice = gpu::parse_device_choice(opt.device);
+  if (!choice.is_ok()) return fail(choice.status());
+  dopts.choice = *choice;
+  auto device = gpu::open_device(dopts);
+  if (!device.is_ok()) return fail(device.status());
+  auto o = ops::Ops::create(**device, ops::OpsOptions{opt.threads});
+  if (!o.is_ok()) return fail(o.status());
+  Result<std::vector<BenchResult>> results = measure(opt, *d, **device, **o);
+  if (!results.is_ok()) return fail(results.status());
+  report(opt, *d, std::string((*o)->name()), *results);
   return 0;
 }
 

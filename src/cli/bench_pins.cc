@@ -101,6 +101,7 @@ int run(const PinsBenchOptions& o) {
   if (!(o.device_fraction > 0 && o.device_fraction <= 1)) {
     return fail(Status::invalid_argument("--device-fraction must be in (0, 1]"));
   }
+  BenchReport out(o.json);
   std::vector<double> medians;
   for (std::uint32_t n : o.blocks) {
     auto c = pin_cost(n, o.device_fraction, o.steps);
@@ -109,36 +110,30 @@ int run(const PinsBenchOptions& o) {
                                                           " blocks"));
     }
     medians.push_back(c->median_us);
-    if (o.json) {
-      json j;
-      j["bench"] = "pins";
-      j["blocks"] = n;
-      j["block_bytes"] = kBlockBytes;
-      j["device_fraction"] = o.device_fraction;
-      j["device_budget_bytes"] = c->device_budget;
-      j["timed_steps"] = o.steps;
-      j["us_per_pin"] = c->median_us;
-      j["us_per_pin_min"] = c->min_us;
-      j["us_per_pin_max"] = c->max_us;
-      j["machine"] = machine_json();
-      std::printf("%s\n", j.dump().c_str());
-    } else {
-      std::printf("blocks %6u  block 4096 B  device %.2f of the bytes  %10.2f us per pin "
-                  "(steps %.2f..%.2f)\n",
-                  n, o.device_fraction, c->median_us, c->min_us, c->max_us);
-    }
+    json j;
+    j["bench"] = "pins";
+    j["blocks"] = n;
+    j["block_bytes"] = kBlockBytes;
+    j["device_fraction"] = o.device_fraction;
+    j["device_budget_bytes"] = c->device_budget;
+    j["timed_steps"] = o.steps;
+    j["us_per_pin"] = c->median_us;
+    j["us_per_pin_min"] = c->min_us;
+    j["us_per_pin_max"] = c->max_us;
+    j["machine"] = machine_json();
+    out.record(j);
+    out.text(cell("blocks %6u  block 4096 B  device %.2f of the bytes  %10.2f us per pin "
+                  "(steps %.2f..%.2f)",
+                  n, o.device_fraction, c->median_us, c->min_us, c->max_us));
   }
   const auto [lo, hi] = std::minmax_element(medians.begin(), medians.end());
   const double spread = *lo > 0 ? *hi / *lo : 0;
-  if (o.json) {
-    json j;
-    j["bench"] = "pins";
-    j["summary"] = true;
-    j["spread"] = spread;  // dearest over cheapest median per pin
-    std::printf("%s\n", j.dump().c_str());
-  } else {
-    std::printf("spread: the dearest pin costs %.2fx the cheapest\n", spread);
-  }
+  json j;
+  j["bench"] = "pins";
+  j["summary"] = true;
+  j["spread"] = spread;  // dearest over cheapest median per pin
+  out.record(j);
+  out.text(cell("spread: the dearest pin costs %.2fx the cheapest", spread));
   return 0;
 }
 

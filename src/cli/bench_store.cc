@@ -21,11 +21,7 @@
 #include "core/log.h"
 #include "core/trace.h"
 #include "core/units.h"
-#include "cpu/pinned_pool.h"
 #include "gpu/select.h"
-#include "nvme/io_engine.h"
-#include "nvme/swap_space.h"
-#include "store/pool_registration.h"
 #include "store/stack.h"
 #include "store/store.h"
 #include "store/walk.h"
@@ -61,13 +57,8 @@ double now_s() {
 
 int fail(const Status& st) { return report_failure("bench store", st); }
 
-struct RawBandwidth {
-  double read_gbps = 0;
-  double write_gbps = 0;
-  double mixed_gbps = 0;  // reads and writes at once, both directions together
-  double h2d_gbps = 0;
-  double d2h_gbps = 0;
-};
+// The ceilings of the run: the disk (before the walk) and the host<->device copies.
+struct RawBandwidth : DiskCeiling, CopyCeiling {};
 
 // The disk's time for a step's reads and writes at the given raw speeds, by the faster schedule
 // measured: one direction after the other (serial), or the bytes that pair up as concurrent
@@ -92,7 +83,7 @@ NvmeTime nvme_time(double rd, double wr, double read_gbps, double write_gbps, do
 // Adds one step's bounds to its JSON line from the disk measured before (`raw`) and after the
 // walk (their mean), the copy ceilings and the compute time; returns how far the disk's bound
 // moves between the two measurements (relative).
-double add_bounds(nlohmann::json& j, const RawBandwidth& raw, const RawBandwidth& after_raw,
+double add_bounds(nlohmann::json& j, const RawBandwidth& raw, const DiskCeiling& after_raw,
                   double compute_s) {
   const double rd = j["nvme_read_bytes"].get<double>();
   const double wr = j["nvme_write_bytes"].get<double>();
@@ -127,29 +118,42 @@ double add_bounds(nlohmann::json& j, const RawBandwidth& raw, const RawBandwidth
   return change;
 }
 
-// One step's line: JSON, or a row of the table.
-void print_step(const nlohmann::json& j, const BenchStoreOptions& o) {
-  if (o.json) {
-    std::printf("%s\n", j.dump().c_str());
-    return;
-  }
+// The table of steps (human form).
+void step_table(BenchReport& report) {
+  report.table({{"step", 5, true},
+                {"policy", 6, true},
+                {"step_s", 8},
+                {"bound_s", 8},
+                {"ratio", 8},
+                {"vs_serial", 9},
+                {"stall", 9},
+                {"nvme_rd", 9},
+                {"nvme_wr", 10},
+                {"rd GB/s", 9},
+                {"wr GB/s", 9},
+                {"h2d GB/s", 9}});
+}
+
+// One step's result: its JSON line, or its row of the table.
+void report_step(const BenchReport& report, const nlohmann::json& j, const BenchStoreOptions& o) {
   const double rd = j["nvme_read_bytes"].get<double>();
   const double wr = j["nvme_write_bytes"].get<double>();
   const double h2d = j["h2d_bytes"].get<double>();
   const double step_s = j["step_s"].get<double>();
   const double bound_s = j["bound_s"].get<double>();
-  std::printf("%-5d %-6s %8.2f %8.2f %8.3f %9.3f %8.1f%% %9s %10s %9.2f %9.2f %9.2f\n",
-              j["step"].get<int>(), o.policy.c_str(), step_s, bound_s, step_s / bound_s,
-              j["step_over_serial_bound"].get<double>(),
-              100.0 * j["stall_fraction"].get<double>(), format_bytes(rd).c_str(),
-              format_bytes(wr).c_str(), rd / step_s / 1e9, wr / step_s / 1e9, h2d / step_s / 1e9);
+  report.result(j, {cell("%d", j["step"].get<int>()), o.policy, cell("%.2f", step_s),
+                    cell("%.2f", bound_s), cell("%.3f", step_s / bound_s),
+                    cell("%.3f", j["step_over_serial_bound"].get<double>()),
+                    cell("%.1f%%", 100.0 * j["stall_fraction"].get<double>()), format_bytes(rd),
+                    format_bytes(wr), cell("%.2f", rd / step_s / 1e9),
+                    cell("%.2f", wr / step_s / 1e9), cell("%.2f", h2d / step_s / 1e9)});
 }
 
 // Steps 2.. together: a write that an early write-back issues near the end of one step completes
 // (and is counted) in the next, so single steps' byte counts and bounds swing with it; the sums
 // over the steps that follow the trace do not.
-void print_summary(const std::vector<nlohmann::json>& results, double raw_change,
-                   const BenchStoreOptions& o) {
+void report_summary(const BenchReport& report, const std::vector<nlohmann::json>& results,
+                    double raw_change, const BenchStoreOptions& o) {
   if (results.size() <= 1) return;
   double step_sum = 0;
   double bound_sum = 0;
@@ -166,203 +170,198 @@ void print_summary(const std::vector<nlohmann::json>& results, double raw_change
   }
   const double n = static_cast<double>(results.size() - 1);
   const std::string steps = "2-" + std::to_string(results.size());
-  if (o.json) {
-    nlohmann::json sum = {{"bench", "store"},
-                          {"policy", o.policy},
-                          {"summary", "steps " + steps},
-                          {"step_s", step_sum / n},
-                          {"bound_s", bound_sum / n},
-                          {"step_over_bound", step_sum / bound_sum},
-                          {"raw_change", raw_change},
-                          {"stall_fraction", stall_sum / step_sum},
-                          {"nvme_read_bytes", rd_sum / n},
-                          {"nvme_write_bytes", wr_sum / n}};
-    std::printf("%s\n", sum.dump().c_str());
-  } else {
-    std::printf("steps %s: %.2f s per step, bound %.2f s, ratio %.3f, stall %.1f%%, NVMe %s read and "
-                "%s written per step\n",
-                steps.c_str(), step_sum / n, bound_sum / n, step_sum / bound_sum,
-                100.0 * stall_sum / step_sum, format_bytes(rd_sum / n).c_str(),
-                format_bytes(wr_sum / n).c_str());
-  }
+  report.record(nlohmann::json{{"bench", "store"},
+                               {"policy", o.policy},
+                               {"summary", "steps " + steps},
+                               {"step_s", step_sum / n},
+                               {"bound_s", bound_sum / n},
+                               {"step_over_bound", step_sum / bound_sum},
+                               {"raw_change", raw_change},
+                               {"stall_fraction", stall_sum / step_sum},
+                               {"nvme_read_bytes", rd_sum / n},
+                               {"nvme_write_bytes", wr_sum / n}});
+  report.text(cell("steps %s: %.2f s per step, bound %.2f s, ratio %.3f, stall %.1f%%, NVMe %s "
+                   "read and %s written per step",
+                   steps.c_str(), step_sum / n, bound_sum / n, step_sum / bound_sum,
+                   100.0 * stall_sum / step_sum, format_bytes(rd_sum / n).c_str(),
+                   format_bytes(wr_sum / n).c_str()));
 }
 
-// Sequential O_DIRECT throughput of the swap space itself over `bytes`, the same chunking and
-// bytes in flight the store uses: what the disk gives with nothing else in the way.
-Status measure_disk(nvme::SwapSpace& swap, PinnedPool& pool, std::uint64_t bytes,
-                    std::uint64_t chunk, std::uint64_t in_flight, RawBandwidth* out) {
-  const std::uint64_t n_bufs = std::max<std::uint64_t>(1, in_flight / chunk);
-  std::vector<PinnedBuffer> bufs;
-  for (std::uint64_t i = 0; i < n_bufs; ++i) {
-    TZ_ASSIGN_OR_RETURN(PinnedBuffer b, pool.allocate(chunk));
-    std::memset(b.data(), static_cast<int>(0x5a + i), chunk);
-    bufs.push_back(std::move(b));
+// The options in numbers.
+struct Sizes {
+  std::uint64_t model = 0;
+  std::uint64_t device_budget = 0;
+  std::uint64_t host_budget = 0;
+  std::uint64_t chunk = 0;
+  std::uint64_t in_flight = 0;
+  std::uint64_t layer_bytes = 0;  // one layer's block, a 4 KiB multiple
+  store::Policy policy = store::Policy::kTrace;
+};
+
+Result<Sizes> parse(const BenchStoreOptions& o) {
+  Sizes z;
+  TZ_ASSIGN_OR_RETURN(z.model, parse_size(o.model_bytes));
+  TZ_ASSIGN_OR_RETURN(z.device_budget, parse_size(o.device_budget));
+  TZ_ASSIGN_OR_RETURN(z.host_budget, parse_size(o.host_budget));
+  TZ_ASSIGN_OR_RETURN(z.chunk, parse_size(o.chunk));
+  TZ_ASSIGN_OR_RETURN(z.in_flight, parse_size(o.in_flight));
+  if (o.layers <= 0 || o.steps <= 0) {
+    return Status::invalid_argument("--layers and --steps must be positive");
   }
-  TZ_ASSIGN_OR_RETURN(nvme::SwapExtent ext, swap.allocate(bytes));
-  nvme::IoQueue& q = swap.queue();
-  auto pass = [&](std::vector<nvme::IoOp> dirs, std::uint64_t len) -> Result<double> {
-    // dirs[i % dirs.size()] is the direction of chunk i; chunks cycle over the buffers.
-    std::vector<nvme::IoOpId> ids(bufs.size(), 0);
-    const double t0 = now_s();
-    const std::uint64_t count = len / chunk;
-    for (std::uint64_t i = 0; i < count; ++i) {
-      const std::size_t slot = i % bufs.size();
-      if (ids[slot] != 0) TZ_RETURN_IF_ERROR(q.wait(ids[slot]));
-      const nvme::IoOp dir = dirs[i % dirs.size()];
-      // Mixed passes read the first half of the extent and write the second.
-      const std::uint64_t off = dirs.size() > 1
-                                    ? (dir == nvme::IoOp::kRead ? 0 : len / 2) + (i / 2) * chunk
-                                    : i * chunk;
-      auto tr = swap.transfers(dir, ext, off, bufs[slot].data(), chunk);
-      TZ_ASSIGN_OR_RETURN(ids[slot], q.start(tr));
-    }
-    for (nvme::IoOpId id : ids) {
-      if (id != 0) TZ_RETURN_IF_ERROR(q.wait(id));
-    }
-    return static_cast<double>(count * chunk) / (now_s() - t0) / 1e9;
-  };
-  const std::uint64_t len = bytes / chunk * chunk;
-  TZ_ASSIGN_OR_RETURN(out->write_gbps, pass({nvme::IoOp::kWrite}, len));
-  TZ_ASSIGN_OR_RETURN(out->read_gbps, pass({nvme::IoOp::kRead}, len));
-  const std::uint64_t mixed = std::min<std::uint64_t>(len, 4ull << 30) / (2 * chunk) * (2 * chunk);
-  if (mixed >= 2 * chunk) {
-    TZ_ASSIGN_OR_RETURN(out->mixed_gbps, pass({nvme::IoOp::kRead, nvme::IoOp::kWrite}, mixed));
+  TZ_ASSIGN_OR_RETURN(z.policy, store::parse_policy(o.policy));
+  z.layer_bytes = (z.model / static_cast<std::uint64_t>(o.layers)) / 4096 * 4096;
+  if (z.layer_bytes == 0) {
+    return Status::invalid_argument("--model-bytes is too small for --layers");
   }
-  swap.free(ext);
-  return Status::ok();
+  if (z.layer_bytes > z.device_budget) {
+    return Status::invalid_argument("one layer (" +
+                                    format_bytes(static_cast<double>(z.layer_bytes)) +
+                                    ") does not fit the device budget");
+  }
+  return z;
 }
 
-// Host <-> device copy bandwidth on the device's copy streams (memcpy on HostDevice).
-Status measure_copies(gpu::Device& device, PinnedPool& pool, std::uint64_t bytes,
-                      RawBandwidth* out) {
-  TZ_ASSIGN_OR_RETURN(PinnedBuffer host, pool.allocate(bytes));
-  TZ_ASSIGN_OR_RETURN(gpu::DeviceBuffer dev, device.allocate(bytes));
-  std::memset(host.data(), 1, bytes);
-  for (int dir = 0; dir < 2; ++dir) {
-    gpu::Stream& s = dir == 0 ? device.h2d_stream() : device.d2h_stream();
-    double best = 0;
-    for (int r = 0; r < 3; ++r) {
-      const double t0 = now_s();
-      if (dir == 0) {
-        TZ_RETURN_IF_ERROR(device.copy_async(dev.data(), host.data(), bytes,
-                                             gpu::CopyKind::kHostToDevice, s));
-      } else {
-        TZ_RETURN_IF_ERROR(device.copy_async(host.data(), dev.data(), bytes,
-                                             gpu::CopyKind::kDeviceToHost, s));
-      }
-      TZ_RETURN_IF_ERROR(s.synchronize());
-      best = std::max(best, static_cast<double>(bytes) / (now_s() - t0) / 1e9);
-    }
-    (dir == 0 ? out->h2d_gbps : out->d2h_gbps) = best;
-  }
-  return Status::ok();
-}
-
-int run(const BenchStoreOptions& o) {
-  auto model = parse_size(o.model_bytes);
-  auto dev_budget = parse_size(o.device_budget);
-  auto host_budget = parse_size(o.host_budget);
-  auto chunk = parse_size(o.chunk);
-  auto in_flight = parse_size(o.in_flight);
-  for (const auto* r : {&model, &dev_budget, &host_budget, &chunk, &in_flight}) {
-    if (!r->is_ok()) return fail(r->status());
-  }
-  if (o.layers <= 0 || o.steps <= 0) return fail(Status::invalid_argument("--layers and --steps must be positive"));
-  auto policy = store::parse_policy(o.policy);
-  if (!policy) return fail(policy.status());
-  const std::uint64_t layer_bytes = (*model / static_cast<std::uint64_t>(o.layers)) / 4096 * 4096;
-  if (layer_bytes == 0) return fail(Status::invalid_argument("--model-bytes is too small for --layers"));
-  if (layer_bytes > *dev_budget) {
-    return fail(Status::invalid_argument("one layer (" + format_bytes(static_cast<double>(layer_bytes)) +
-                                         ") does not fit the device budget"));
-  }
-  if (!o.trace_out.empty()) Trace::global().enable();
-
+Result<std::unique_ptr<gpu::Device>> open_bench_device(const BenchStoreOptions& o,
+                                                       const Sizes& z) {
   gpu::DeviceOptions dopt;
-  auto choice = gpu::parse_device_choice(o.device);
-  if (!choice) return fail(choice.status());
-  dopt.choice = *choice;
-  dopt.budget_bytes = *dev_budget + layer_bytes;  // room for the copy-bandwidth probe buffer
-  auto device = gpu::open_device(dopt);
-  if (!device) return fail(device.status());
+  TZ_ASSIGN_OR_RETURN(dopt.choice, gpu::parse_device_choice(o.device));
+  dopt.budget_bytes = z.device_budget + z.layer_bytes;  // room for the copy-bandwidth probe buffer
+  return gpu::open_device(dopt);
+}
 
+// The pool (registered with the device) and the swap space's engine and queue; the store comes
+// after the disk's own throughput is measured.
+store::StackDescription describe_stack(const BenchStoreOptions& o, const Sizes& z) {
   store::StackDescription sd;
   sd.pool.slab_bytes =
-      std::min<std::uint64_t>(1ull << 30, std::max<std::uint64_t>(256ull << 20, layer_bytes));
-  sd.pool.budget_bytes = *host_budget + static_cast<std::uint64_t>(o.staging) * *chunk +
-                         2 * layer_bytes + *in_flight + sd.pool.slab_bytes;
+      std::min<std::uint64_t>(1ull << 30, std::max<std::uint64_t>(256ull << 20, z.layer_bytes));
+  sd.pool.budget_bytes = z.host_budget + static_cast<std::uint64_t>(o.staging) * z.chunk +
+                         2 * z.layer_bytes + z.in_flight + sd.pool.slab_bytes;
   store::SwapDescription& sw = sd.swap.emplace();
   sw.engine_name = o.engine;
   sw.swap.paths = o.nvme_paths;
-  sw.swap.bytes_per_path = (*model + layer_bytes * 4) / o.nvme_paths.size() + (64ull << 20);
-  sw.queue_options.block_bytes = std::min<std::uint64_t>(*chunk, 1ull << 20);
+  sw.swap.bytes_per_path = (z.model + z.layer_bytes * 4) / o.nvme_paths.size() + (64ull << 20);
+  sw.queue_options.block_bytes = std::min<std::uint64_t>(z.chunk, 1ull << 20);
   sw.queue_options.depth_per_file = 64;
   sw.engine_options.queue_depth = 64;
-  // The pool (registered with the device) and the swap factory; the store comes after the
-  // disk's own throughput is measured.
-  auto stack = store::prepare_stack(sd, **device);
-  if (!stack) return fail(stack.status());
-  PinnedPool* pool = stack->pool.get();
-  const store::Store::SwapFactory& make_swap = stack->make_swap;
-  const char* engine_name = stack->io_engine.c_str();
+  return sd;
+}
 
-  // The disk's own throughput over the same bytes, through a swap space of its own on this
-  // thread, gone before the store makes its own.
-  RawBandwidth raw;
-  {
-    auto swap = make_swap();
-    if (!swap) return fail(swap.status());
-    // Unregistered buffers work too (slower on io_uring); the store logs the same refusal.
-    store::register_pool_with_queue((*swap)->queue(), *pool).ignore();
-    if (Status st = measure_disk(**swap, *pool, *model, *chunk, *in_flight, &raw); !st.is_ok()) {
-      return fail(st);
-    }
-  }
-  if (Status st = measure_copies(**device, *pool, layer_bytes, &raw); !st.is_ok()) return fail(st);
-  if (!o.json) {
-    std::printf("raw: disk read %s, write %s, mixed %s; h2d %s, d2h %s (engine %s)\n",
-                format_rate(raw.read_gbps * 1e9).c_str(), format_rate(raw.write_gbps * 1e9).c_str(),
-                format_rate(raw.mixed_gbps * 1e9).c_str(), format_rate(raw.h2d_gbps * 1e9).c_str(),
-                format_rate(raw.d2h_gbps * 1e9).c_str(), engine_name);
-  }
-
+// The store's options; --io-grouping auto groups reads and writes only when mixing them costs
+// the disk throughput (measured: mixed below 80% of the slower direction alone).
+store::StoreOptions store_options(const BenchStoreOptions& o, const Sizes& z,
+                                  const DiskCeiling& disk, std::string* grouping) {
   store::StoreOptions so;
-  so.device_budget_bytes = *dev_budget;
-  so.host_budget_bytes = *host_budget;
-  so.policy = *policy;
-  so.chunk_bytes = *chunk;
+  so.device_budget_bytes = z.device_budget;
+  so.host_budget_bytes = z.host_budget;
+  so.policy = z.policy;
+  so.chunk_bytes = z.chunk;
   so.staging_buffers = static_cast<std::uint32_t>(o.staging);
   so.read_ahead_buffers =
       static_cast<std::uint32_t>(o.read_ahead >= 0 ? o.read_ahead : o.staging / 2);
-  so.max_io_in_flight_bytes = *in_flight;
+  so.max_io_in_flight_bytes = z.in_flight;
   so.host_prefetch_depth = o.host_prefetch_depth;
-  // auto: group reads and writes only when mixing them costs the disk throughput (measured
-  // above: mixed below 80% of the slower direction alone).
-  std::string grouping = o.io_grouping;
-  if (grouping == "auto") {
-    grouping = raw.mixed_gbps < 0.8 * std::min(raw.read_gbps, raw.write_gbps) ? "grouped" : "mixed";
+  *grouping = o.io_grouping;
+  if (*grouping == "auto") {
+    *grouping =
+        disk.mixed_gbps < 0.8 * std::min(disk.read_gbps, disk.write_gbps) ? "grouped" : "mixed";
   }
-  so.io_grouping = grouping == "mixed" ? store::IoGrouping::kMixed : store::IoGrouping::kGrouped;
-  if (Status st = store::open_store(*stack, so, **device); !st.is_ok()) return fail(st);
-  store::Store* s = stack->store.get();
+  so.io_grouping = *grouping == "mixed" ? store::IoGrouping::kMixed : store::IoGrouping::kGrouped;
+  return so;
+}
 
+// Makes the layers' blocks and writes every layer once (step 0: write-only pins, no loads), so
+// the disk holds real bytes.
+Result<std::vector<store::BlockId>> write_layers(store::Store& s, int layers,
+                                                 std::uint64_t layer_bytes) {
   std::vector<store::BlockId> ids;
-  for (int i = 0; i < o.layers; ++i) {
-    auto id = s->create_block(layer_bytes, store::Tier::kNvme, "layer" + std::to_string(i));
-    if (!id) return fail(id.status());
-    ids.push_back(*id);
+  for (int i = 0; i < layers; ++i) {
+    TZ_ASSIGN_OR_RETURN(store::BlockId id, s.create_block(layer_bytes, store::Tier::kNvme,
+                                                          "layer" + std::to_string(i)));
+    ids.push_back(id);
   }
-  // Step 0: write every layer once (write-only pins, no loads), so the disk holds real bytes.
-  for (int i = 0; i < o.layers; ++i) {
-    auto l = s->pin(ids[static_cast<std::size_t>(i)], store::Tier::kHost, store::Access::kWrite);
-    if (!l) return fail(l.status());
-    if (Status st = l->wait(); !st.is_ok()) return fail(st);
-    std::memset(l->data(), i & 0xff, layer_bytes);
+  for (int i = 0; i < layers; ++i) {
+    TZ_ASSIGN_OR_RETURN(store::Lease l, s.pin(ids[static_cast<std::size_t>(i)], store::Tier::kHost,
+                                              store::Access::kWrite));
+    TZ_RETURN_IF_ERROR(l.wait());
+    std::memset(l.data(), i & 0xff, layer_bytes);
   }
-  if (Status st = s->drain(); !st.is_ok()) return fail(st);
-  s->mark_step();
+  TZ_RETURN_IF_ERROR(s.drain());
+  s.mark_step();
+  return ids;
+}
 
-  const auto compute = std::chrono::microseconds(static_cast<long>(o.compute_ms_per_layer * 1000));
+// What one walk needs besides the store: the fields every step's line repeats.
+struct WalkContext {
+  const BenchStoreOptions& o;
+  const Sizes& z;
+  const RawBandwidth& raw;
+  std::string grouping;
+  std::string engine;
+  std::string device;
+};
+
+// One step's line from the store's counters before and after it.
+nlohmann::json step_record(const WalkContext& c, int step, double step_s, double stall_s,
+                           const nlohmann::json& long_stalls, const store::StoreStats& before,
+                           const store::StoreStats& after) {
+  auto link = [&](store::Link l) {
+    return static_cast<double>(after.link(l).bytes - before.link(l).bytes);
+  };
+  const double rd = static_cast<double>(after.nvme_read_bytes() - before.nvme_read_bytes());
+  const double wr = static_cast<double>(after.nvme_write_bytes() - before.nvme_write_bytes());
+  nlohmann::json links;
+  for (std::size_t li = 0; li < store::kLinkCount; ++li) {
+    const auto l = static_cast<store::Link>(li);
+    const double busy = after.link(l).busy_s - before.link(l).busy_s;
+    links[store::link_name(l)] = {{"bytes", link(l)},
+                                  {"busy_gbps", busy > 0 ? link(l) / busy / 1e9 : 0.0}};
+  }
+  return {
+      {"bench", "store"},
+      {"policy", c.o.policy},
+      {"step", step},
+      {"layers", c.o.layers},
+      {"layer_bytes", c.z.layer_bytes},
+      {"model_bytes", c.z.layer_bytes * static_cast<std::uint64_t>(c.o.layers)},
+      {"device_budget_bytes", c.z.device_budget},
+      {"host_budget_bytes", c.z.host_budget},
+      {"compute_ms_per_layer", c.o.compute_ms_per_layer},
+      {"step_s", step_s},
+      {"compute_s", 2.0 * c.o.layers * c.o.compute_ms_per_layer / 1000.0},
+      {"stall_s", stall_s},
+      {"stall_fraction", stall_s / step_s},
+      {"nvme_read_bytes", rd},
+      {"nvme_write_bytes", wr},
+      {"nvme_read_gbps", rd / step_s / 1e9},
+      {"nvme_write_gbps", wr / step_s / 1e9},
+      {"h2d_bytes", link(store::Link::kHostToDevice) + link(store::Link::kNvmeToDevice)},
+      {"d2h_bytes", link(store::Link::kDeviceToHost) + link(store::Link::kDeviceToNvme)},
+      {"read_ahead_bytes", after.read_ahead_bytes - before.read_ahead_bytes},
+      {"read_ahead_dropped_bytes", after.read_ahead_dropped_bytes - before.read_ahead_dropped_bytes},
+      {"links", links},
+      {"raw_read_gbps", c.raw.read_gbps},
+      {"raw_write_gbps", c.raw.write_gbps},
+      {"raw_mixed_gbps", c.raw.mixed_gbps},
+      {"raw_h2d_gbps", c.raw.h2d_gbps},
+      {"raw_d2h_gbps", c.raw.d2h_gbps},
+      {"io_grouping", c.grouping},
+      {"engine", c.engine},
+      {"device", c.device},
+      {"peak_device_bytes", after.tier(store::Tier::kDevice).peak_bytes},
+      {"peak_host_bytes", after.tier(store::Tier::kHost).peak_bytes},
+      {"trace_deviations", after.trace_deviations - before.trace_deviations},
+      {"long_stalls", long_stalls},
+      {"machine", machine_json()},
+  };
+}
+
+// The timed steps: each walks the layers forward and backward (store/walk.h), each visit pinning
+// the layer on the device for the synthetic compute time. One line per step, bounds added later.
+Result<std::vector<nlohmann::json>> walk(const WalkContext& c, store::Store& s,
+                                         const std::vector<store::BlockId>& ids) {
+  const auto compute =
+      std::chrono::microseconds(static_cast<long>(c.o.compute_ms_per_layer * 1000));
   double stall_total = 0;
   nlohmann::json long_stalls = nlohmann::json::array();  // visits that waited over 10 ms
   Trace& trace = Trace::global();
@@ -370,14 +369,13 @@ int run(const BenchStoreOptions& o) {
     const int i = v.layer;
     const double t0 = now_s();
     const double t0_us = trace.now_us();
-    TZ_ASSIGN_OR_RETURN(store::Lease l, s->pin(ids[static_cast<std::size_t>(i)], store::Tier::kDevice, v.access));
+    TZ_ASSIGN_OR_RETURN(store::Lease l,
+                        s.pin(ids[static_cast<std::size_t>(i)], store::Tier::kDevice, v.access));
     TZ_RETURN_IF_ERROR(l.wait());
     const double waited = now_s() - t0;
     stall_total += waited;
     if (waited > 0.010) {
-      long_stalls.push_back({{"pass", store::pass_name(v.pass)},
-                             {"layer", i},
-                             {"ms", waited * 1e3}});
+      long_stalls.push_back({{"pass", store::pass_name(v.pass)}, {"layer", i}, {"ms", waited * 1e3}});
     }
     if (compute.count() > 0) std::this_thread::sleep_for(compute);
     l.release();
@@ -387,116 +385,87 @@ int run(const BenchStoreOptions& o) {
     }
     return Status::ok();
   };
-  const double compute_s = 2.0 * o.layers * o.compute_ms_per_layer / 1000.0;
-  std::vector<nlohmann::json> results;  // printed once the disk is measured again
-  for (int step = 1; step <= o.steps; ++step) {
-    const store::StoreStats before = s->stats();
+  std::vector<nlohmann::json> results;
+  for (int step = 1; step <= c.o.steps; ++step) {
+    const store::StoreStats before = s.stats();
     stall_total = 0;
     long_stalls = nlohmann::json::array();
     const double t0 = now_s();
     const double step_us = trace.now_us();
-    if (Status st = store::walk_step(o.layers, visit); !st.is_ok()) return fail(st);
-    s->mark_step();
+    TZ_RETURN_IF_ERROR(store::walk_step(c.o.layers, visit));
+    s.mark_step();
     const double step_s = now_s() - t0;
-    if (trace.enabled()) trace.span("bench steps", "step " + std::to_string(step), step_us, trace.now_us());
-    const store::StoreStats after = s->stats();
-    auto link = [&](store::Link l) {
-      return static_cast<double>(after.link(l).bytes - before.link(l).bytes);
-    };
-    const double rd = static_cast<double>(after.nvme_read_bytes() - before.nvme_read_bytes());
-    const double wr = static_cast<double>(after.nvme_write_bytes() - before.nvme_write_bytes());
-    const double h2d = link(store::Link::kHostToDevice) + link(store::Link::kNvmeToDevice);
-    const double d2h = link(store::Link::kDeviceToHost) + link(store::Link::kDeviceToNvme);
-    nlohmann::json links;
-    for (std::size_t li = 0; li < store::kLinkCount; ++li) {
-      const auto l = static_cast<store::Link>(li);
-      const double busy = after.link(l).busy_s - before.link(l).busy_s;
-      links[store::link_name(l)] = {{"bytes", link(l)},
-                                    {"busy_gbps", busy > 0 ? link(l) / busy / 1e9 : 0.0}};
+    if (trace.enabled()) {
+      trace.span("bench steps", "step " + std::to_string(step), step_us, trace.now_us());
     }
-    nlohmann::json j = {
-        {"bench", "store"},
-        {"policy", o.policy},
-        {"step", step},
-        {"layers", o.layers},
-        {"layer_bytes", layer_bytes},
-        {"model_bytes", layer_bytes * static_cast<std::uint64_t>(o.layers)},
-        {"device_budget_bytes", *dev_budget},
-        {"host_budget_bytes", *host_budget},
-        {"compute_ms_per_layer", o.compute_ms_per_layer},
-        {"step_s", step_s},
-        {"compute_s", compute_s},
-        {"stall_s", stall_total},
-        {"stall_fraction", stall_total / step_s},
-        {"nvme_read_bytes", rd},
-        {"nvme_write_bytes", wr},
-        {"nvme_read_gbps", rd / step_s / 1e9},
-        {"nvme_write_gbps", wr / step_s / 1e9},
-        {"h2d_bytes", h2d},
-        {"d2h_bytes", d2h},
-        {"read_ahead_bytes", after.read_ahead_bytes - before.read_ahead_bytes},
-        {"read_ahead_dropped_bytes",
-         after.read_ahead_dropped_bytes - before.read_ahead_dropped_bytes},
-        {"links", links},
-        {"raw_read_gbps", raw.read_gbps},
-        {"raw_write_gbps", raw.write_gbps},
-        {"raw_mixed_gbps", raw.mixed_gbps},
-        {"raw_h2d_gbps", raw.h2d_gbps},
-        {"raw_d2h_gbps", raw.d2h_gbps},
-        {"io_grouping", grouping},
-        {"engine", engine_name},
-        {"device", (*device)->name()},
-        {"peak_device_bytes", after.tier(store::Tier::kDevice).peak_bytes},
-        {"peak_host_bytes", after.tier(store::Tier::kHost).peak_bytes},
-        {"trace_deviations", after.trace_deviations - before.trace_deviations},
-        {"long_stalls", long_stalls},
-        {"machine", machine_json()},
-    };
-    results.push_back(std::move(j));
+    results.push_back(step_record(c, step, step_s, stall_total, long_stalls, before, s.stats()));
   }
-  if (Status st = s->drain(); !st.is_ok()) return fail(st);
-  if (!o.trace_out.empty()) {
-    if (Status st = Trace::global().write(o.trace_out); !st.is_ok()) return fail(st);
-  }
-  stack->store.reset();  // its swap space goes before the disk is measured again
-  if (!o.json) {
-    std::printf("%-5s %-6s %8s %8s %8s %9s %9s %9s %10s %9s %9s %9s\n", "step", "policy",
-                "step_s", "bound_s", "ratio", "vs_serial", "stall", "nvme_rd", "nvme_wr", "rd GB/s", "wr GB/s", "h2d GB/s");
-  }
+  TZ_RETURN_IF_ERROR(s.drain());
+  return results;
+}
 
-  // The disk again, after the walk: the machine is shared, so the bound uses the mean of the
-  // measurements before and after (both are reported).
-  RawBandwidth after_raw;
-  {
-    auto swap = make_swap();
-    if (!swap) return fail(swap.status());
-    if (Status st = measure_disk(**swap, *pool, *model, *chunk, *in_flight, &after_raw);
-        !st.is_ok()) {
-      return fail(st);
-    }
-  }
-  // The bound uses the mean of the measurements before and after the walk. How far the bound
-  // would move with either one alone (`raw_change`) is how uncertain it is when the disk's own
-  // speed drifted during the run.
+std::string raw_line(const RawBandwidth& raw, const std::string& engine) {
+  return cell("raw: disk read %s, write %s, mixed %s; h2d %s, d2h %s (engine %s)",
+              format_rate(raw.read_gbps * 1e9).c_str(), format_rate(raw.write_gbps * 1e9).c_str(),
+              format_rate(raw.mixed_gbps * 1e9).c_str(), format_rate(raw.h2d_gbps * 1e9).c_str(),
+              format_rate(raw.d2h_gbps * 1e9).c_str(), engine.c_str());
+}
+
+// The steps with their bounds (from the means of the disk measured before and after the walk:
+// the machine is shared), the summary, and how far the bound would move with either measurement
+// alone (`raw_change`: how uncertain it is when the disk's own speed drifted during the run).
+void report_steps(BenchReport& report, const BenchStoreOptions& o,
+                  std::vector<nlohmann::json>& results, const RawBandwidth& raw,
+                  const DiskCeiling& after_raw) {
+  step_table(report);
+  const double compute_s = 2.0 * o.layers * o.compute_ms_per_layer / 1000.0;
   double raw_change = 0;
   for (nlohmann::json& j : results) {
     raw_change = std::max(raw_change, add_bounds(j, raw, after_raw, compute_s));
-    print_step(j, o);
+    report_step(report, j, o);
   }
-  print_summary(results, raw_change, o);
+  report_summary(report, results, raw_change, o);
   if (raw_change > 0.15) {
     TZ_LOG_WARN("bench store: the disk's speed drifted during the run: the bound from the raw "
                 "measurement before the walk and the one from after it differ by %.0f%%, so the "
                 "ratios (against their mean) are uncertain by about as much",
                 100 * raw_change);
   }
-  if (!o.json) {
-    std::printf("raw after: disk read %s, write %s, mixed %s (bound uses the means: the faster of "
-                "serial and mixed for each step's mix)\n",
-                format_rate(after_raw.read_gbps * 1e9).c_str(),
-                format_rate(after_raw.write_gbps * 1e9).c_str(),
-                format_rate(after_raw.mixed_gbps * 1e9).c_str());
-  }
+  report.text(cell("raw after: disk read %s, write %s, mixed %s (bound uses the means: the faster "
+                   "of serial and mixed for each step's mix)",
+                   format_rate(after_raw.read_gbps * 1e9).c_str(),
+                   format_rate(after_raw.write_gbps * 1e9).c_str(),
+                   format_rate(after_raw.mixed_gbps * 1e9).c_str()));
+}
+
+// Everything after parsing: build the stack, measure the ceilings, open the store, walk,
+// measure the disk again (the store and its swap space gone), report.
+Status run_bench(const BenchStoreOptions& o, const Sizes& z, BenchReport& report) {
+  if (!o.trace_out.empty()) Trace::global().enable();
+  TZ_ASSIGN_OR_RETURN(std::unique_ptr<gpu::Device> device, open_bench_device(o, z));
+  TZ_ASSIGN_OR_RETURN(store::TieredStack stack, store::prepare_stack(describe_stack(o, z), *device));
+  RawBandwidth raw;
+  TZ_ASSIGN_OR_RETURN(static_cast<DiskCeiling&>(raw),
+                      measure_stack_disk(stack, z.model, z.chunk, z.in_flight));
+  TZ_ASSIGN_OR_RETURN(static_cast<CopyCeiling&>(raw),
+                      measure_stack_copies(stack, *device, z.layer_bytes));
+  report.text(raw_line(raw, stack.io_engine));
+  WalkContext c{o, z, raw, "", stack.io_engine, device->name()};
+  TZ_RETURN_IF_ERROR(store::open_store(stack, store_options(o, z, raw, &c.grouping), *device));
+  TZ_ASSIGN_OR_RETURN(std::vector<store::BlockId> ids, write_layers(*stack.store, o.layers, z.layer_bytes));
+  TZ_ASSIGN_OR_RETURN(std::vector<nlohmann::json> results, walk(c, *stack.store, ids));
+  if (!o.trace_out.empty()) TZ_RETURN_IF_ERROR(Trace::global().write(o.trace_out));
+  stack.store.reset();  // its swap space goes before the disk is measured again
+  TZ_ASSIGN_OR_RETURN(DiskCeiling after_raw, measure_stack_disk(stack, z.model, z.chunk, z.in_flight));
+  report_steps(report, o, results, raw, after_raw);
+  return Status::ok();
+}
+
+int run(const BenchStoreOptions& o) {
+  Result<Sizes> z = parse(o);
+  if (!z) return fail(z.status());
+  BenchReport report(o.json);
+  if (Status st = run_bench(o, *z, report); !st.is_ok()) return fail(st);
   std::fflush(stdout);
   return 0;
 }

@@ -4,9 +4,6 @@
 // with ops/gemm.h's sgemm (the device must be host-accessible: HostDevice). --ranks N runs N ranks
 // as threads (LocalComm, one HostDevice each). Prints one JSON object per step and a summary
 // (--json), or a table.
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -55,10 +52,6 @@ struct BenchZeroOptions {
 
 int fail(const Status& st) { return report_failure("bench zero", st); }
 
-double seconds_since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
 float load(const zero::TensorView& v, std::size_t i) {
   switch (v.dtype) {
     case DType::kF32:
@@ -83,57 +76,6 @@ void store_value(const zero::TensorView& v, std::size_t i, float x) {
       v.as<fp16>()[i] = f32_to_fp16(x);
       return;
   }
-}
-
-// Sequential O_DIRECT write and read of `bytes` in 8 MiB requests on `dir` (the disk's raw
-// speed for the bound); buffered I/O when the filesystem refuses O_DIRECT.
-Status measure_disk(const std::string& dir, std::uint64_t bytes, double* write_bps,
-                    double* read_bps) {
-  const std::string path = dir + "/tierzero-bench-zero-probe." + std::to_string(getpid());
-  int fd = open(path.c_str(), O_CREAT | O_RDWR | O_DIRECT | O_TRUNC, 0600);
-  if (fd < 0) fd = open(path.c_str(), O_CREAT | O_RDWR | O_TRUNC, 0600);
-  if (fd < 0) return Status::from_errno(errno, "bench zero: cannot create the disk probe", path);
-  constexpr std::size_t kChunk = 8u << 20;
-  void* buf = std::aligned_alloc(4096, kChunk);
-  if (buf == nullptr) {
-    close(fd);
-    unlink(path.c_str());
-    return Status::out_of_memory("bench zero: disk probe buffer");
-  }
-  std::memset(buf, 0x5a, kChunk);
-  const std::uint64_t count = std::max<std::uint64_t>(1, bytes / kChunk);
-  Status st = Status::ok();
-  auto t0 = Clock::now();
-  for (std::uint64_t i = 0; i < count && st.is_ok(); ++i) {
-    if (pwrite(fd, buf, kChunk, static_cast<off_t>(i * kChunk)) != static_cast<ssize_t>(kChunk)) {
-      st = Status::from_errno(errno, "bench zero: disk probe write", path);
-    }
-  }
-  if (st.is_ok() && fsync(fd) != 0) st = Status::from_errno(errno, "bench zero: fsync", path);
-  *write_bps = static_cast<double>(count * kChunk) / seconds_since(t0);
-  t0 = Clock::now();
-  for (std::uint64_t i = 0; i < count && st.is_ok(); ++i) {
-    if (pread(fd, buf, kChunk, static_cast<off_t>(i * kChunk)) != static_cast<ssize_t>(kChunk)) {
-      st = Status::from_errno(errno, "bench zero: disk probe read", path);
-    }
-  }
-  *read_bps = static_cast<double>(count * kChunk) / seconds_since(t0);
-  std::free(buf);
-  close(fd);
-  unlink(path.c_str());
-  return st;
-}
-
-// memcpy bandwidth, what HostDevice's host<->device copies run at.
-double measure_copy(std::size_t bytes) {
-  std::vector<char> a(bytes, 1), b(bytes, 0);
-  double best = 0;
-  for (int r = 0; r < 3; ++r) {
-    const auto t0 = Clock::now();
-    std::memcpy(b.data(), a.data(), bytes);
-    best = std::max(best, static_cast<double>(bytes) / seconds_since(t0));
-  }
-  return best;
 }
 
 // The synthetic model on one rank's engine.
@@ -282,13 +224,15 @@ Result<zero::EngineOptions> parse(const BenchZeroOptions& o) {
   return eo;
 }
 
-// Measure: the copy ceiling, and the disk's where a tier is on NVMe, for the step's bound.
+// Measure: the copy ceiling (memcpy, what HostDevice's host<->device copies run at: the best of
+// three), and the disk's where a tier is on NVMe, for the step's bound.
 Status measure_ceilings(const BenchZeroOptions& o, zero::EngineOptions& eo) {
-  eo.copy_bytes_per_s = measure_copy(64u << 20);
+  const std::vector<double> copy_gbps = memcpy_gbps_samples(64u << 20, 3);
+  eo.copy_bytes_per_s = *std::max_element(copy_gbps.begin(), copy_gbps.end()) * 1e9;
   if (!o.nvme_path.empty() && (eo.config.zero.offload_optimizer.device == "nvme" ||
                                eo.config.zero.offload_param.device == "nvme")) {
-    TZ_RETURN_IF_ERROR(measure_disk(o.nvme_path, 256u << 20, &eo.nvme_write_bytes_per_s,
-                                    &eo.nvme_read_bytes_per_s));
+    TZ_RETURN_IF_ERROR(measure_file_disk("bench zero", o.nvme_path, 256u << 20,
+                                         &eo.nvme_write_bytes_per_s, &eo.nvme_read_bytes_per_s));
   }
   return Status::ok();
 }
@@ -301,25 +245,28 @@ struct ZeroResult {
   json summary;
 
   void print(const BenchZeroOptions& o, const zero::EngineOptions& eo) const {
-    if (o.json) {
-      for (const json& l : step_lines) std::printf("%s\n", l.dump().c_str());
-      std::printf("%s\n", summary.dump().c_str());
-      return;
-    }
-    std::printf("bench zero: stage %d, %d rank(s), %s params, optimizer %s, params %s, %s\n",
-                eo.config.zero.stage, o.ranks,
-                format_bytes(summary["params"].get<double>()).c_str(),
-                eo.config.zero.offload_optimizer.device.c_str(),
-                eo.config.zero.offload_param.device.c_str(), o.dtype.c_str());
-    std::printf("%5s %10s %10s %12s %14s %14s\n", "step", "step_s", "bound_s", "loss",
-                "nvme B/param", "peak device");
+    BenchReport out(o.json);
+    out.text(cell("bench zero: stage %d, %d rank(s), %s params, optimizer %s, params %s, %s",
+                  eo.config.zero.stage, o.ranks,
+                  format_bytes(summary["params"].get<double>()).c_str(),
+                  eo.config.zero.offload_optimizer.device.c_str(),
+                  eo.config.zero.offload_param.device.c_str(), o.dtype.c_str()));
+    out.table({{"step", 5},
+               {"step_s", 10},
+               {"bound_s", 10},
+               {"loss", 12},
+               {"nvme B/param", 14},
+               {"peak device", 14}});
     for (const json& l : step_lines) {
-      std::printf("%5lld %10.3f %10.3f %12.6f %14.2f %14s\n", l["step"].get<long long>(),
-                  l["step_s"].get<double>(), l["bound_s"].get<double>(), l["loss"].get<double>(),
-                  l["nvme_bytes_per_param"].get<double>(),
-                  format_bytes(l["peak_bytes"]["device"].get<double>()).c_str());
+      out.result(l, {cell("%lld", l["step"].get<long long>()),
+                     cell("%.3f", l["step_s"].get<double>()),
+                     cell("%.3f", l["bound_s"].get<double>()),
+                     cell("%.6f", l["loss"].get<double>()),
+                     cell("%.2f", l["nvme_bytes_per_param"].get<double>()),
+                     format_bytes(l["peak_bytes"]["device"].get<double>())});
     }
-    std::printf("params_xxh3 %s\n", summary["params_xxh3"].get<std::string>().c_str());
+    out.record(summary);
+    out.text("params_xxh3 " + summary["params_xxh3"].get<std::string>());
   }
 };
 

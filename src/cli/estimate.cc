@@ -3,14 +3,11 @@
 // formulas; whether the run fits this machine and, when not, which setting to change; with
 // --all a table over every stage and offload choice, with --measure two real training steps and
 // their peaks per tier next to the plan. docs/estimate.md describes the terms and the formulas.
-#include <sys/resource.h>
-#include <sys/statvfs.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -23,6 +20,7 @@
 #include "cli/train_setup.h"
 #include "comm/select.h"
 #include "core/config.h"
+#include "core/host_probe.h"
 #include "core/units.h"
 #include "cpu/data_path.h"
 #include "gpu/select.h"
@@ -219,18 +217,6 @@ std::optional<zero::TierBytes> deepspeed_bytes(int stage, bool opt_offload, bool
   return b;
 }
 
-std::uint64_t meminfo_available_bytes() {
-  std::ifstream in("/proc/meminfo");
-  std::string key;
-  std::uint64_t kb = 0;
-  std::string unit;
-  while (in >> key >> kb) {
-    std::getline(in, unit);
-    if (key == "MemAvailable:") return kb * 1024;
-  }
-  return 0;
-}
-
 // Whether the planned run fits this machine, tier by tier, and which setting to change if not.
 void check_machine(const Setup& s, Estimate& e) {
   const auto n = static_cast<std::uint64_t>(s.flags.ranks);
@@ -265,7 +251,7 @@ void check_machine(const Setup& s, Estimate& e) {
     // HostDevice the device tier is host memory too.
     const std::uint64_t pool = n * e.plan.pool.budget_bytes;
     const std::uint64_t need = pool + (s.device_is_host ? n * b.device : 0);
-    const std::uint64_t avail = meminfo_available_bytes();
+    const std::uint64_t avail = host_memory().available_bytes;
     Estimate::Check c{"host", avail == 0 || need <= avail, ""};
     c.text = "host: " + std::to_string(n) + " x " + gib(e.plan.pool.budget_bytes) +
              " pinned" + (s.device_is_host ? " + the device tier (host memory here)" : "") +

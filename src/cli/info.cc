@@ -1,6 +1,5 @@
 // `tierzero info [--path DIR]... [--json]`: what this machine offers the engine, in the spirit of
 // DeepSpeed's ds_report. Every probe reports failure as data ("no GPU: <reason>"), never a crash.
-#include <sys/resource.h>
 #include <sys/utsname.h>
 #include <unistd.h>
 
@@ -15,6 +14,7 @@
 #include "cli/bench_common.h"
 #include "cli/command.h"
 #include "comm/probe.h"
+#include "core/host_probe.h"
 #include "core/units.h"
 #include "cpu/data_path.h"
 #include "cpu/simd.h"
@@ -33,28 +33,6 @@ std::string read_first_line(const std::string& path) {
   std::string line;
   std::getline(in, line);
   return line;
-}
-
-// Value of "key: value" lines in /proc files (cpuinfo, meminfo).
-std::string proc_field(const std::string& path, const std::string& key) {
-  std::ifstream in(path);
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind(key, 0) == 0) {
-      const auto colon = line.find(':');
-      if (colon == std::string::npos) continue;
-      std::string v = line.substr(colon + 1);
-      v.erase(0, v.find_first_not_of(" \t"));
-      return v;
-    }
-  }
-  return "";
-}
-
-std::uint64_t meminfo_bytes(const std::string& key) {
-  const std::string v = proc_field("/proc/meminfo", key + ":");
-  if (v.empty()) return 0;
-  return std::stoull(v) * (v.find("kB") != std::string::npos ? 1024 : 1);
 }
 
 json cpu_report() {
@@ -79,17 +57,17 @@ json cpu_report() {
 
 json memory_report() {
   json j;
-  j["total_bytes"] = meminfo_bytes("MemTotal");
-  j["available_bytes"] = meminfo_bytes("MemAvailable");
-  rlimit rl{};
-  if (getrlimit(RLIMIT_MEMLOCK, &rl) == 0) {
-    j["memlock_limit_bytes"] =
-        rl.rlim_cur == RLIM_INFINITY ? json("unlimited") : json(static_cast<std::uint64_t>(rl.rlim_cur));
+  const HostMemory mem = host_memory();
+  j["total_bytes"] = mem.total_bytes;
+  j["available_bytes"] = mem.available_bytes;
+  const MemlockLimit memlock = memlock_limit();
+  if (memlock.known) {
+    j["memlock_limit_bytes"] = memlock.unlimited ? json("unlimited") : json(memlock.bytes);
   }
   j["can_lock_any_amount"] = geteuid() == 0;  // root holds CAP_IPC_LOCK in the usual setups
-  j["hugepages_total"] = std::stoull("0" + proc_field("/proc/meminfo", "HugePages_Total:"));
-  j["hugepages_free"] = std::stoull("0" + proc_field("/proc/meminfo", "HugePages_Free:"));
-  j["hugepage_bytes"] = meminfo_bytes("Hugepagesize");
+  j["hugepages_total"] = mem.hugepages_total;
+  j["hugepages_free"] = mem.hugepages_free;
+  j["hugepage_bytes"] = mem.hugepage_bytes;
   j["transparent_hugepages"] = read_first_line("/sys/kernel/mm/transparent_hugepage/enabled");
   return j;
 }

@@ -3,13 +3,13 @@
 
 #include <fcntl.h>
 #include <sys/stat.h>
-#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <filesystem>
 #include <utility>
 
+#include "core/host_probe.h"
 #include "core/units.h"
 
 namespace tz {
@@ -119,11 +119,9 @@ Status check_folder(std::string_view what, const std::string& dir, std::uint64_t
   ::close(fd);
   ::unlink(probe.c_str());
   if (needed_bytes > 0) {
-    struct statvfs vfs {};
-    if (::statvfs(at.c_str(), &vfs) != 0) {
-      return with_what(what, Status::from_errno(errno, "statvfs", at));
-    }
-    const std::uint64_t free_bytes = static_cast<std::uint64_t>(vfs.f_bavail) * vfs.f_frsize;
+    const Result<FilesystemSpace> space = filesystem_space(at);
+    if (!space.is_ok()) return with_what(what, space.status());
+    const std::uint64_t free_bytes = space->free_bytes;
     if (free_bytes < needed_bytes) {
       return Status::no_space(prefixed(
           what, at + " has " + format_bytes(static_cast<double>(free_bytes)) + " free but " +

@@ -1,11 +1,11 @@
 // The host's data path (data_path.h): SIMD dispatch, huge pages for pinned staging, memlock.
 #include "cpu/data_path.h"
 
-#include <sys/resource.h>
 
 #include <fstream>
 #include <sstream>
 
+#include "core/host_probe.h"
 #include "core/units.h"
 #include "cpu/pinned_pool.h"
 #include "cpu/simd.h"
@@ -26,18 +26,6 @@ std::string bracketed(const std::string& line) {
   const auto a = line.find('['), b = line.find(']');
   if (a == std::string::npos || b == std::string::npos || b < a) return line;
   return line.substr(a + 1, b - a - 1);
-}
-
-std::uint64_t meminfo_count(const std::string& key) {
-  std::ifstream in("/proc/meminfo");
-  std::string k;
-  std::uint64_t v = 0;
-  while (in >> k) {
-    if (k == key && (in >> v)) return v;
-    std::string rest;
-    std::getline(in, rest);
-  }
-  return 0;
 }
 
 // CAP_IPC_LOCK (bit 14) in the effective set of /proc/self/status.
@@ -73,12 +61,13 @@ DataPathReport data_path_report() {
   r.thp_mode = thp.empty() ? "absent" : bracketed(thp);
   const std::string defrag = first_line("/sys/kernel/mm/transparent_hugepage/defrag");
   r.thp_defrag = defrag.empty() ? "absent" : bracketed(defrag);
-  r.hugepages_total = meminfo_count("HugePages_Total:");
-  r.hugepages_free = meminfo_count("HugePages_Free:");
-  rlimit rl{};
-  if (getrlimit(RLIMIT_MEMLOCK, &rl) == 0) {
-    r.memlock_unlimited = rl.rlim_cur == RLIM_INFINITY;
-    if (!r.memlock_unlimited) r.memlock_limit_bytes = rl.rlim_cur;
+  const HostMemory mem = host_memory();
+  r.hugepages_total = mem.hugepages_total;
+  r.hugepages_free = mem.hugepages_free;
+  const MemlockLimit memlock = memlock_limit();
+  if (memlock.known) {
+    r.memlock_unlimited = memlock.unlimited;
+    r.memlock_limit_bytes = memlock.bytes;
   }
   r.cap_ipc_lock = has_cap_ipc_lock();
 

@@ -4,7 +4,6 @@
 
 #include <linux/io_uring.h>
 #include <sys/mman.h>
-#include <sys/resource.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -20,6 +19,7 @@
 #include <string>
 
 #include "core/check.h"
+#include "core/host_probe.h"
 #include "core/log.h"
 #include "core/units.h"
 
@@ -82,12 +82,6 @@ bool fault_in_by_long_term_pin(void* data, std::uint64_t bytes) {
   return rc == 0;
 }
 
-std::string memlock_limit_text() {
-  rlimit lim{};
-  if (getrlimit(RLIMIT_MEMLOCK, &lim) != 0) return "unknown";
-  if (lim.rlim_cur == RLIM_INFINITY) return "unlimited";
-  return format_bytes(static_cast<double>(lim.rlim_cur));
-}
 }  // namespace
 
 namespace detail {
@@ -268,7 +262,7 @@ Result<detail::SlabState> map_slab(std::size_t index, std::uint64_t bytes,
       const int err = errno;
       std::string msg = "pinned pool: mlock of " + format_bytes(static_cast<double>(bytes)) +
                         " refused (" + std::strerror(err) + "); the memlock limit is " +
-                        memlock_limit_text() +
+                        memlock_limit_text(memlock_limit()) +
                         ": raise it with `ulimit -l unlimited`, LimitMEMLOCK= in systemd or "
                         "--ulimit memlock=-1 in docker, or run with CAP_IPC_LOCK";
       if (options.lock == MemlockPolicy::kRequired) {

@@ -3,13 +3,13 @@
 
 #include <fcntl.h>
 #include <sys/stat.h>
-#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 
 #include "core/check.h"
+#include "core/host_probe.h"
 #include "core/units.h"
 
 namespace tz::nvme {
@@ -24,9 +24,8 @@ std::uint32_t direct_io_alignment(int fd) {
 }
 
 std::uint64_t free_bytes_at(const std::string& path) {
-  struct statvfs vfs {};
-  if (statvfs(path.c_str(), &vfs) != 0) return 0;
-  return static_cast<std::uint64_t>(vfs.f_bavail) * vfs.f_frsize;
+  const Result<FilesystemSpace> space = filesystem_space(path);
+  return space.is_ok() ? space->free_bytes : 0;
 }
 
 Result<IoFileHandle> IoFileHandle::open(const std::string& path, const FileOpenOptions& options) {

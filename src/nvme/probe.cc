@@ -7,7 +7,6 @@
 #include <liburing.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
-#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -16,6 +15,7 @@
 #include <cstring>
 #include <memory>
 
+#include "core/host_probe.h"
 #include "core/log.h"
 #include "nvme/file.h"
 
@@ -178,10 +178,9 @@ nlohmann::json probe_path(const std::string& dir) {
     return out;
   }
   out["filesystem"] = filesystem_name(static_cast<long>(fs.f_type));
-  struct statvfs vfs {};
-  if (::statvfs(dir.c_str(), &vfs) == 0) {
-    out["free_bytes"] = static_cast<std::uint64_t>(vfs.f_bavail) * vfs.f_frsize;
-    out["total_bytes"] = static_cast<std::uint64_t>(vfs.f_blocks) * vfs.f_frsize;
+  if (const Result<FilesystemSpace> space = filesystem_space(dir); space.is_ok()) {
+    out["free_bytes"] = space->free_bytes;
+    out["total_bytes"] = space->total_bytes;
   }
   std::string name = dir + "/.tierzero-probe-XXXXXX";
   int fd = mkostemp(name.data(), O_DIRECT | O_CLOEXEC);

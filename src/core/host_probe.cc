@@ -1,0 +1,92 @@
+// Host probes (host_probe.h): /proc/meminfo, RLIMIT_MEMLOCK and statvfs behind one small API.
+#include "core/host_probe.h"
+
+#include <sys/resource.h>
+#include <sys/statvfs.h>
+
+#include <cerrno>
+#include <charconv>
+#include <fstream>
+#include <sstream>
+
+#include "core/units.h"
+
+namespace tz {
+namespace {
+
+// The value of one "Key: value [kB]" line: bytes for kB, the bare number otherwise.
+bool parse_meminfo_value(std::string_view rest, std::uint64_t* out) {
+  const std::size_t begin = rest.find_first_not_of(" \t");
+  if (begin == std::string_view::npos) return false;
+  rest.remove_prefix(begin);
+  std::uint64_t v = 0;
+  const auto [end, ec] = std::from_chars(rest.data(), rest.data() + rest.size(), v);
+  if (ec != std::errc()) return false;
+  const std::string_view unit(end, static_cast<std::size_t>(rest.data() + rest.size() - end));
+  *out = unit.find("kB") != std::string_view::npos ? v * 1024 : v;
+  return true;
+}
+
+}  // namespace
+
+HostMemory parse_meminfo(std::string_view text) {
+  HostMemory m;
+  while (!text.empty()) {
+    const std::size_t nl = text.find('\n');
+    const std::string_view line = text.substr(0, nl);
+    text.remove_prefix(nl == std::string_view::npos ? text.size() : nl + 1);
+    const std::size_t colon = line.find(':');
+    if (colon == std::string_view::npos) continue;
+    const std::string_view key = line.substr(0, colon);
+    std::uint64_t v = 0;
+    if (!parse_meminfo_value(line.substr(colon + 1), &v)) continue;
+    if (key == "MemTotal") {
+      m.total_bytes = v;
+      m.known = true;
+    } else if (key == "MemAvailable") {
+      m.available_bytes = v;
+    } else if (key == "HugePages_Total") {
+      m.hugepages_total = v;
+    } else if (key == "HugePages_Free") {
+      m.hugepages_free = v;
+    } else if (key == "Hugepagesize") {
+      m.hugepage_bytes = v;
+    }
+  }
+  return m;
+}
+
+HostMemory host_memory() {
+  std::ifstream in("/proc/meminfo");
+  if (!in) return HostMemory{};
+  std::ostringstream text;
+  text << in.rdbuf();
+  return parse_meminfo(text.str());
+}
+
+MemlockLimit memlock_limit() {
+  MemlockLimit l;
+  rlimit rl{};
+  if (getrlimit(RLIMIT_MEMLOCK, &rl) != 0) return l;
+  l.known = true;
+  l.unlimited = rl.rlim_cur == RLIM_INFINITY;
+  if (!l.unlimited) l.bytes = static_cast<std::uint64_t>(rl.rlim_cur);
+  return l;
+}
+
+std::string memlock_limit_text(const MemlockLimit& limit) {
+  if (!limit.known) return "unknown";
+  if (limit.unlimited) return "unlimited";
+  return format_bytes(static_cast<double>(limit.bytes));
+}
+
+Result<FilesystemSpace> filesystem_space(const std::string& path) {
+  struct statvfs vfs {};
+  if (::statvfs(path.c_str(), &vfs) != 0) return Status::from_errno(errno, "statvfs", path);
+  FilesystemSpace s;
+  s.free_bytes = static_cast<std::uint64_t>(vfs.f_bavail) * vfs.f_frsize;
+  s.total_bytes = static_cast<std::uint64_t>(vfs.f_blocks) * vfs.f_frsize;
+  return s;
+}
+
+}  // namespace tz

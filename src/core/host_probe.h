@@ -1,0 +1,50 @@
+// What the host offers a run, read in one place: memory (/proc/meminfo: MemTotal, MemAvailable,
+// reserved huge pages), the memlock limit (RLIMIT_MEMLOCK) and a filesystem's free space
+// (statvfs). `tierzero info`, `estimate`, the data-path report, the NVMe probe, swap-file sizing
+// and the output rule all read these through this header, so a field is parsed one way.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "core/status.h"
+
+namespace tz {
+
+// The fields of /proc/meminfo a run sizes itself by; 0 when the line is absent or unreadable.
+struct HostMemory {
+  bool known = false;                 // /proc/meminfo was read and had a MemTotal line
+  std::uint64_t total_bytes = 0;      // MemTotal
+  std::uint64_t available_bytes = 0;  // MemAvailable
+  std::uint64_t hugepages_total = 0;  // HugePages_Total: reserved (hugetlbfs) pages
+  std::uint64_t hugepages_free = 0;   // HugePages_Free
+  std::uint64_t hugepage_bytes = 0;   // Hugepagesize
+};
+
+// Parses the text of /proc/meminfo ("Key:   value [kB]" per line; kB values in bytes, counts as
+// they are). Lines that do not parse are skipped. Pure: the unit test feeds it hand-written text.
+HostMemory parse_meminfo(std::string_view text);
+// /proc/meminfo of this host; `known` false (all zeros) when it cannot be read.
+HostMemory host_memory();
+
+// The soft RLIMIT_MEMLOCK of this process.
+struct MemlockLimit {
+  bool known = false;      // getrlimit answered
+  bool unlimited = false;  // RLIM_INFINITY
+  std::uint64_t bytes = 0;  // the limit when known and not unlimited
+};
+MemlockLimit memlock_limit();
+// "unlimited", "unknown" or the limit as format_bytes writes it.
+std::string memlock_limit_text(const MemlockLimit& limit);
+
+// A filesystem's space as statvfs reports it to an unprivileged writer.
+struct FilesystemSpace {
+  std::uint64_t free_bytes = 0;   // f_bavail x f_frsize: what a non-root writer may still use
+  std::uint64_t total_bytes = 0;  // f_blocks x f_frsize
+};
+// statvfs of `path` (any file or folder on the filesystem). Errors: the errno of statvfs, naming
+// `path`.
+Result<FilesystemSpace> filesystem_space(const std::string& path);
+
+}  // namespace tz
