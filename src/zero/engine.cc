@@ -157,6 +157,10 @@ Result<UnitId> EngineImpl::register_unit(UnitSpec spec) {
 Status EngineImpl::finalize() {
   if (finalized_) return Status::invalid_argument("finalize(): called twice");
   if (units_.empty()) return Status::invalid_argument("finalize(): no units registered");
+  if (std::all_of(units_.begin(), units_.end(), [](const Unit& u) { return u.frozen(); })) {
+    return Status::invalid_argument("finalize(): every registered unit is frozen (nothing to "
+                                    "train; register at least one unit without UnitSpec::frozen)");
+  }
   // The memory plan (zero/plan.h) is a pure function of the config, the layouts and the
   // budgets, shared with `tierzero estimate`; it sizes everything allocated below.
   std::vector<UnitLayout> layouts;

@@ -96,7 +96,9 @@ Result<Placement> parse_offload(const std::string& device, const char* key);
 // DESIGN.md's memory table for the inputs: params es*Φ, grads es*Φ, optimizer 4*(1+states)*Φ;
 // stage 1 divides the optimizer by N, stage 2 also the gradients, stage 3 also the parameters;
 // each term counted in the tier its placement names. With bf16 and Adam: 4Φ+12Φ/N, 2Φ+14Φ/N,
-// 16Φ/N, and 16Φ at stage 0.
-TierBytes formula_bytes(const PlanInputs& in, std::uint64_t params);
+// 16Φ/N, and 16Φ at stage 0. `frozen_params` of the `params` (UnitSpec::frozen) count in the
+// parameter term only: a bf16 base at stage 3 adds 2Φ_frozen/N where offload_param says.
+TierBytes formula_bytes(const PlanInputs& in, std::uint64_t params,
+                        std::uint64_t frozen_params = 0);
 
 }  // namespace tz::zero
