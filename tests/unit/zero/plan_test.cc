@@ -482,3 +482,75 @@ TEST(ZeroPlan, RefusalAdviceStartsWithTheLargestTerm) {
 
 }  // namespace
 }  // namespace tz::zero
+
+namespace tz::zero {
+namespace {
+
+// A LoRA-like model: "b" (200000 elements) frozen, its parameters on NVMe; "a" (5300) trainable,
+// its optimizer on the host. Stage 3, bf16, Adam, 2 ranks. The frozen unit costs its bf16 shard
+// at the parameter tier and nothing else: no gradient buffer, master, states or staging.
+TEST(ZeroPlan, FrozenUnitCostsItsParametersOnly) {
+  PlanInputs in;
+  in.stage = 3;
+  in.compute_dtype = DType::kBF16;
+  in.optimizer = Placement::kHost;
+  in.param = Placement::kNvme;
+  in.grad = Placement::kHost;
+  in.optimizer_states = 2;
+  in.world_size = 2;
+  in.device_budget_bytes = 1ull << 30;
+  Config config;
+  UnitSpec frozen = unit("b", {200000});
+  frozen.frozen = true;
+  std::vector<UnitLayout> units;
+  units.push_back(plan_unit_layout(unit("a", {5000, 300}), 2));
+  units.push_back(plan_unit_layout(frozen, 2));
+  ASSERT_TRUE(units[1].frozen);
+  auto got = plan_memory(in, config, units);
+  ASSERT_TRUE(got.is_ok()) << got.status().to_string();
+  const MemoryPlan& p = *got;
+  // Homes: both bf16 parameter shards on NVMe (2 B each); a's fp32 master, m, v (12 B) and
+  // gradient shard (4 B) on the host; b has none of those.
+  EXPECT_EQ(p.home.device, 0u);
+  EXPECT_EQ(p.home.nvme, (4096u + 100352u) * 2);
+  EXPECT_EQ(p.home.host, 4096u * 16);
+  EXPECT_EQ(term_of(p, Tier::kNvme, "home blocks"), (4096u + 100352u) * 2);
+  // b streams through the gather buffers like any unit; gradient buffers are a's alone (two:
+  // they go to the host); b's stage-3 get_tensor (200704 * 2 B) fits in the gather buffers.
+  EXPECT_EQ(term_of(p, Tier::kDevice, "gather buffers"), 200704u * 2);
+  EXPECT_EQ(term_of(p, Tier::kDevice, "gradient buffers"), 8192u * 2);
+  EXPECT_EQ(term_of(p, Tier::kDevice, "scratch"), 0u);
+  // Engine staging: a's 16-bit and fp32 unit only.
+  EXPECT_EQ(term_of(p, Tier::kHost, "engine staging"), 8192u * 2 + 8192u * 4);
+  // The store's chunk follows the largest block, b's bf16 shard (200704 B), under aio's 1 MiB.
+  EXPECT_EQ(p.store.chunk_bytes, 200704u);
+  // The host budget (unset): host-homed state plus four of the largest unit's NVMe-homed state
+  // (b's shard, rounded to 16 KiB) plus 1 MiB.
+  const std::uint64_t unit_nvme = (100352ull * 2 + 16383) / 16384 * 16384;
+  EXPECT_EQ(p.host_budget_bytes, 4096u * 16 + 4 * unit_nvme + (1u << 20));
+  // No overlap buffers for b: delayed keeps a's gradient shard and 16-bit parameters only.
+  config.tierzero.overlap = "delayed";
+  auto delayed = plan_memory(in, config, units);
+  ASSERT_TRUE(delayed.is_ok()) << delayed.status().to_string();
+  EXPECT_EQ(delayed->overlap_bytes, 4096u * 4 + 4096u * 2);
+}
+
+// DESIGN.md's formula with a frozen part: its bf16 parameters only, sharded at stage 3.
+TEST(ZeroPlan, FormulaWithFrozenParameters) {
+  PlanInputs in;
+  in.stage = 3;
+  in.compute_dtype = DType::kBF16;
+  in.optimizer_states = 2;
+  in.world_size = 4;
+  in.param = Placement::kNvme;
+  in.optimizer = Placement::kHost;
+  in.grad = Placement::kHost;
+  const TierBytes b = formula_bytes(in, 1000000, 900000);
+  EXPECT_EQ(b.device, 0u);
+  EXPECT_EQ(b.nvme, 2u * 1000000 / 4);
+  EXPECT_EQ(b.host, (2u + 12u) * 100000 / 4);
+  EXPECT_EQ(formula_bytes(in, 1000000, 0).host, (2u + 12u) * 1000000 / 4);
+}
+
+}  // namespace
+}  // namespace tz::zero
