@@ -186,6 +186,7 @@ Status EngineImpl::finalize() {
   for (std::size_t i = 0; i < units_.size(); ++i) units_[i].persistent = mp.persistent[i];
   plan_ = mp.terms;
   overlap_bytes_ = mp.overlap_bytes;
+  grad_place_ = mp.grad;  // NVMe when a configured host budget cannot hold the gradient shards
   const std::size_t es = dtype_size(compute_dtype_);
   const Tier opt_tier = tier_of(opt_place_);
   const Tier grad_tier = tier_of(grad_place_);

@@ -348,14 +348,16 @@ Result<std::uint64_t> size_device_cache(const PlanContext& c, MemoryPlan& plan,
   return bytes;
 }
 
-// NVMe-homed blocks are worked on in the host tier: the largest unit's NVMe-homed state (a
-// 16 KiB multiple), one unit of the units in flight.
+// NVMe-homed blocks are worked on in the host tier: the largest unit's NVMe-homed state
+// (optimizer state, parameter shard, gradient shard, as their homes say; a 16 KiB multiple), one
+// unit of the units in flight.
 std::uint64_t max_unit_nvme_bytes(const PlanContext& c) {
   std::uint64_t max_unit = 0;
   for (const UnitBytes& u : c.unit) {
     std::uint64_t b = 0;
     if (c.in.optimizer == Placement::kNvme) b += u.optimizer;
     if (c.in.param == Placement::kNvme) b += u.param;
+    if (c.in.grad == Placement::kNvme) b += u.grad;
     max_unit = std::max(max_unit, round_up(b, 4096 * 4));
   }
   return max_unit;
@@ -478,13 +480,45 @@ void add_overlap_term(const PlanContext& c, MemoryPlan& plan) {
             "plan_memory: the device tier passes its budget after the rollback snapshot");
 }
 
+// The host tier's least bytes for `in`: its homed state, two units of NVMe-homed state in flight
+// and the staging.
+std::uint64_t host_minimum(const PlanInputs& in, const Config& config,
+                           std::span<const UnitLayout> units) {
+  MemoryPlan scratch;
+  const PlanContext c = make_context(in, config, units, scratch);
+  return round_up(c.home[1], 4096) + (c.home[2] > 0 ? 2 * max_unit_nvme_bytes(c) : 0) +
+         size_store_staging(c, scratch, 0);
+}
+
+// The home of the fp32 gradient shards. With the optimizer on NVMe they are homed on the host
+// (read and written every micro-batch, no I/O) unless a configured host budget cannot hold them
+// beside the host tier's minimum; then they are homed on NVMe with the optimizer state and
+// worked on in the host cache like it (as DeepSpeed's optimizer swapper swaps gradients), when
+// that lowers the minimum: the whole shards leave the host, two units' come back in flight.
+Placement gradient_home(const PlanInputs& in, const Config& config,
+                        std::span<const UnitLayout> units) {
+  const std::uint64_t configured =
+      in.host_budget_bytes > 0 ? in.host_budget_bytes : config.tierzero.host_budget;
+  if (in.optimizer != Placement::kNvme || in.grad != Placement::kHost || configured == 0) {
+    return in.grad;
+  }
+  const std::uint64_t on_host = host_minimum(in, config, units);
+  if (on_host <= configured) return Placement::kHost;
+  PlanInputs nvme = in;
+  nvme.grad = Placement::kNvme;
+  return host_minimum(nvme, config, units) < on_host ? Placement::kNvme : Placement::kHost;
+}
+
 }  // namespace
 
-Result<MemoryPlan> plan_memory(const PlanInputs& in, const Config& config,
+Result<MemoryPlan> plan_memory(const PlanInputs& requested, const Config& config,
                                std::span<const UnitLayout> units) {
   if (units.empty()) return Status::invalid_argument("finalize(): no units registered");
-  TZ_ASSERT(in.world_size >= 1, "plan_memory: world_size must be >= 1");
+  TZ_ASSERT(requested.world_size >= 1, "plan_memory: world_size must be >= 1");
+  PlanInputs in = requested;
+  in.grad = gradient_home(requested, config, units);
   MemoryPlan plan;
+  plan.grad = in.grad;
   const PlanContext c = make_context(in, config, units, plan);
   plan.device_budget_bytes =
       config.tierzero.device_budget > 0 ? config.tierzero.device_budget : in.device_budget_bytes;
@@ -499,7 +533,6 @@ Result<MemoryPlan> plan_memory(const PlanInputs& in, const Config& config,
   add_overlap_term(c, plan);
   return plan;
 }
-
 
 TierBytes formula_bytes(const PlanInputs& in, std::uint64_t params, std::uint64_t frozen_params) {
   TZ_ASSERT(frozen_params <= params, "formula_bytes: more frozen parameters than parameters");

@@ -292,6 +292,80 @@ TEST(ZeroPlan, HostOverBudgetNamesTheKey) {
   EXPECT_EQ(fits->bytes().host, host_home + staging);
 }
 
+// Optimizer on NVMe, parameters on the host, stage 3, 2 ranks, eight units of 200000 elements:
+// the fp32 gradient shards are homed on the host while a configured host budget holds them
+// beside the tier's minimum, else on NVMe with the optimizer state (worked on in the host cache);
+// only a budget below the minimum with them on NVMe is refused. With two units moving them would
+// not lower the minimum (two units' gradients come back in flight), so they stay.
+TEST(ZeroPlan, GradientShardsMoveToNvmeWhenTheHostBudgetCannotHoldThem) {
+  PlanInputs in;
+  in.stage = 3;
+  in.compute_dtype = DType::kBF16;
+  in.optimizer = Placement::kNvme;
+  in.param = Placement::kHost;
+  in.grad = Placement::kHost;
+  in.world_size = 2;
+  in.device_budget_bytes = 1ull << 30;
+  Config config;
+  in.host_budget_bytes = 4096;
+  const auto two = two_units_two_ranks();
+  auto two_refused = plan_memory(in, config, two);
+  ASSERT_FALSE(two_refused.is_ok());
+  EXPECT_NE(two_refused.status().message().find("host tier needs at least 5861376 bytes"),
+            std::string::npos)  // gradient shards on the host: the smaller minimum
+      << two_refused.status().message();
+  std::vector<UnitLayout> units;
+  for (int i = 0; i < 8; ++i) {
+    units.push_back(plan_unit_layout(unit("u" + std::to_string(i), {200000}), 2));
+  }
+  ASSERT_EQ(units[0].shard, 100352u);
+  const std::uint64_t params = 8 * 100352 * 2;  // bf16 shards, homed on the host
+  const std::uint64_t grads = 8 * 100352 * 4;   // fp32 shards
+  const std::uint64_t staging = 4 * 401408 + 200704 * 2 + 200704 * 4;
+  auto round16k = [](std::uint64_t b) { return (b + 16383) / 16384 * 16384; };
+  auto round4k = [](std::uint64_t b) { return (b + 4095) / 4096 * 4096; };
+  // A unit in flight: master + m + v, and with the gradient its fp32 shard too.
+  const std::uint64_t unit_opt = round16k(100352ull * 12);
+  const std::uint64_t unit_opt_grad = round16k(100352ull * 16);
+  const std::uint64_t host_min = round4k(params + grads) + 2 * unit_opt + staging;
+  const std::uint64_t nvme_min = round4k(params) + 2 * unit_opt_grad + staging;
+  ASSERT_LT(nvme_min, host_min);
+
+  in.host_budget_bytes = host_min;  // room for the gradient shards on the host
+  auto on_host = plan_memory(in, config, units);
+  ASSERT_TRUE(on_host.is_ok()) << on_host.status().to_string();
+  EXPECT_EQ(on_host->grad, Placement::kHost);
+  EXPECT_EQ(on_host->home.host, params + grads);
+  EXPECT_EQ(on_host->home.nvme, 8 * 100352 * 12u);
+
+  in.host_budget_bytes = host_min - 1;  // not: they are homed on NVMe
+  auto on_nvme = plan_memory(in, config, units);
+  ASSERT_TRUE(on_nvme.is_ok()) << on_nvme.status().to_string();
+  EXPECT_EQ(on_nvme->grad, Placement::kNvme);
+  EXPECT_EQ(on_nvme->home.host, params);
+  EXPECT_EQ(on_nvme->home.nvme, 8 * 100352 * 16u);
+  EXPECT_EQ(on_nvme->bytes().host, host_min - 1);  // the whole budget: the cache takes the rest
+  EXPECT_EQ(term_of(*on_nvme, Tier::kHost, "home blocks"), params);
+
+  in.host_budget_bytes = nvme_min;  // the least that starts
+  auto least = plan_memory(in, config, units);
+  ASSERT_TRUE(least.is_ok()) << least.status().to_string();
+  EXPECT_EQ(least->grad, Placement::kNvme);
+  in.host_budget_bytes = nvme_min - 1;
+  auto refused = plan_memory(in, config, units);
+  ASSERT_FALSE(refused.is_ok());
+  EXPECT_NE(refused.status().message().find("host tier needs at least " +
+                                            std::to_string(nvme_min) + " bytes"),
+            std::string::npos)
+      << refused.status().message();
+
+  // Unset host budget (the default sizes itself to the need): the gradient shards stay on the host.
+  in.host_budget_bytes = 0;
+  auto open = plan_memory(in, config, units);
+  ASSERT_TRUE(open.is_ok());
+  EXPECT_EQ(open->grad, Placement::kHost);
+}
+
 TEST(ZeroPlan, EmptyUnitListIsRefused) {
   PlanInputs in;
   Config config;
