@@ -10,6 +10,12 @@
 
 namespace tz::store {
 
+std::uint64_t Store::home_write_bytes(BlockId id) const {
+  std::lock_guard lock(impl_->mu);
+  const auto it = impl_->blocks.find(id);
+  return it == impl_->blocks.end() ? 0 : it->second.stats.home_write_bytes;
+}
+
 const char* tier_name(Tier tier) {
   switch (tier) {
     case Tier::kDevice: return "device";
@@ -90,6 +96,7 @@ void Store::Impl::count_move(Block& b, Tier src, Tier dst) {
   stats.tiers[ti(src)].bytes_out += b.bytes;
   stats.tiers[ti(dst)].bytes_in += b.bytes;
   b.stats.bytes_in[ti(dst)] += b.bytes;
+  if (dst == b.home) b.stats.home_write_bytes += b.bytes;
 }
 
 void Store::Impl::link_start(Link l) {

@@ -58,9 +58,11 @@ struct LinkStats {
 // One block's counters (Store::block_stats): the bytes its moves copied into each tier (loads,
 // write-backs, flushes; a never-written NVMe block's zero fill copies nothing). bytes_in of the
 // block's home tier is what was written to its durable copy: 0 for a block whose bytes were never
-// written back (a frozen weight that is only read). Zeroed by Store::reset_stats.
+// written back (a frozen weight that is only read). home_write_bytes adds the write pins of the
+// home copy to the moves into it (Store::home_write_bytes). Zeroed by Store::reset_stats.
 struct BlockStats {
   std::array<std::uint64_t, kTierCount> bytes_in{};
+  std::uint64_t home_write_bytes = 0;
   std::uint64_t tier_bytes_in(Tier t) const { return bytes_in[static_cast<std::size_t>(t)]; }
 };
 

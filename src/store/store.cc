@@ -279,6 +279,7 @@ Result<Lease> Store::pin(BlockId id, Tier tier, Access access) {
       }
     }
     ++b.write_leases[ti(tier)];
+    if (tier == b.home) b.stats.home_write_bytes += b.bytes;
     b.dirtied_at = tier == Tier::kNvme ? kNoPos : m.trace.last_recorded();
   }
   ++b.leases[ti(tier)];

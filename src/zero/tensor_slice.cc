@@ -32,9 +32,9 @@ Status EngineImpl::set_tensor_slice(UnitId id, std::size_t tensor, std::size_t f
                                     std::to_string(first_elem) + ", " + std::to_string(last) +
                                     ") past its " + std::to_string(n));
   }
-  // delayed: as set_tensor, the pending update is published first.
+  // delayed: the pending update finishes and is published first, so the value set here is not
+  // overwritten by parameters computed before it.
   TZ_RETURN_IF_ERROR(publish_pending_update());
-  TZ_ASSIGN_OR_RETURN(BlockId block, state_block(u, which));
   const std::size_t off = u.layout.offsets[tensor];
   const auto shard = u.layout.shard_part(u.spec.tensors, tensor, rank_);
   // Writes the part of the slice inside [b, e) (tensor elements) of `bytes`-per-element `src` to
@@ -47,12 +47,17 @@ Status EngineImpl::set_tensor_slice(UnitId id, std::size_t tensor, std::size_t f
         off + b - (sharded ? static_cast<std::size_t>(rank_) * u.layout.shard : 0);
     return write_block(dst, at * es, src + (b - first_elem) * es, (e - b) * es);
   };
-  TZ_RETURN_IF_ERROR(write_part(block, reinterpret_cast<const std::byte*>(values.data()), 4,
-                                stage_ != 0));
+  // A frozen unit has no master: its kMaster is the compute-dtype parameters alone.
+  if (!u.frozen() || which != TensorState::kMaster) {
+    TZ_ASSIGN_OR_RETURN(BlockId block, state_block(u, which));
+    TZ_RETURN_IF_ERROR(write_part(block, reinterpret_cast<const std::byte*>(values.data()), 4,
+                                  stage_ != 0));
+  }
   if (which != TensorState::kMaster) return Status::ok();
   // The compute-dtype parameters follow the master (a persistent gathered copy is refreshed at
   // its next gather).
   u.persistent_valid = false;
+  frozen_unflushed_ = frozen_unflushed_ || u.frozen();
   const std::size_t es = dtype_size(compute_dtype_);
   std::vector<std::byte> converted(values.size() * es);
   host_cast_from_f32(values.data(), converted.data(), compute_dtype_, values.size());
