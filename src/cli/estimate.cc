@@ -26,6 +26,7 @@
 #include "core/units.h"
 #include "cpu/data_path.h"
 #include "gpu/select.h"
+#include "gpu/workspaces.h"
 #include "model/data.h"
 #include "model/factory.h"
 #include "store/stats.h"
@@ -66,6 +67,7 @@ struct Setup {
   std::uint64_t device_budget_bytes = 0;   // per rank, as train's device(s) would have it
   std::string device_name;
   bool device_is_host = true;  // HostDevice: the "device" tier is host memory too
+  gpu::DeviceWorkspaces workspaces;  // cuBLAS's and NCCL's, as train's device and comm would have
 };
 
 // The largest set of tensors one module owns directly (DeepSpeed's model_to_params counts
@@ -100,14 +102,17 @@ Status probe_device(Setup& s) {
     s.device_budget_bytes = device->memory_stats().budget_bytes;
     s.device_name = device->name();
     s.device_is_host = device->host_accessible();
+    s.workspaces = gpu::device_workspaces(*device, 1, false);
     return Status::ok();
   }
   return zero::run_local_ranks(s.flags.ranks, budget,
-                               [&s](int rank, gpu::Device& device, comm::Comm&) {
+                               [&s](int rank, gpu::Device& device, comm::Comm& comm) {
                                  if (rank == 0) {
                                    s.device_budget_bytes = device.memory_stats().budget_bytes;
                                    s.device_name = device.name();
                                    s.device_is_host = device.host_accessible();
+                                   s.workspaces = gpu::device_workspaces(
+                                       device, s.flags.ranks, comm.backend() == "nccl");
                                  }
                                  return Status::ok();
                                });
@@ -315,6 +320,8 @@ Result<Estimate> estimate_for(const Setup& s, const Config& config) {
   e.paths = zero::swap_paths(e.options);
   TZ_ASSIGN_OR_RETURN(e.inputs, zero::plan_inputs(e.options, s.flags.ranks, s.device_budget_bytes));
   e.inputs.process_baseline_bytes = zero::process_baseline_bytes();
+  e.inputs.cublas_workspace_bytes = s.workspaces.cublas;
+  e.inputs.nccl_buffer_bytes = s.workspaces.nccl;
   std::vector<zero::UnitLayout> layouts;
   for (const zero::UnitSpec& u : s.units) layouts.push_back(zero::plan_unit_layout(u, s.flags.ranks));
   auto plan = zero::plan_memory(e.inputs, config, layouts);

@@ -6,6 +6,7 @@
 // step) and its shared helpers.
 #include "zero/engine.h"
 
+#include "gpu/workspaces.h"
 #include "store/stack.h"
 #include "zero/engine_impl.h"
 
@@ -177,6 +178,10 @@ Status EngineImpl::finalize() {
   in.device_budget_bytes = device_.memory_stats().budget_bytes;
   in.nvme_paths = std::max<std::size_t>(1, nvme_paths_.size());
   in.process_baseline_bytes = process_baseline_bytes();
+  const gpu::DeviceWorkspaces ws =
+      gpu::device_workspaces(device_, world_, comm_.backend() == "nccl");
+  in.cublas_workspace_bytes = ws.cublas;
+  in.nccl_buffer_bytes = ws.nccl;
   TZ_ASSIGN_OR_RETURN(MemoryPlan mp, plan_memory(in, config_, layouts));
   for (std::size_t i = 0; i < units_.size(); ++i) units_[i].persistent = mp.persistent[i];
   plan_ = mp.terms;

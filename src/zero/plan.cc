@@ -256,6 +256,16 @@ std::size_t add_device_terms(const PlanContext& c, MemoryPlan& plan) {
                static_cast<std::uint64_t>(c.in.world_size) * 2 * kScalarPieces * 4);
   add_term(plan, Tier::kDevice, "model activations (EngineOptions::activation_bytes)",
            c.in.activation_bytes);
+  // GPU libraries' memory (CudaDevice only, so HostDevice plans keep their terms).
+  if (c.in.cublas_workspace_bytes > 0) {
+    add_term(plan, Tier::kDevice, "cuBLAS workspace (cublasSetWorkspace, from the device pool)",
+             c.in.cublas_workspace_bytes);
+  }
+  if (c.in.nccl_buffer_bytes > 0) {
+    add_term(plan, Tier::kDevice,
+             "NCCL buffers (estimate: NCCL_BUFFSIZE + LL + LL128 per channel and ring neighbour)",
+             c.in.nccl_buffer_bytes);
+  }
   return cache_index;
 }
 
