@@ -24,6 +24,7 @@
 #include "core/units.h"
 #include "cpu/data_path.h"
 #include "gpu/select.h"
+#include "gpu/workspaces.h"
 #include "model/data.h"
 #include "model/factory.h"
 #include "store/stats.h"
@@ -64,6 +65,7 @@ struct Setup {
   std::uint64_t device_budget_bytes = 0;   // per rank, as train's device(s) would have it
   std::string device_name;
   bool device_is_host = true;  // HostDevice: the "device" tier is host memory too
+  gpu::DeviceWorkspaces workspaces;  // cuBLAS's and NCCL's, as train's device and comm would have
 };
 
 // The largest set of tensors one module owns directly (DeepSpeed's model_to_params counts
@@ -98,14 +100,17 @@ Status probe_device(Setup& s) {
     s.device_budget_bytes = device->memory_stats().budget_bytes;
     s.device_name = device->name();
     s.device_is_host = device->host_accessible();
+    s.workspaces = gpu::device_workspaces(*device, 1, false);
     return Status::ok();
   }
   return zero::run_local_ranks(s.flags.ranks, budget,
-                               [&s](int rank, gpu::Device& device, comm::Comm&) {
+                               [&s](int rank, gpu::Device& device, comm::Comm& comm) {
                                  if (rank == 0) {
                                    s.device_budget_bytes = device.memory_stats().budget_bytes;
                                    s.device_name = device.name();
                                    s.device_is_host = device.host_accessible();
+                                   s.workspaces = gpu::device_workspaces(
+                                       device, s.flags.ranks, comm.backend() == "nccl");
                                  }
                                  return Status::ok();
                                });
@@ -140,6 +145,8 @@ Result<Setup> prepare(const EstimateFlags& f) {
   s.params = s.shape.param_count();
   s.largest_layer_params = largest_layer(s.units);
   TZ_RETURN_IF_ERROR(probe_device(s));
+  // The process's memory now, as `train`'s when it creates its engine (same binary, device open).
+  (void)zero::process_baseline_bytes();
   return s;
 }
 
@@ -249,12 +256,15 @@ void check_machine(const Setup& s, Estimate& e) {
   {
     // Ranks as threads of one process: every rank's pinned pool is this process's, and on
     // HostDevice the device tier is host memory too.
+    // The pool's slack is in its size; the process's other terms once (one process).
     const std::uint64_t pool = n * e.plan.pool.budget_bytes;
-    const std::uint64_t need = pool + (s.device_is_host ? n * b.device : 0);
+    const std::uint64_t baseline = e.plan.process_bytes() - (e.plan.pool.budget_bytes - b.host);
+    const std::uint64_t need = pool + baseline + (s.device_is_host ? n * b.device : 0);
     const std::uint64_t avail = host_memory().available_bytes;
     Estimate::Check c{"host", avail == 0 || need <= avail, ""};
     c.text = "host: " + std::to_string(n) + " x " + gib(e.plan.pool.budget_bytes) +
-             " pinned" + (s.device_is_host ? " + the device tier (host memory here)" : "") +
+             " pinned + " + gib(baseline) + " process baseline" +
+             (s.device_is_host ? " + the device tier (host memory here)" : "") +
              " = " + gib(need) + ", MemAvailable " + (avail == 0 ? "unknown" : gib(avail));
     if (!c.ok) {
       c.text += ": over; move state to NVMe (offload_optimizer.device / offload_param.device "
@@ -295,6 +305,9 @@ Result<Estimate> estimate_for(const Setup& s, const Config& config) {
                                  static_cast<std::uint64_t>(config.tierzero.seed));
   e.paths = zero::swap_paths(e.options);
   TZ_ASSIGN_OR_RETURN(e.inputs, zero::plan_inputs(e.options, s.flags.ranks, s.device_budget_bytes));
+  e.inputs.process_baseline_bytes = zero::process_baseline_bytes();
+  e.inputs.cublas_workspace_bytes = s.workspaces.cublas;
+  e.inputs.nccl_buffer_bytes = s.workspaces.nccl;
   std::vector<zero::UnitLayout> layouts;
   for (const zero::UnitSpec& u : s.units) layouts.push_back(zero::plan_unit_layout(u, s.flags.ranks));
   auto plan = zero::plan_memory(e.inputs, config, layouts);
@@ -408,7 +421,9 @@ nlohmann::ordered_json estimate_json(const Estimate& e,
   if (measured) j["measured_peak_bytes"] = measured->to_json();
   nlohmann::ordered_json terms;
   for (const zero::PlanTerm& t : e.plan.terms) terms[store::tier_name(t.tier)][t.name] = t.bytes;
+  for (const zero::PlanTerm& t : e.plan.process) terms["process"][t.name] = t.bytes;
   j["terms"] = terms;
+  j["process_bytes"] = e.plan.process_bytes();
   j["fits"] = e.fits();
   nlohmann::ordered_json checks = nlohmann::ordered_json::array();
   for (const Estimate::Check& c : e.checks) {
@@ -461,6 +476,10 @@ void print_one(const Setup& s, const Estimate& e, const std::optional<zero::Tier
     for (const zero::PlanTerm& p : e.plan.terms) {
       if (p.tier == t) std::printf("    %-62s %12s\n", p.name.c_str(), gib(p.bytes).c_str());
     }
+  }
+  std::printf("  process (host memory outside the tiers)\n");
+  for (const zero::PlanTerm& p : e.plan.process) {
+    std::printf("    %-62s %12s\n", p.name.c_str(), gib(p.bytes).c_str());
   }
   const auto [with, without] = activations_with_without(s, e.inputs.compute_dtype);
   std::printf("  (model activations: %s with checkpointing, %s without)\n\n", gib(with).c_str(),

@@ -2,6 +2,8 @@
 // pool as aligned host memory, typed operations as loops over gpu/elementwise.h.
 #include "gpu/host_device.h"
 
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
@@ -19,6 +21,23 @@ constexpr std::size_t kAlignment = 256;
 constexpr int kPoisonByte = 0xa5;
 // The most freed-buffer bytes a HostDevice keeps for reuse (besides its budget, at most the budget).
 constexpr std::uint64_t kCacheMax = 1ull << 30;
+// Buffers from this size on are mapped and unmapped directly: glibc would keep a freed one in its
+// heap once its mmap threshold has risen past it (up to 32 MiB), resident and counted nowhere.
+constexpr std::size_t kMapMin = 1u << 20;
+
+void* map_or_alloc(std::size_t rounded) {
+  if (rounded < kMapMin) return std::aligned_alloc(kAlignment, rounded);
+  void* p = mmap(nullptr, rounded, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  return p == MAP_FAILED ? nullptr : p;
+}
+
+void unmap_or_free(void* ptr, std::size_t rounded) {
+  if (rounded < kMapMin) {
+    std::free(ptr);
+  } else {
+    munmap(ptr, rounded);
+  }
+}
 
 // What a HostEvent shares with the tasks that complete and wait on it, so that the event may be
 // destroyed while they are still queued.
@@ -234,13 +253,26 @@ Result<void*> HostDevice::allocate_raw(std::size_t bytes) {
       cache_bytes_ -= rounded;
     }
   }
-  if (ptr == nullptr) ptr = std::aligned_alloc(kAlignment, rounded);
+  if (ptr == nullptr) {
+    // The freed buffers kept plus the live ones stay within the largest live total so far (this
+    // allocation counted), which the engine's plan bounds: the free lists are never memory the
+    // plan does not count. The largest go first.
+    const MemoryStats stats = memory_stats();
+    std::lock_guard lock(cache_mu_);
+    while (!cache_.empty() && stats.in_use_bytes + cache_bytes_ > stats.peak_bytes) {
+      const auto last = std::prev(cache_.end());
+      unmap_or_free(last->second, last->first);
+      cache_bytes_ -= last->first;
+      cache_.erase(last);
+    }
+  }
+  if (ptr == nullptr) ptr = map_or_alloc(rounded);
   if (ptr == nullptr) {
     release_cache();  // buffers of other sizes, held for nothing now
-    ptr = std::aligned_alloc(kAlignment, rounded);
+    ptr = map_or_alloc(rounded);
   }
   if (ptr == nullptr) {
-    return Status::out_of_memory("HostDevice: aligned_alloc of " + std::to_string(rounded) +
+    return Status::out_of_memory("HostDevice: allocating " + std::to_string(rounded) +
                                  " B failed (host memory exhausted)");
   }
   if (poison_) std::memset(ptr, kPoisonByte, rounded);
@@ -259,12 +291,12 @@ void HostDevice::free_raw(void* ptr, std::size_t bytes) {
       return;
     }
   }
-  std::free(ptr);
+  unmap_or_free(ptr, rounded);
 }
 
 void HostDevice::release_cache() {
   std::lock_guard lock(cache_mu_);
-  for (const auto& [size, ptr] : cache_) std::free(ptr);
+  for (const auto& [size, ptr] : cache_) unmap_or_free(ptr, size);
   cache_.clear();
   cache_bytes_ = 0;
 }

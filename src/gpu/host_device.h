@@ -147,7 +147,9 @@ class HostDevice final : public Device {
   // allocators keep them: glibc returns a buffer above its mmap threshold (32 MiB at most) to the
   // kernel on free, and the next one is faulted in again a page at a time (the engine's per-step
   // gradient buffers cost ~24k faults per step on a 14.6M-parameter model). At most
-  // cache_limit_ bytes; a freed buffer that does not fit goes back to glibc.
+  // cache_limit_ bytes; a freed buffer that does not fit goes back to the system. A miss first
+  // frees kept buffers until live + kept bytes are within the peak of live bytes (memory_stats),
+  // so the free lists never hold memory the device's peak (and so the engine's plan) does not.
   std::mutex cache_mu_;
   std::multimap<std::size_t, void*> cache_;  // guarded by cache_mu_
   std::size_t cache_bytes_ = 0;              // guarded by cache_mu_

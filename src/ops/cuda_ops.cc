@@ -16,6 +16,7 @@
 
 #include "gpu/cuda_check.h"
 #include "gpu/launch_check.h"
+#include "gpu/workspaces.h"
 #include "ops/internal/backends.h"
 #include "ops/internal/cuda_kernels.h"
 
@@ -41,8 +42,9 @@ cudaDataType_t cuda_type(DType dt) {
 
 class CudaOps final : public Ops {
  public:
-  CudaOps(gpu::Device& device, cublasHandle_t handle, std::string name)
-      : device_(device), handle_(handle), name_(std::move(name)) {}
+  CudaOps(gpu::Device& device, cublasHandle_t handle, gpu::DeviceBuffer workspace,
+          std::string name)
+      : device_(device), handle_(handle), workspace_(std::move(workspace)), name_(std::move(name)) {}
   ~CudaOps() override { cublasDestroy(handle_); }
 
   gpu::Device& device() override { return device_; }
@@ -333,6 +335,7 @@ class CudaOps final : public Ops {
 
   gpu::Device& device_;
   cublasHandle_t handle_;
+  gpu::DeviceBuffer workspace_;  // cuBLAS's only workspace (freed after cublasDestroy)
   std::string name_;
 };
 
@@ -344,8 +347,23 @@ Result<std::unique_ptr<Ops>> create_cuda_ops(gpu::Device& device, const OpsOptio
   TZ_RETURN_IF_ERROR(cublas_status(cublasCreate(&handle), "ops: cublasCreate"));
   int version = 0;
   if (cublasGetVersion(handle, &version) != CUBLAS_STATUS_SUCCESS) version = 0;
-  return std::unique_ptr<Ops>(
-      new CudaOps(device, handle, "cuda (cuBLAS " + std::to_string(version) + ", " + device.name() + ")"));
+  // cuBLAS's workspace from the device pool, of the size the engine's plan counts
+  // (gpu/workspaces.h), so cuBLAS allocates nothing outside the budget on its own.
+  const std::uint64_t ws_bytes = gpu::device_workspaces(device, 1, false).cublas;
+  auto workspace = device.allocate(ws_bytes);
+  if (!workspace.is_ok()) {
+    cublasDestroy(handle);
+    return std::move(workspace).take_status().with_context("ops: cuBLAS workspace");
+  }
+  if (const Status st = cublas_status(cublasSetWorkspace(handle, workspace->data(), ws_bytes),
+                                      "ops: cublasSetWorkspace");
+      !st.is_ok()) {
+    cublasDestroy(handle);
+    return st;
+  }
+  return std::unique_ptr<Ops>(new CudaOps(
+      device, handle, std::move(*workspace),
+      "cuda (cuBLAS " + std::to_string(version) + ", " + device.name() + ")"));
 }
 
 }  // namespace tz::ops::internal

@@ -20,6 +20,15 @@ nlohmann::ordered_json EngineImpl::plan_json() const {
   for (const PlanTerm& t : plan_) {
     j["terms"][store::tier_name(t.tier)][t.name] = t.bytes;
   }
+  // Host memory outside the tiers; the process's peak RSS is planned as device (when the device
+  // is host memory) + host + process (docs/estimate.md, "The process's memory").
+  std::uint64_t process = 0;
+  for (const PlanTerm& t : process_plan_) {
+    j["terms"]["process"][t.name] = t.bytes;
+    process += t.bytes;
+  }
+  j["process_bytes"] = process;
+  j["device_is_host_memory"] = device_.host_accessible();
   j["formula_bytes"] = formula_bytes().to_json();
   j["formula"] = "DESIGN.md: params " + std::to_string(dtype_size(compute_dtype_)) +
                  "P, grads " + std::to_string(dtype_size(compute_dtype_)) + "P, optimizer " +

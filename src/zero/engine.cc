@@ -7,6 +7,7 @@
 #include "zero/engine.h"
 
 #include "cpu/simd.h"
+#include "gpu/workspaces.h"
 #include "store/stack.h"
 #include "zero/engine_impl.h"
 
@@ -182,9 +183,15 @@ Status EngineImpl::finalize() {
   in.host_budget_bytes = options_.host_budget_bytes;
   in.device_budget_bytes = device_.memory_stats().budget_bytes;
   in.nvme_paths = std::max<std::size_t>(1, nvme_paths_.size());
+  in.process_baseline_bytes = process_baseline_bytes();
+  const gpu::DeviceWorkspaces ws =
+      gpu::device_workspaces(device_, world_, comm_.backend() == "nccl");
+  in.cublas_workspace_bytes = ws.cublas;
+  in.nccl_buffer_bytes = ws.nccl;
   TZ_ASSIGN_OR_RETURN(MemoryPlan mp, plan_memory(in, config_, layouts));
   for (std::size_t i = 0; i < units_.size(); ++i) units_[i].persistent = mp.persistent[i];
   plan_ = mp.terms;
+  process_plan_ = mp.process;
   overlap_bytes_ = mp.overlap_bytes;
   grad_place_ = mp.grad;  // NVMe when a configured host budget cannot hold the gradient shards
   const std::size_t es = dtype_size(compute_dtype_);
@@ -548,6 +555,7 @@ Tier EngineImpl::home_tier(BlockId block) const {
 
 Result<std::unique_ptr<Engine>> Engine::create(const EngineOptions& options, gpu::Device& device,
                                                comm::Comm& comm) {
+  (void)process_baseline_bytes();  // the process's memory before any engine holds some
   auto engine = std::make_unique<impl::EngineImpl>(options, device, comm);
   TZ_RETURN_IF_ERROR(engine->init());
   return std::unique_ptr<Engine>(std::move(engine));

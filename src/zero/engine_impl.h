@@ -511,6 +511,7 @@ class EngineImpl final : public Engine {
 
   std::deque<Unit> units_;  // stable addresses: views point at the specs
   std::vector<PlanTerm> plan_;
+  std::vector<PlanTerm> process_plan_;  // MemoryPlan::process: host memory outside the tiers
   double compute_busy_base_ = -1;  // the compute stream's busy_seconds() when the step opened
   bool finalized_ = false;
   std::uint64_t param_count_ = 0;

@@ -5,7 +5,9 @@
 #include "zero/plan.h"
 
 #include <algorithm>
+#include <fstream>
 #include <functional>
+#include <string>
 
 #include "core/assert.h"
 #include "cpu/optimizer.h"
@@ -110,6 +112,24 @@ std::uint64_t MemoryPlan::tier_bytes(store::Tier tier) const {
     if (t.tier == tier) sum += t.bytes;
   }
   return sum;
+}
+
+std::uint64_t MemoryPlan::process_bytes() const {
+  std::uint64_t sum = 0;
+  for (const PlanTerm& t : process) sum += t.bytes;
+  return sum;
+}
+
+std::uint64_t process_baseline_bytes() {
+  static const std::uint64_t baseline = [] {
+    std::ifstream in("/proc/self/status");
+    std::string line;
+    while (std::getline(in, line)) {
+      if (line.rfind("VmRSS:", 0) == 0) return std::uint64_t{std::stoull(line.substr(6))} * 1024;
+    }
+    return std::uint64_t{0};
+  }();
+  return baseline;
 }
 
 TierBytes MemoryPlan::bytes() const {
@@ -246,6 +266,16 @@ std::size_t add_device_terms(const PlanContext& c, MemoryPlan& plan) {
                static_cast<std::uint64_t>(c.in.world_size) * 2 * kScalarPieces * 4);
   add_term(plan, Tier::kDevice, "model activations (EngineOptions::activation_bytes)",
            c.in.activation_bytes);
+  // GPU libraries' memory (CudaDevice only, so HostDevice plans keep their terms).
+  if (c.in.cublas_workspace_bytes > 0) {
+    add_term(plan, Tier::kDevice, "cuBLAS workspace (cublasSetWorkspace, from the device pool)",
+             c.in.cublas_workspace_bytes);
+  }
+  if (c.in.nccl_buffer_bytes > 0) {
+    add_term(plan, Tier::kDevice,
+             "NCCL buffers (estimate: NCCL_BUFFSIZE + LL + LL128 per channel and ring neighbour)",
+             c.in.nccl_buffer_bytes);
+  }
   return cache_index;
 }
 
@@ -509,6 +539,22 @@ Placement gradient_home(const PlanInputs& in, const Config& config,
   return host_minimum(nvme, config, units) < on_host ? Placement::kNvme : Placement::kHost;
 }
 
+// Host memory outside the tiers. The process's baseline, measured (process_baseline_bytes()):
+// with the CUDA libraries linked it is mostly cuBLASLt's text and static data, which no formula
+// of this engine predicts. The pinned pool's slack: the pool's slabs are mapped at its budget
+// (the host tier plus one largest block per slab and 2 MiB, size_pool), and a page once touched
+// stays resident, so fragmentation can touch all of it.
+void add_process_terms(const PlanContext& c, MemoryPlan& plan) {
+  if (c.in.process_baseline_bytes > 0) {
+    plan.process.push_back(PlanTerm{
+        Tier::kHost, "process baseline (binary, libraries, static data: RSS before the engine)",
+        c.in.process_baseline_bytes});
+  }
+  plan.process.push_back(PlanTerm{Tier::kHost,
+                                  "pinned pool slack (block rounding, fragmentation, 2 MiB)",
+                                  plan.pool.budget_bytes - plan.tier_bytes(Tier::kHost)});
+}
+
 }  // namespace
 
 Result<MemoryPlan> plan_memory(const PlanInputs& requested, const Config& config,
@@ -529,6 +575,7 @@ Result<MemoryPlan> plan_memory(const PlanInputs& requested, const Config& config
   plan.store.host_budget_bytes = plan.host_budget_bytes;
   add_host_and_nvme_terms(c, plan);
   size_pool(c, plan);
+  add_process_terms(c, plan);
   size_swap(c, plan);
   add_overlap_term(c, plan);
   return plan;

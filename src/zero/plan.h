@@ -36,6 +36,13 @@ struct PlanInputs {
   std::uint64_t device_budget_bytes = 0;    // the device's own budget (tierzero.device_budget
                                             // wins when non-zero)
   std::size_t nvme_paths = 1;               // swap files the NVMe-homed state is striped over
+  // The process's memory before the engine holds any (process_baseline_bytes()); 0 leaves the
+  // term out (a plan of the tiers alone).
+  std::uint64_t process_baseline_bytes = 0;
+  // GPU library memory on CudaDevice (gpu/workspaces.h): cuBLAS's workspace (from the device
+  // pool) and NCCL's buffers (its own, an estimate); 0 on HostDevice.
+  std::uint64_t cublas_workspace_bytes = 0;
+  std::uint64_t nccl_buffer_bytes = 0;
 };
 
 // What the engine's init() derives from the options: stage, precision, placements and the
@@ -79,9 +86,21 @@ struct MemoryPlan {
   // term; 0 in exact mode or for eager without clipping and fp16.
   std::uint64_t overlap_bytes = 0;
 
+  // Host memory the process holds outside the store's tiers (docs/estimate.md, "The process's
+  // memory"): its baseline and the pinned pool's slack. Kept apart from the host tier, which
+  // tierzero.host_budget bounds and Engine::peak_bytes() measures; the process's peak RSS is
+  // planned as device (on a host-memory device) + host + these.
+  std::vector<PlanTerm> process;
+
   std::uint64_t tier_bytes(store::Tier tier) const;  // sum of the tier's terms
   TierBytes bytes() const;                           // every tier's sum
+  std::uint64_t process_bytes() const;               // sum of `process`
 };
+
+// The resident memory (VmRSS) of this process the first time it is called: the binary, the
+// shared libraries and their static data, and whatever the process held by then. The engine
+// calls it when it is created, `tierzero estimate` before it plans; 0 where /proc cannot be read.
+std::uint64_t process_baseline_bytes();
 
 // The plan for `units` (the registered units' layouts, in registration order, for
 // `in.world_size` ranks). kOutOfMemory naming the tier, the bytes needed and the budget (and the

@@ -239,6 +239,18 @@ TEST(ZeroPlan, PoolSlackIsOneLargestBlockPerSlab) {
   EXPECT_EQ(got->pool.slab_bytes, 1ull << 30);
   EXPECT_GE(slabs, 2u);
   EXPECT_EQ(got->pool.budget_bytes, got->bytes().host + (2u << 20) + slabs * block);
+  // The slack is host memory outside the tiers: a process term, and the only one without a
+  // measured baseline.
+  ASSERT_EQ(got->process.size(), 1u);
+  EXPECT_EQ(got->process[0].name.rfind("pinned pool slack", 0), 0u);
+  EXPECT_EQ(got->process_bytes(), (2u << 20) + slabs * block);
+  EXPECT_EQ(got->bytes().host, 80001024ull * 16 + 4 * got->store.chunk_bytes +
+                                   got->stage16_bytes + got->stage32_bytes);
+  in.process_baseline_bytes = 123456789;  // a measured baseline is its own term
+  auto with_baseline = plan_memory(in, config, units);
+  ASSERT_TRUE(with_baseline.is_ok());
+  EXPECT_EQ(with_baseline->process_bytes(), 123456789u + (2u << 20) + slabs * block);
+  EXPECT_EQ(with_baseline->bytes().host, got->bytes().host);
 }
 
 TEST(ZeroPlan, DeviceOverBudgetNamesBytesAndSetting) {
