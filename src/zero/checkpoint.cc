@@ -121,6 +121,17 @@ Result<std::vector<std::string>> list_checkpoints(const std::string& dir) {
   return names;
 }
 
+std::string base_label(const std::string& base) { return base.empty() ? "(none)" : "'" + base + "'"; }
+
+// A checkpoint resumes only on the base it was trained on (CheckpointExtra::base).
+Status check_base(const std::string& checkpoint_dir, const nlohmann::json& manifest,
+                  const std::string& base) {
+  const std::string there = manifest.value("base", "");
+  if (there == base) return Status::ok();
+  return Status::invalid_argument("checkpoint " + checkpoint_dir + " was trained on base " +
+                                  base_label(there) + ", this run's base is " + base_label(base));
+}
+
 }  // namespace
 
 std::string tensor_checksum(std::span<const float> values) {
@@ -246,7 +257,8 @@ Result<std::string> save_checkpoint(Engine& engine, comm::Comm& comm, const std:
           {"stage", options.config.zero.stage},
           {"compute_dtype", std::string(dtype_name(engine.compute_dtype()))},
           {"optimizer_states", states - 1},
-          {"params", engine.param_count()},
+          {"params", engine.trainable_param_count()},
+          {"base", extra.base},
           {"model", extra.model},
           {"trainer", extra.trainer},
           {"engine", engine.scalar_state()},
@@ -321,8 +333,10 @@ Result<nlohmann::json> read_manifest(const std::string& checkpoint_dir) {
   return manifest;
 }
 
-Result<CheckpointExtra> load_checkpoint(Engine& engine, const std::string& checkpoint_dir) {
+Result<CheckpointExtra> load_checkpoint(Engine& engine, const std::string& checkpoint_dir,
+                                        const std::string& base) {
   TZ_ASSIGN_OR_RETURN(nlohmann::json manifest, read_manifest(checkpoint_dir));
+  TZ_RETURN_IF_ERROR(check_base(checkpoint_dir, manifest, base));
   const int states_there = manifest.value("optimizer_states", 0);
   const int states_here = engine.optimizer_state_count();
   if (states_there != states_here) {
@@ -387,6 +401,7 @@ Result<CheckpointExtra> load_checkpoint(Engine& engine, const std::string& check
   CheckpointExtra extra;
   extra.model = manifest["model"];
   extra.trainer = manifest["trainer"];
+  extra.base = manifest.value("base", "");
   return extra;
 }
 

@@ -34,9 +34,15 @@ inline constexpr int kCheckpointFormatVersion = 1;
 
 // What the caller stores beside the engine's state: the model's shape and the trainer's own state
 // (data-loader position, RNG), both opaque to the checkpoint.
+//
+// `base` names the frozen base the trainable units were trained on (UnitSpec::frozen: a LoRA
+// base), e.g. a hash of the base folder's files or "preset:seed"; empty when there is none. A
+// checkpoint holds only trainable units' state (the base is not copied into it) and records
+// `base` in its manifest; load_checkpoint refuses a checkpoint of another base.
 struct CheckpointExtra {
   nlohmann::json model;
   nlohmann::json trainer;
+  std::string base;
 };
 
 // Writes checkpoint `step` of `engine` into `dir` (created if needed). Collective: every rank
@@ -58,8 +64,11 @@ Result<nlohmann::json> read_manifest(const std::string& checkpoint_dir);
 // offload: a reshard). Collective. Every tensor's checksum is verified as it is read; a corrupt or
 // truncated file, a missing tensor or a shape mismatch is an error naming the file and tensor.
 // After an error the engine holds partial state and must not be trained on. Returns the extra
-// state the checkpoint holds.
-Result<CheckpointExtra> load_checkpoint(Engine& engine, const std::string& checkpoint_dir);
+// state the checkpoint holds. `base` is this run's base identity (CheckpointExtra::base): a
+// checkpoint saved with another one (or with one where this run has none, or the reverse) is
+// kInvalidArgument naming both. Frozen units are not loaded (the caller loads its base itself).
+Result<CheckpointExtra> load_checkpoint(Engine& engine, const std::string& checkpoint_dir,
+                                        const std::string& base = "");
 
 // Verifies every checksum of a checkpoint without an engine (tierzero ckpt info), streaming.
 struct CheckpointSummary {

@@ -163,6 +163,7 @@ Status EngineImpl::finalize() {
   for (const Unit& u : units_) {
     layouts.push_back(u.layout);
     param_count_ += u.layout.numel;
+    if (!u.spec.frozen) trainable_param_count_ += u.layout.numel;
   }
   PlanInputs in;
   in.stage = stage_;

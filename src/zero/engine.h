@@ -53,9 +53,22 @@ struct TensorSpec {
 // block). Its tensors are laid out in order in one flat buffer, each starting at a multiple of
 // kTensorAlignElems elements; the flat buffer is padded so that it splits into world_size equal
 // shards whose byte sizes suit O_DIRECT (multiples of 4 KiB in every dtype the engine keeps).
+//
+// A frozen unit (a LoRA base's block) is registered without gradients, fp32 master weights or
+// optimizer state. Its parameters are stored only in the compute dtype (bf16/fp16, or fp32 when
+// compute is fp32), sharded like other units' parameters, at the tier offload_param says (device,
+// host, NVMe), gathered and released as today, and never reduced, updated or written back to
+// their home tier after set_tensor (the store keeps its blocks read-only: never dirty, dropped
+// rather than written on eviction). grad()/reduce() on it are kInvalidArgument naming the unit (a
+// model bug: backward through a frozen unit computes input gradients only). set_tensor(kMaster)
+// sets its compute-dtype parameters (rounded as other units' 16-bit copies are); get_tensor(
+// kMaster) returns them widened to fp32; optimizer states are kInvalidArgument. Norms, clipping,
+// overflow checks, the optimizer, the overlap modes, params_xxh3 and checkpoints see only
+// trainable units.
 struct UnitSpec {
   std::string name;  // unique ("h.3", "wte"); names errors and store blocks
   std::vector<TensorSpec> tensors;
+  bool frozen = false;
 };
 inline constexpr std::size_t kTensorAlignElems = 128;  // 256 bytes of 16-bit elements
 
@@ -208,6 +221,8 @@ class Engine {
   virtual int world_size() const = 0;
   virtual std::int64_t steps_done() const = 0;  // optimizer steps completed (skipped included)
   virtual std::uint64_t param_count() const = 0;  // sum of every unit's numel (unpadded)
+  // The same over trainable (not frozen) units only: what the optimizer updates.
+  virtual std::uint64_t trainable_param_count() const = 0;
   // The registered units (for checkpoints): count, spec and flat layout of each (include
   // zero/layout.h for UnitLayout's members), the optimizer's state-array count (0, 1 or 2:
   // cpu::state_count of the spec) and the options the engine was created with.
@@ -223,7 +238,8 @@ class Engine {
   virtual TierBytes plan_bytes() const = 0;
   virtual TierBytes peak_bytes() const = 0;
   // xxHash3 of every rank's fp32 master weights gathered in unit order (collective), so runs can
-  // be compared bit for bit.
+  // be compared bit for bit. Trainable units only: a frozen base is never changed by training,
+  // so an adapter's hash compares across stages and offloads whatever the base's placement.
   virtual Result<std::uint64_t> params_xxh3() = 0;
 
  protected:

@@ -293,6 +293,7 @@ class EngineImpl final : public Engine {
   int world_size() const override { return world_; }
   std::int64_t steps_done() const override { return steps_done_; }
   std::uint64_t param_count() const override { return param_count_; }
+  std::uint64_t trainable_param_count() const override { return trainable_param_count_; }
   std::size_t unit_count() const override { return units_.size(); }
   const UnitSpec& unit_spec(UnitId unit) const override;
   const UnitLayout& layout(UnitId unit) const override;
@@ -477,6 +478,7 @@ class EngineImpl final : public Engine {
   double compute_busy_base_ = -1;  // the compute stream's busy_seconds() when the step opened
   bool finalized_ = false;
   std::uint64_t param_count_ = 0;
+  std::uint64_t trainable_param_count_ = 0;
   std::unique_ptr<PinnedPool> pool_;
   std::unique_ptr<store::Store> store_;
   PinnedBuffer stage16_;
