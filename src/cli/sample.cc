@@ -100,44 +100,122 @@ Result<std::string> decode_ids(const model::Tokenizer& tokenizer,
   return tokenizer.decode(u);
 }
 
+// The model the flags name: --model (a name or a folder), else the config.json beside --weights.
+Result<model::ModelDesc> resolve_sample_model(const SampleOptions& o) {
+  if (!o.model.empty()) return model::resolve_model(o.model);
+  if (o.weights.empty()) {
+    return Status::invalid_argument("give --model (a name or a Hugging Face folder) or --weights");
+  }
+  std::error_code ec;
+  // The weights are the input the user named: a missing file is reported as itself, not as
+  // the config.json that would sit beside it.
+  if (!std::filesystem::exists(o.weights, ec)) {
+    return Status::not_found("--weights " + o.weights + ": no such file");
+  }
+  const std::filesystem::path dir = std::filesystem::path(o.weights).parent_path();
+  const std::string config = (dir / "config.json").string();
+  if (!std::filesystem::exists(config, ec)) {
+    return Status::invalid_argument("--model not given and no " + config +
+                                    " beside the weights; pass --model NAME");
+  }
+  return model::resolve_model(dir.empty() ? std::string(".") : dir.string());
+}
+
+// What generation produced, and how long it took.
+struct Generated {
+  std::vector<std::int32_t> ids;
+  double generate_s = 0;
+  bool kv_cache = false;
+};
+
+// Loads `weights` into `shape` on one HostDevice rank of the engine and continues `prompt`.
+Result<Generated> generate_on_engine(const model::ModelDesc& shape, const std::string& weights,
+                                     const std::vector<std::int32_t>& prompt, int tokens,
+                                     const model::SamplingOptions& sampling,
+                                     const model::TokenCallback& on_token) {
+  // One rank, stage 0, fp32, plain SGD (no optimizer state: the engine is only a weight holder).
+  Config config;
+  config.optimizer.type = "SGD";
+  model::ModelOptions options;
+  options.micro_batch = 1;
+  options.checkpointing = 1;  // forward only: one block's activations suffice
+  // The positions the run needs (the whole context, up to the model's).
+  options.seq = static_cast<int>(std::min<std::uint64_t>(
+      static_cast<std::uint64_t>(shape.seq), prompt.size() + static_cast<std::uint64_t>(tokens)));
+  zero::EngineOptions eo;
+  eo.config = config;
+  eo.activation_bytes = model::activation_bytes(shape, options, DType::kF32);
+  // fp32 masters, parameters and gradients on the HostDevice, the activations, a key/value cache
+  // (smaller than twice the activations) and slack.
+  const std::uint64_t budget = 16 * shape.param_count() + 3 * eo.activation_bytes + (1ull << 30);
+  Generated out;
+  const Status ranks = zero::run_local_ranks(
+      1, budget, [&](int, gpu::Device& dev, comm::Comm& comm) -> Status {
+        TZ_ASSIGN_OR_RETURN(std::unique_ptr<zero::Engine> engine,
+                            zero::Engine::create(eo, dev, comm));
+        TZ_ASSIGN_OR_RETURN(std::unique_ptr<model::Model> net,
+                            model::create_model(shape, options, *engine));
+        TZ_RETURN_IF_ERROR(engine->finalize());
+        TZ_RETURN_IF_ERROR(net->load_weights(weights));
+        const auto t0 = std::chrono::steady_clock::now();
+        TZ_ASSIGN_OR_RETURN(out.ids, model::generate(*net, prompt, tokens, sampling, on_token));
+        out.generate_s =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        out.kv_cache = net->has_kv_cache() && sampling.kv_cache;
+        return Status::ok();
+      });
+  TZ_RETURN_IF_ERROR(ranks);
+  return out;
+}
+
+// The continuation as text (decoded, bytes, or ids), printed plainly or as one JSON object.
+Status print_generated(const SampleOptions& o, const model::ModelDesc& shape,
+                       const std::optional<model::Tokenizer>& tokenizer,
+                       const std::vector<std::int32_t>& prompt, const Generated& g) {
+  std::string text;
+  if (tokenizer) {
+    TZ_ASSIGN_OR_RETURN(text, decode_ids(*tokenizer, g.ids));
+  } else if (shape.vocab == 256) {
+    text = model::ids_to_bytes(g.ids);
+  } else {
+    for (std::size_t i = 0; i < g.ids.size(); ++i) {
+      text += (i > 0 ? " " : "") + std::to_string(g.ids[i]);
+    }
+  }
+  if (o.json) {
+    nlohmann::ordered_json j;
+    j["prompt_ids"] = prompt;
+    j["ids"] = g.ids;
+    j["text"] = text;
+    j["kv_cache"] = g.kv_cache;
+    j["generate_s"] = g.generate_s;
+    j["tokens_per_s"] = g.generate_s > 0 ? static_cast<double>(g.ids.size()) / g.generate_s : 0.0;
+    // Bytes that are not UTF-8 print as U+FFFD instead of failing the dump.
+    std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+  } else {
+    std::printf("%s\n", text.c_str());
+  }
+  return Status::ok();
+}
+
 Status run(const SampleOptions& o) {
   model::SamplingOptions sampling{o.temperature, o.top_k, o.seed, !o.no_kv_cache};
   TZ_RETURN_IF_ERROR(model::check_sampling_options(sampling));
   if (o.tokens < 0) return Status::invalid_argument("--tokens must be >= 0");
-  Result<model::ModelDesc> shape = Status::invalid_argument("no model");
-  if (!o.model.empty()) {
-    shape = model::resolve_model(o.model);
-  } else if (o.weights.empty()) {
-    return Status::invalid_argument("give --model (a name or a Hugging Face folder) or --weights");
-  } else {
-    std::error_code ec;
-    // The weights are the input the user named: a missing file is reported as itself, not as
-    // the config.json that would sit beside it.
-    if (!std::filesystem::exists(o.weights, ec)) {
-      return Status::not_found("--weights " + o.weights + ": no such file");
-    }
-    const std::filesystem::path dir = std::filesystem::path(o.weights).parent_path();
-    const std::string config = (dir / "config.json").string();
-    if (!std::filesystem::exists(config, ec)) {
-      return Status::invalid_argument("--model not given and no " + config +
-                                      " beside the weights; pass --model NAME");
-    }
-    shape = model::resolve_model(dir.empty() ? std::string(".") : dir.string());
-  }
-  if (!shape.is_ok()) return shape.status();
-  const std::string weights = !o.weights.empty() ? o.weights : shape->folder;
+  TZ_ASSIGN_OR_RETURN(const model::ModelDesc shape, resolve_sample_model(o));
+  const std::string weights = !o.weights.empty() ? o.weights : shape.folder;
   if (weights.empty()) {
     return Status::invalid_argument("--model " + o.model +
                                     " is not a folder; give the weights with --weights");
   }
-  const std::string folder = !shape->folder.empty()
-                                 ? shape->folder
+  const std::string folder = !shape.folder.empty()
+                                 ? shape.folder
                                  : std::filesystem::path(o.weights).parent_path().string();
   TZ_ASSIGN_OR_RETURN(const std::optional<model::Tokenizer> tokenizer,
-                      find_tokenizer(o, folder, shape->vocab));
+                      find_tokenizer(o, folder, shape.vocab));
   TZ_ASSIGN_OR_RETURN(const std::vector<std::int32_t> prompt,
                       tokenizer ? encode_prompt(*tokenizer, o.prompt)
-                                : prompt_ids(o.prompt, shape->vocab));
+                                : prompt_ids(o.prompt, shape.vocab));
   if (prompt.empty()) return Status::invalid_argument("--prompt is empty; give at least one token");
   // With a tokenizer and without --json, the text is printed as the tokens come.
   std::optional<model::TextStream> stream;
@@ -151,70 +229,14 @@ Status run(const SampleOptions& o) {
       return Status::ok();
     };
   }
-
-  // One rank, stage 0, fp32, plain SGD (no optimizer state: the engine is only a weight holder).
-  Config config;
-  config.optimizer.type = "SGD";
-  model::ModelOptions options;
-  options.micro_batch = 1;
-  options.checkpointing = 1;  // forward only: one block's activations suffice
-  // The positions the run needs (the whole context, up to the model's).
-  options.seq = static_cast<int>(std::min<std::uint64_t>(
-      static_cast<std::uint64_t>(shape->seq), prompt.size() + static_cast<std::uint64_t>(o.tokens)));
-  zero::EngineOptions eo;
-  eo.config = config;
-  eo.activation_bytes = model::activation_bytes(*shape, options, DType::kF32);
-  // fp32 masters, parameters and gradients on the HostDevice, the activations, a key/value cache
-  // (smaller than twice the activations) and slack.
-  const std::uint64_t budget =
-      16 * shape->param_count() + 3 * eo.activation_bytes + (1ull << 30);
-  std::vector<std::int32_t> continuation;
-  double generate_s = 0;
-  bool kv_cache = false;
-  const Status ranks = zero::run_local_ranks(1, budget, [&](int, gpu::Device& dev,
-                                                            comm::Comm& comm) -> Status {
-    TZ_ASSIGN_OR_RETURN(std::unique_ptr<zero::Engine> engine, zero::Engine::create(eo, dev, comm));
-    TZ_ASSIGN_OR_RETURN(std::unique_ptr<model::Model> net,
-                        model::create_model(*shape, options, *engine));
-    TZ_RETURN_IF_ERROR(engine->finalize());
-    TZ_RETURN_IF_ERROR(net->load_weights(weights));
-    const auto t0 = std::chrono::steady_clock::now();
-    TZ_ASSIGN_OR_RETURN(continuation, model::generate(*net, prompt, o.tokens, sampling, on_token));
-    generate_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    kv_cache = net->has_kv_cache() && sampling.kv_cache;
-    return Status::ok();
-  });
-  TZ_RETURN_IF_ERROR(ranks);
-
-  std::string text;
+  TZ_ASSIGN_OR_RETURN(const Generated g,
+                      generate_on_engine(shape, weights, prompt, o.tokens, sampling, on_token));
   if (stream) {
     TZ_ASSIGN_OR_RETURN(const std::string rest, stream->finish());
     std::printf("%s\n", rest.c_str());
     return Status::ok();
   }
-  if (tokenizer) {
-    TZ_ASSIGN_OR_RETURN(text, decode_ids(*tokenizer, continuation));
-  } else if (shape->vocab == 256) {
-    text = model::ids_to_bytes(continuation);
-  } else {
-    for (std::size_t i = 0; i < continuation.size(); ++i) {
-      text += (i > 0 ? " " : "") + std::to_string(continuation[i]);
-    }
-  }
-  if (o.json) {
-    nlohmann::ordered_json j;
-    j["prompt_ids"] = prompt;
-    j["ids"] = continuation;
-    j["text"] = text;
-    j["kv_cache"] = kv_cache;
-    j["generate_s"] = generate_s;
-    j["tokens_per_s"] = generate_s > 0 ? static_cast<double>(continuation.size()) / generate_s : 0.0;
-    // Bytes that are not UTF-8 print as U+FFFD instead of failing the dump.
-    std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
-  } else {
-    std::printf("%s\n", text.c_str());
-  }
-  return Status::ok();
+  return print_generated(o, shape, tokenizer, prompt, g);
 }
 
 }  // namespace

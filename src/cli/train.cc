@@ -1,26 +1,17 @@
-// `tierzero train`: trains a model (model/factory.h) end to end on the ZeRO engine (zero/engine.h) with the
-// DeepSpeed config's stage, offload, precision and optimizer, on N rank threads of one process
-// (--ranks) or one rank per process under mpirun/srun. Everything a run can get wrong up front
-// (model, data, flags against the config, NVMe space) is checked before the first step; every
-// step is reported as a progress bar, a plain line and a --metrics JSON line.
-#include <unistd.h>
-
+// `tierzero train`: parses the flags, checks what a run can get wrong up front (config, model,
+// flags against the config, NVMe space, outputs), then hands the run to the training loop
+// (train/trainer.h) on N rank threads of one process (--ranks) or one rank per process under
+// mpirun/srun, and prints the summary. Ctrl-C and SIGTERM stop the loop after the current step.
 #include <algorithm>
-#include <filesystem>
-#include <array>
-#include <atomic>
-#include <cerrno>
-#include <chrono>
 #include <csignal>
 #include <cstdio>
-#include <fstream>
+#include <filesystem>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
-#include <set>
-#include <sstream>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "cli/bench_common.h"
@@ -30,14 +21,11 @@
 #include "comm/select.h"
 #include "core/config.h"
 #include "core/output_file.h"
-#include "core/progress.h"
 #include "core/trace.h"
-#include "core/units.h"
 #include "gpu/select.h"
-#include "model/data.h"
 #include "model/factory.h"
-#include "zero/checkpoint.h"
-#include "zero/engine.h"
+#include "train/report.h"
+#include "train/trainer.h"
 
 namespace tz::cli {
 namespace {
@@ -84,33 +72,10 @@ struct RunSetup {
   TrainFlags flags;
   Config config;
   model::ModelDesc shape;
-  model::ModelOptions model_options;
-  DType compute = DType::kF32;
-  std::uint64_t seed = 1234;
   int world = 1;
   bool launched = false;  // one rank per process under a launcher
   comm::LaunchEnv launch;
-  std::shared_ptr<const model::TokenData> train_data;  // the corpus, or synthetic tokens
-  std::shared_ptr<const model::TokenData> val_data;    // null without --val-data
-  std::uint64_t tokens_per_step = 0;                   // B * T * k * N
-};
-
-// What rank 0 hands back for the summary.
-struct RunSummary {
-  std::int64_t steps = 0;
-  bool interrupted = false;
-  double final_loss = 0;
-  std::optional<double> val_loss;
-  std::vector<double> step_s;
-  std::vector<double> bound_s;
-  std::vector<double> nvme_read_per_param;
-  std::vector<double> nvme_write_per_param;
-  std::uint64_t params = 0;
-  std::uint64_t params_xxh3 = 0;
-  zero::TierBytes peak_bytes;
-  zero::TierBytes plan_bytes;
-  nlohmann::ordered_json comm_bytes;
-  nlohmann::ordered_json comm_formula_bytes;
+  std::optional<train::Trainer> trainer;  // the loop (train/trainer.h), data loaded
 };
 
 // Bytes the optimizer keeps per parameter besides the fp32 master (its state arrays).
@@ -122,19 +87,8 @@ std::uint64_t optimizer_state_bytes_per_param(const Config& c) {
   return state;  // Lion's m, Adagrad's sum
 }
 
-// The checks that need no rank: config, model, flags against the config, data, NVMe space.
-Result<RunSetup> prepare(const TrainFlags& f) {
-  RunSetup s;
-  s.flags = f;
-  TZ_ASSIGN_OR_RETURN(s.config, load_run_config("train", f.config_path, f.nvme_path));
-  TZ_ASSIGN_OR_RETURN(s.shape, model::resolve_model(f.model));
-  const int seq = f.seq > 0 ? f.seq : s.shape.seq;
-  if (f.seq < 0) return Status::invalid_argument("--seq must be positive");
-  if (seq > s.shape.seq) {
-    return Status::invalid_argument("--seq " + std::to_string(seq) + " is longer than " +
-                                    s.shape.name + "'s " + std::to_string(s.shape.seq) +
-                                    " positions");
-  }
+// The flags that need neither config nor model, and the launcher against --ranks.
+Status check_flags(const TrainFlags& f, RunSetup& s) {
   if (f.steps < 1) return Status::invalid_argument("--steps must be at least 1");
   if (f.ranks < 1) return Status::invalid_argument("--ranks must be at least 1");
   {
@@ -174,20 +128,15 @@ Result<RunSetup> prepare(const TrainFlags& f) {
         std::to_string(b) + " x gradient_accumulation_steps " + std::to_string(k) + " = " +
         std::to_string(b * k * static_cast<std::uint64_t>(s.world)));
   }
-  const bool param_nvme = c.zero.offload_param.device == "nvme";
-  const bool opt_nvme = c.zero.offload_optimizer.device == "nvme";
-  TZ_RETURN_IF_ERROR(check_nvme_path_used(c, f.config_path, f.nvme_path));
-  s.compute = compute_dtype_of(c);
-  s.seed = f.seed.value_or(static_cast<std::uint64_t>(c.tierzero.seed));
-  // Rank threads share the cores: each gets its share unless --cpu-threads says otherwise (one
-  // process per rank under a launcher takes every core it may run on).
-  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  s.model_options = model_options_for(
-      c, seq, f.checkpointing,
-      f.cpu_threads > 0 ? f.cpu_threads : (s.launched ? 0 : std::max(1, cores / s.world)));
+  return Status::ok();
+}
 
-  // NVMe: every path an offload names must take a file and hold its share of the state (the
-  // engine reports the exact plan; this is the early, approximate check).
+// NVMe: every path an offload names must take a file and hold its share of the state (the
+// engine reports the exact plan; this is the early, approximate check).
+Status check_nvme_space(const RunSetup& s, DType compute) {
+  const TrainFlags& f = s.flags;
+  const Config& c = s.config;
+  TZ_RETURN_IF_ERROR(check_nvme_path_used(c, f.config_path, f.nvme_path));
   const std::uint64_t params = s.shape.param_count();
   std::vector<std::pair<std::string, std::uint64_t>> needs;
   auto add_need = [&](const std::string& config_path, std::uint64_t bytes) {
@@ -200,8 +149,10 @@ Result<RunSetup> prepare(const TrainFlags& f) {
     }
     needs.emplace_back(dir, bytes);
   };
-  if (param_nvme) add_need(c.zero.offload_param.nvme_path, params * dtype_size(s.compute));
-  if (opt_nvme) {
+  if (c.zero.offload_param.device == "nvme") {
+    add_need(c.zero.offload_param.nvme_path, params * dtype_size(compute));
+  }
+  if (c.zero.offload_optimizer.device == "nvme") {
     add_need(c.zero.offload_optimizer.nvme_path, params * (4 + optimizer_state_bytes_per_param(c)));
   }
   for (const auto& [dir, bytes] : needs) {
@@ -212,10 +163,14 @@ Result<RunSetup> prepare(const TrainFlags& f) {
     }
     TZ_RETURN_IF_ERROR(check_swap_path(dir, bytes));
   }
+  return Status::ok();
+}
 
-  // Every output the run will write, checked now rather than after the work: the folder can be
-  // written (made when missing), the file is none of the inputs, and a checkpoint (fp32 master
-  // plus the optimizer's state, as the save writes them) fits in the free space.
+// Every output the run will write, checked now rather than after the work: the folder can be
+// written (made when missing), the file is none of the inputs, and a checkpoint (fp32 master
+// plus the optimizer's state, as the save writes them) fits in the free space.
+Status check_outputs(const RunSetup& s) {
+  const TrainFlags& f = s.flags;
   const std::vector<std::string> inputs = {f.config_path, f.data, f.val_data, f.init};
   if (!f.save_weights.empty()) {
     if (s.shape.family == "gpt2") {
@@ -231,328 +186,67 @@ Result<RunSetup> prepare(const TrainFlags& f) {
       TZ_RETURN_IF_ERROR(check_folder("--save-weights", f.save_weights));
     }
   }
-  const std::string trace = !f.trace_out.empty() ? f.trace_out : c.tierzero.trace_path;
+  const std::string trace = !f.trace_out.empty() ? f.trace_out : s.config.tierzero.trace_path;
   if (!trace.empty()) TZ_RETURN_IF_ERROR(check_output("--trace-out", trace, inputs));
   if (!f.metrics.empty()) TZ_RETURN_IF_ERROR(check_output("--metrics", f.metrics, inputs));
   if (!f.save_dir.empty()) {
-    TZ_RETURN_IF_ERROR(
-        check_folder("--save-dir", f.save_dir, params * (4 + optimizer_state_bytes_per_param(c))));
-  }
-
-  const std::int64_t per_micro = static_cast<std::int64_t>(b) * seq;
-  s.tokens_per_step =
-      static_cast<std::uint64_t>(per_micro) * k * static_cast<std::uint64_t>(s.world);
-  if (!f.data.empty()) {
-    TZ_ASSIGN_OR_RETURN(model::TokenData d, model::load_tokens(f.data, s.shape.vocab));
-    s.train_data = std::make_shared<const model::TokenData>(std::move(d));
-  } else {
-    // No corpus: uniform random tokens (seeded), enough for two steps' worth of distinct
-    // batches, for measuring step time on a shape without a tokenized corpus.
-    s.train_data = std::make_shared<const model::TokenData>(
-        model::synthetic_tokens(2 * s.tokens_per_step + 1, s.shape.vocab, s.seed));
-  }
-  if (!f.val_data.empty()) {
-    TZ_ASSIGN_OR_RETURN(model::TokenData d, model::load_tokens(f.val_data, s.shape.vocab));
-    s.val_data = std::make_shared<const model::TokenData>(std::move(d));
-  }
-  // The loaders' size checks are the same on every rank: run them here so a short file stops the
-  // run before any rank starts.
-  model::LoaderOptions lo{.micro_batch = static_cast<int>(b),
-                          .seq = seq,
-                          .rank = 0,
-                          .world_size = s.world,
-                          .shuffle = f.shuffle,
-                          .seed = s.seed};
-  TZ_RETURN_IF_ERROR(model::DataLoader::create(s.train_data, lo).take_status());
-  if (s.val_data) {
-    TZ_RETURN_IF_ERROR(model::make_validation_set(s.val_data, lo, f.val_batches).take_status());
-  }
-  return s;
-}
-
-// Every rank's few scalars gathered to every rank (rank order), bit-exact: the values travel as
-// raw bytes through an all-gather, and each rank sums them in the same order, so the loss printed
-// and the decision to stop are identical on every rank and for threads or processes.
-class RankScalars {
- public:
-  static constexpr std::size_t kCount = 4;  // loss sum, stop flag, val loss sum, val batches
-
-  static Result<RankScalars> create(gpu::Device& device, comm::Comm& comm) {
-    RankScalars r(device, comm);
-    const std::size_t bytes = kCount * sizeof(double);
-    TZ_ASSIGN_OR_RETURN(r.send_, device.allocate(bytes));
-    TZ_ASSIGN_OR_RETURN(r.recv_,
-                        device.allocate(bytes * static_cast<std::size_t>(comm.world_size())));
-    return r;
-  }
-
-  // Returns the element-wise sum over ranks (in rank order) of every rank's `values`.
-  Result<std::array<double, kCount>> sum(const std::array<double, kCount>& values,
-                                         gpu::Stream& stream) {
-    const std::size_t bytes = kCount * sizeof(double);
-    const auto world = static_cast<std::size_t>(comm_->world_size());
-    // Nothing of the engine's may still be in flight on another stream when the gather pairs up
-    // across ranks.
-    TZ_RETURN_IF_ERROR(device_->synchronize());
-    TZ_RETURN_IF_ERROR(device_->copy_async(send_.data(), values.data(), bytes,
-                                           gpu::CopyKind::kHostToDevice, stream));
-    TZ_RETURN_IF_ERROR(
-        comm_->all_gather(send_.data(), recv_.data(), bytes / sizeof(float), DType::kF32, stream));
-    std::vector<double> all(kCount * world);
-    TZ_RETURN_IF_ERROR(device_->copy_async(all.data(), recv_.data(), bytes * world,
-                                           gpu::CopyKind::kDeviceToHost, stream));
-    TZ_RETURN_IF_ERROR(stream.synchronize());
-    TZ_RETURN_IF_ERROR(comm_->async_error());
-    std::array<double, kCount> out{};
-    for (std::size_t r = 0; r < world; ++r) {
-      for (std::size_t i = 0; i < kCount; ++i) out[i] += all[r * kCount + i];
-    }
-    return out;
-  }
-
- private:
-  RankScalars(gpu::Device& device, comm::Comm& comm) : device_(&device), comm_(&comm) {}
-  gpu::Device* device_;
-  comm::Comm* comm_;
-  gpu::DeviceBuffer send_;
-  gpu::DeviceBuffer recv_;
-};
-
-std::string tier_text(const zero::TierBytes& b) {
-  return "device " + format_bytes(static_cast<double>(b.device)) + " host " +
-         format_bytes(static_cast<double>(b.host)) + " nvme " +
-         format_bytes(static_cast<double>(b.nvme));
-}
-
-// The mean validation loss over the fixed set (every rank its share; collective).
-Result<double> evaluate(model::Model& net, const model::ValidationSet& val, RankScalars& scalars,
-                        gpu::Stream& stream) {
-  const auto bt = static_cast<std::size_t>(val.loader.tokens_per_micro_batch());
-  std::vector<std::int32_t> tok(bt), tgt(bt);
-  double sum = 0;
-  for (int i = 0; i < val.batches_per_rank; ++i) {
-    val.loader.batch(i, tok, tgt);
-    TZ_ASSIGN_OR_RETURN(double l, net.eval_loss(tok, tgt));
-    sum += l;
-  }
-  TZ_ASSIGN_OR_RETURN(auto total,
-                      scalars.sum({0, 0, sum, static_cast<double>(val.batches_per_rank)}, stream));
-  return total[2] / total[3];
-}
-
-// Rank 0's output: the progress bar, the plain lines and the metrics file.
-class Reporter {
- public:
-  Reporter(const RunSetup& s, OutputFile* metrics) : s_(s), metrics_(metrics) {
-    // As core/progress.h decides: a bar on a terminal outside CI, plain lines otherwise.
-    interactive_ = isatty(fileno(stderr)) == 1 && std::getenv("CI") == nullptr;
-    if (interactive_) {
-      bar_ =
-          std::make_unique<Progress>("train", static_cast<std::uint64_t>(s.flags.steps), "steps");
-    }
-  }
-
-  void line(const std::string& text) {
-    if (interactive_) std::fprintf(stderr, "\r\033[K");
-    std::fprintf(stderr, "%s\n", text.c_str());
-    std::fflush(stderr);
-  }
-
-  void step(const zero::StepReport& r, double loss, std::optional<double> val_loss) {
-    const double tokens_per_s =
-        r.step_s > 0 ? static_cast<double>(s_.tokens_per_step) / r.step_s : 0;
-    const double stall = r.step_s > 0 ? r.stall_s / r.step_s : 0;
-    // What the rank's thread waited on, as shares of the step (docs/train.md, "Output"): gathering
-    // parameters from host/NVMe, reducing and copying gradients (without a GPU this includes the
-    // kernels' own compute, which the thread waits for there), the CPU optimizer step.
-    const auto share = [&](double s) { return r.step_s > 0 ? s / r.step_s : 0.0; };
-    const double wait_params = share(r.stall_gather_s);
-    const double wait_grads = share(r.stall_reduce_s);
-    const double wait_optimizer = share(r.stall_optimizer_s);
-    if (metrics_ != nullptr) {
-      nlohmann::ordered_json j;
-      j["step"] = r.step;
-      j["loss"] = loss;
-      j["lr"] = r.lr;
-      j["grad_norm"] = r.grad_norm;
-      j["loss_scale"] = r.loss_scale;
-      j["step_s"] = r.step_s;
-      j["tokens_per_s"] = tokens_per_s;
-      j["bound_s"] = r.bound_s;
-      j["stall_fraction"] = stall;
-      j["wait_params_fraction"] = wait_params;
-      j["wait_grads_fraction"] = wait_grads;
-      j["wait_optimizer_fraction"] = wait_optimizer;
-      j["bytes_in_use"] = r.bytes_in_use.to_json();
-      j["skipped"] = r.skipped;
-      j["nvme_read_bytes"] = r.nvme_read_bytes;
-      j["nvme_write_bytes"] = r.nvme_write_bytes;
-      if (val_loss) j["val_loss"] = *val_loss;
-      // One write per line: the file holds whole records only. A failed write (a full disk)
-      // drops the file, says so once and lets the run go on.
-      if (Status ws = metrics_->write(j.dump() + "\n"); !ws.is_ok()) {
-        line("warning: --metrics: " + ws.message() + "; no metrics file will be written");
-        metrics_ = nullptr;
-      }
-    }
-    const auto every = std::max<std::uint64_t>(1, s_.config.steps_per_print);
-    const bool last = r.step == s_.flags.steps;
-    if (static_cast<std::uint64_t>(r.step) % every == 0 || last || val_loss) {
-      char buf[512];
-      std::snprintf(buf, sizeof(buf),
-                    "step %lld/%d | loss %.4f | lr %.3e | grad norm %.4f | loss scale %g | "
-                    "%.3f s | %.0f tok/s | bound %.3f s | waits: params %.0f%% grads %.0f%% "
-                    "optimizer %.0f%% | %s%s%s",
-                    static_cast<long long>(r.step), s_.flags.steps, loss, r.lr, r.grad_norm,
-                    r.loss_scale, r.step_s, tokens_per_s, r.bound_s, 100 * wait_params,
-                    100 * wait_grads, 100 * wait_optimizer,
-                    tier_text(r.bytes_in_use).c_str(), r.skipped ? " | skipped (overflow)" : "",
-                    val_loss ? (" | val loss " + std::to_string(*val_loss)).c_str() : "");
-      line(buf);
-    }
-    if (bar_) bar_->set(static_cast<std::uint64_t>(r.step));
-  }
-
-  void finish() {
-    if (bar_) bar_->finish();
-  }
-
- private:
-  const RunSetup& s_;
-  OutputFile* metrics_;
-  bool interactive_ = false;
-  std::unique_ptr<Progress> bar_;
-};
-
-// One rank's whole run. Every rank makes the same calls in the same order (the engine's
-// collectives pair up); only rank 0 prints and fills `summary`.
-Status run_rank(const RunSetup& s, int rank, gpu::Device& device, comm::Comm& comm,
-                OutputFile* metrics, RunSummary* summary) {
-  const TrainFlags& f = s.flags;
-  const zero::EngineOptions eo =
-      engine_options_for(s.config, s.shape, s.model_options, f.nvme_path, s.seed);
-  TZ_ASSIGN_OR_RETURN(std::unique_ptr<zero::Engine> engine, zero::Engine::create(eo, device, comm));
-  TZ_ASSIGN_OR_RETURN(std::unique_ptr<model::Model> net,
-                      model::create_model(s.shape, s.model_options, *engine));
-  TZ_RETURN_IF_ERROR(engine->finalize());
-  if (!f.init.empty()) {
-    TZ_RETURN_IF_ERROR(net->load_weights(f.init));
-  } else if (!s.shape.folder.empty()) {
-    TZ_RETURN_IF_ERROR(net->load_weights(s.shape.folder));
-  } else {
-    TZ_RETURN_IF_ERROR(net->init_weights(s.seed));
-  }
-  const int seq = net->options().seq;
-  model::LoaderOptions lo{.micro_batch = s.model_options.micro_batch,
-                          .seq = seq,
-                          .rank = rank,
-                          .world_size = s.world,
-                          .shuffle = f.shuffle,
-                          .seed = s.seed};
-  TZ_ASSIGN_OR_RETURN(model::DataLoader loader, model::DataLoader::create(s.train_data, lo));
-  std::optional<model::ValidationSet> val;
-  if (s.val_data) {
-    TZ_ASSIGN_OR_RETURN(model::ValidationSet v,
-                        model::make_validation_set(s.val_data, lo, f.val_batches));
-    val.emplace(std::move(v));
-  }
-  TZ_ASSIGN_OR_RETURN(RankScalars scalars, RankScalars::create(device, comm));
-  gpu::Stream& stream = engine->compute_stream();
-  std::optional<Reporter> reporter;
-  if (rank == 0) reporter.emplace(s, metrics);
-
-  if (val && f.eval_every > 0) {
-    TZ_ASSIGN_OR_RETURN(double v0, evaluate(*net, *val, scalars, stream));
-    if (reporter) reporter->line("step 0 | val loss " + std::to_string(v0));
-  }
-
-  // --resume: the checkpoint's weights, optimizer states, engine scalars and loader position;
-  // --steps counts from the start of training, so the run continues at the step after it.
-  int first_step = 1;
-  if (!f.resume.empty()) {
-    TZ_ASSIGN_OR_RETURN(std::string dir, zero::resolve_checkpoint(f.resume));
-    TZ_ASSIGN_OR_RETURN(zero::CheckpointExtra extra, zero::load_checkpoint(*engine, dir));
-    if (extra.model.value("name", "") != s.shape.name) {
-      return Status::invalid_argument("--resume " + dir + ": checkpoint of model '" +
-                                      extra.model.value("name", "") + "', not '" + s.shape.name +
-                                      "'");
-    }
-    TZ_RETURN_IF_ERROR(loader.restore(extra.trainer["loader"]));
-    first_step = extra.trainer.value("next_step", 1);
-    if (first_step > f.steps) {
-      return Status::invalid_argument(
-          "--resume " + dir + ": the checkpoint already holds step " +
-          std::to_string(first_step - 1) + ", at or past --steps " + std::to_string(f.steps) +
-          "; nothing to train (--steps counts from the start of training: raise it)");
-    }
-    if (reporter) reporter->line("resumed from " + dir + " at step " + std::to_string(first_step));
-  }
-  const auto save = [&](int step) -> Status {
-    zero::CheckpointExtra extra;
-    extra.model = {{"name", s.shape.name}};
-    extra.trainer = {{"next_step", step + 1}, {"loader", loader.state()}};
-    TZ_ASSIGN_OR_RETURN(std::string dir,
-                        zero::save_checkpoint(*engine, comm, f.save_dir, step, extra, f.keep));
-    if (reporter) reporter->line("saved " + dir);
-    return Status::ok();
-  };
-
-  const int k = engine->gradient_accumulation_steps();
-  const auto bt = static_cast<std::size_t>(loader.tokens_per_micro_batch());
-  std::vector<std::int32_t> tok(bt), tgt(bt);
-  for (int step = first_step; step <= f.steps; ++step) {
-    double loss_sum = 0;
-    for (int m = 0; m < k; ++m) {
-      loader.next(tok, tgt);
-      TZ_ASSIGN_OR_RETURN(double l, net->train_micro_batch(tok, tgt));
-      loss_sum += l;
-    }
-    TZ_ASSIGN_OR_RETURN(zero::StepReport rep, engine->step());
-    TZ_ASSIGN_OR_RETURN(auto total,
-                        scalars.sum({loss_sum, g_interrupted ? 1.0 : 0.0, 0, 0}, stream));
-    const double loss = total[0] / (static_cast<double>(s.world) * k);
-    const bool stop = total[1] > 0;
-    std::optional<double> val_loss;
-    const bool eval_now =
-        val && !stop && ((f.eval_every > 0 && step % f.eval_every == 0) || step == f.steps);
-    if (eval_now) {
-      TZ_ASSIGN_OR_RETURN(double v, evaluate(*net, *val, scalars, stream));
-      val_loss = v;
-    }
-    if (summary != nullptr) {
-      summary->steps = step;
-      summary->final_loss = loss;
-      if (val_loss) summary->val_loss = val_loss;
-      summary->step_s.push_back(rep.step_s);
-      summary->bound_s.push_back(rep.bound_s);
-      const double p = static_cast<double>(engine->param_count());
-      summary->nvme_read_per_param.push_back(static_cast<double>(rep.nvme_read_bytes) / p);
-      summary->nvme_write_per_param.push_back(static_cast<double>(rep.nvme_write_bytes) / p);
-      summary->peak_bytes = rep.peak_bytes;
-      summary->comm_bytes = rep.comm_bytes;
-      summary->comm_formula_bytes = rep.comm_formula_bytes;
-    }
-    if (reporter) reporter->step(rep, loss, val_loss);
-    if (!f.save_dir.empty() && (stop || (f.save_every > 0 && step % f.save_every == 0) ||
-                                step == f.steps)) {
-      TZ_RETURN_IF_ERROR(save(step));
-    }
-    if (stop) {
-      if (summary != nullptr) summary->interrupted = true;
-      if (reporter) reporter->line("interrupted: stopped after step " + std::to_string(step));
-      break;
-    }
-  }
-  if (reporter) reporter->finish();
-  if (!f.save_weights.empty()) TZ_RETURN_IF_ERROR(net->save_weights(f.save_weights));
-  TZ_ASSIGN_OR_RETURN(std::uint64_t xxh3, engine->params_xxh3());
-  if (summary != nullptr) {
-    summary->params = engine->param_count();
-    summary->params_xxh3 = xxh3;
-    summary->plan_bytes = engine->plan_bytes();
-    summary->peak_bytes = engine->peak_bytes();
+    const std::uint64_t bytes =
+        s.shape.param_count() * (4 + optimizer_state_bytes_per_param(s.config));
+    TZ_RETURN_IF_ERROR(check_folder("--save-dir", f.save_dir, bytes));
   }
   return Status::ok();
+}
+
+// The loop's description of the run (train/trainer.h) from the flags and the config.
+train::TrainSpec train_spec(const RunSetup& s, int seq) {
+  const TrainFlags& f = s.flags;
+  const Config& c = s.config;
+  train::TrainSpec t;
+  t.seed = f.seed.value_or(static_cast<std::uint64_t>(c.tierzero.seed));
+  // Rank threads share the cores: each gets its share unless --cpu-threads says otherwise (one
+  // process per rank under a launcher takes every core it may run on).
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  t.model_options = model_options_for(
+      c, seq, f.checkpointing,
+      f.cpu_threads > 0 ? f.cpu_threads : (s.launched ? 0 : std::max(1, cores / s.world)));
+  t.engine = engine_options_for(c, s.shape, t.model_options, f.nvme_path, t.seed);
+  t.model = s.shape;
+  t.world = s.world;
+  t.steps = f.steps;
+  t.data = f.data;
+  t.val_data = f.val_data;
+  t.eval_every = f.eval_every;
+  t.val_batches = f.val_batches;
+  t.shuffle = f.shuffle;
+  t.init = f.init;
+  t.save_dir = f.save_dir;
+  t.save_every = f.save_every;
+  t.keep = f.keep;
+  t.resume = f.resume;
+  t.save_weights = f.save_weights;
+  return t;
+}
+
+// The checks that need no rank: config, model, flags against the config, NVMe space, outputs,
+// then the data (Trainer::create).
+Result<RunSetup> prepare(const TrainFlags& f) {
+  RunSetup s;
+  s.flags = f;
+  TZ_ASSIGN_OR_RETURN(s.config, load_run_config("train", f.config_path, f.nvme_path));
+  TZ_ASSIGN_OR_RETURN(s.shape, model::resolve_model(f.model));
+  const int seq = f.seq > 0 ? f.seq : s.shape.seq;
+  if (f.seq < 0) return Status::invalid_argument("--seq must be positive");
+  if (seq > s.shape.seq) {
+    return Status::invalid_argument("--seq " + std::to_string(seq) + " is longer than " +
+                                    s.shape.name + "'s " + std::to_string(s.shape.seq) +
+                                    " positions");
+  }
+  TZ_RETURN_IF_ERROR(check_flags(f, s));
+  TZ_RETURN_IF_ERROR(check_nvme_space(s, compute_dtype_of(s.config)));
+  TZ_RETURN_IF_ERROR(check_outputs(s));
+  TZ_ASSIGN_OR_RETURN(train::Trainer trainer, train::Trainer::create(train_spec(s, seq)));
+  s.trainer.emplace(std::move(trainer));
+  return s;
 }
 
 // Median over the steps after the first (the first records the access trace and fills caches);
@@ -568,9 +262,9 @@ std::string hex64(std::uint64_t v) {
   return buf;
 }
 
-void print_summary(const RunSetup& s, const RunSummary& r) {
+void print_summary(const RunSetup& s, const train::TrainResult& r) {
   const double step_med = steady_median(r.step_s);
-  const double tokens_per_s = step_med > 0 ? static_cast<double>(s.tokens_per_step) / step_med : 0;
+  const double tokens_per_s = step_med > 0 ? static_cast<double>(s.trainer->tokens_per_step()) / step_med : 0;
   if (s.flags.json) {
     nlohmann::ordered_json j;
     j["command"] = "train";
@@ -580,7 +274,7 @@ void print_summary(const RunSetup& s, const RunSummary& r) {
     j["interrupted"] = r.interrupted;
     j["final_loss"] = r.final_loss;
     j["val_loss"] = r.val_loss ? nlohmann::ordered_json(*r.val_loss) : nlohmann::ordered_json();
-    j["tokens_per_step"] = s.tokens_per_step;
+    j["tokens_per_step"] = s.trainer->tokens_per_step();
     j["tokens_per_s"] = tokens_per_s;
     j["step_s_median"] = step_med;
     j["bound_s"] = steady_median(r.bound_s);
@@ -604,8 +298,20 @@ void print_summary(const RunSetup& s, const RunSummary& r) {
               tokens_per_s, step_med, steady_median(r.bound_s),
               static_cast<unsigned long long>(r.params), hex64(r.params_xxh3).c_str());
   std::printf("  peak %s\n  plan %s\n  nvme per param per step: %.2f B read, %.2f B written\n",
-              tier_text(r.peak_bytes).c_str(), tier_text(r.plan_bytes).c_str(),
+              train::tier_text(r.peak_bytes).c_str(), train::tier_text(r.plan_bytes).c_str(),
               steady_median(r.nvme_read_per_param), steady_median(r.nvme_write_per_param));
+}
+
+// Runs every rank of this process: one under a launcher (the machine's device and the launcher's
+// communicator), or the --ranks threads.
+Status run_ranks(const RunSetup& s, const train::TrainIo& io, train::TrainResult& summary) {
+  const std::uint64_t budget = s.config.tierzero.device_budget;
+  if (!s.launched && s.world > 1) return s.trainer->run_local_ranks(budget, io, &summary);
+  // One rank in this process: the device the machine has (CUDA or HostDevice) and the launcher's
+  // communicator (NCCL on GPUs, MPI on CPUs; a single-rank LocalComm alone).
+  TZ_ASSIGN_OR_RETURN(auto device, gpu::open_device({.budget_bytes = budget}));
+  TZ_ASSIGN_OR_RETURN(auto comm, comm::open_comm(*device, comm::CommBackend::kAuto));
+  return s.trainer->run_rank(comm->rank(), *device, *comm, io, &summary);
 }
 
 int run(const TrainFlags& flags) {
@@ -628,33 +334,13 @@ int run(const TrainFlags& flags) {
     if (!created.is_ok()) return report_failure("train", created.status());
     metrics_file.emplace(std::move(created).value());
   }
-  OutputFile* metrics = metrics_file ? &*metrics_file : nullptr;
+  train::TrainIo io;
+  io.metrics = metrics_file ? &*metrics_file : nullptr;
+  io.stop = [](std::int64_t) { return g_interrupted != 0; };
   std::signal(SIGINT, on_stop_signal);
   std::signal(SIGTERM, on_stop_signal);
-  RunSummary summary;
-  Status st;
-  const std::uint64_t budget = s.config.tierzero.device_budget;
-  if (s.launched || s.world == 1) {
-    // One rank in this process: the device the machine has (CUDA or HostDevice) and the
-    // launcher's communicator (NCCL on GPUs, MPI on CPUs; a single-rank LocalComm alone).
-    auto device = gpu::open_device({.budget_bytes = budget});
-    if (!device.is_ok()) {
-      st = device.status();
-    } else {
-      auto comm = comm::open_comm(**device, comm::CommBackend::kAuto);
-      if (!comm.is_ok()) {
-        st = comm.status();
-      } else {
-        const int rank = (*comm)->rank();
-        st = run_rank(s, rank, **device, **comm, metrics, rank == 0 ? &summary : nullptr);
-      }
-    }
-  } else {
-    st = zero::run_local_ranks(
-        s.world, budget, [&](int rank, gpu::Device& device, comm::Comm& comm) {
-          return run_rank(s, rank, device, comm, metrics, rank == 0 ? &summary : nullptr);
-        });
-  }
+  train::TrainResult summary;
+  Status st = run_ranks(s, io, summary);
   std::signal(SIGINT, SIG_DFL);
   std::signal(SIGTERM, SIG_DFL);
   if (metrics_file && metrics_file->is_open()) {
@@ -679,60 +365,66 @@ int run(const TrainFlags& flags) {
   return 128 + (g_interrupted != 0 ? static_cast<int>(g_interrupted) : SIGINT);
 }
 
+// The flags of `tierzero train` into `f` (the seed's option is returned: given or not).
+CLI::Option* add_train_flags(CLI::App* cmd, TrainFlags& f, std::uint64_t& seed) {
+  cmd->add_option("--config", f.config_path, "DeepSpeed-style JSON config")->required();
+  cmd->add_option("--model", f.model,
+                  "A preset (gpt2-124m|350m|774m|1.5b, llama-3.2-1b|3b, llama-3.1-8b, "
+                  "qwen3-0.6b|4b, mistral-7b), gpt2:layers=L,heads=H,embd=E,vocab=V,seq=S, "
+                  "llama:layers=L,heads=H,kv_heads=K,embd=E,ffn=F,vocab=V,seq=S, or a Hugging "
+                  "Face folder (config.json + safetensors; its weights are the start)")
+      ->required();
+  cmd->add_option("--data", f.data,
+                  "llm.c token file (.bin) or plain text read as bytes (vocab 256); default: "
+                  "seeded random tokens");
+  cmd->add_option("--val-data", f.val_data, "Validation corpus (same formats)");
+  cmd->add_option("--eval-every", f.eval_every,
+                  "Validation loss every K steps (and before the first); 0 = at the end only");
+  cmd->add_option("--val-batches", f.val_batches,
+                  "Validation micro-batches in the fixed set, over all ranks (default 20)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--steps", f.steps, "Optimizer steps (default 50)");
+  cmd->add_option("--seq", f.seq, "Tokens per sequence (default: the model's positions)")
+      ->check(at_least_one());
+  cmd->add_option("--ranks", f.ranks, "Ranks as threads of this process (default 1)");
+  cmd->add_option("--cpu-threads", f.cpu_threads,
+                  "Threads of each rank's CPU kernels (default: the cores divided among --ranks)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--checkpointing", f.checkpointing,
+                  "Activation checkpointing: 1 on, 0 off (default: on for presets above gpt2-124m)")
+      ->check(CLI::Range(0, 1));
+  cmd->add_option("--nvme-path", f.nvme_path, "Directory for both offloads' swap files");
+  cmd->add_option("--init", f.init, "Initial weights (HF safetensors file or folder) instead of HF's init");
+  cmd->add_option("--save-dir", f.save_dir,
+                  "Write checkpoints into DIR/step-N (after every --save-every steps, the last step "
+                  "and Ctrl-C); crash-consistent, by parameter (docs/checkpoints.md)");
+  cmd->add_option("--save-every", f.save_every, "Steps between checkpoints (0: only at the end)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--keep", f.keep, "Checkpoints to keep, newest first (default 3; 0: all)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--resume", f.resume,
+                  "Continue from a checkpoint (DIR/step-N) or the latest in DIR; any rank count, "
+                  "stage or offload (a reshard)");
+  cmd->add_option("--save-weights", f.save_weights,
+                  "Write the final weights as HF safetensors: GPT-2 a file (+ config.json beside it), the "
+                  "Llama family a folder transformers loads");
+  cmd->add_option("--metrics", f.metrics, "One JSON object per step to this file (JSONL)");
+  cmd->add_option("--trace-out", f.trace_out, "Chrome trace of the run (open in Perfetto)");
+  CLI::Option* seed_opt = cmd->add_option("--seed", seed,
+                                          "Seed of the init, the shuffle and synthetic data "
+                                          "(default: tierzero.seed)");
+  cmd->add_flag("--shuffle", f.shuffle, "Permute sequence offsets each epoch (seeded)");
+  cmd->add_flag("--json", f.json, "Print the final summary as one JSON object");
+  return seed_opt;
+}
+
 TZ_REGISTER_COMMAND([](CommandTree& tree) {
   auto f = std::make_shared<TrainFlags>();
   auto seed = std::make_shared<std::uint64_t>(0);
   CLI::App* cmd = tree.root->add_subcommand("train",
                                             "Train a model (GPT-2 or the Llama family) with ZeRO and "
                                             "tiered offload as a DeepSpeed config says (docs/train.md)");
-  cmd->add_option("--config", f->config_path, "DeepSpeed-style JSON config")->required();
-  cmd->add_option("--model", f->model,
-                  "A preset (gpt2-124m|350m|774m|1.5b, llama-3.2-1b|3b, llama-3.1-8b, "
-                  "qwen3-0.6b|4b, mistral-7b), gpt2:layers=L,heads=H,embd=E,vocab=V,seq=S, "
-                  "llama:layers=L,heads=H,kv_heads=K,embd=E,ffn=F,vocab=V,seq=S, or a Hugging "
-                  "Face folder (config.json + safetensors; its weights are the start)")
-      ->required();
-  cmd->add_option("--data", f->data,
-                  "llm.c token file (.bin) or plain text read as bytes (vocab 256); default: "
-                  "seeded random tokens");
-  cmd->add_option("--val-data", f->val_data, "Validation corpus (same formats)");
-  cmd->add_option("--eval-every", f->eval_every,
-                  "Validation loss every K steps (and before the first); 0 = at the end only");
-  cmd->add_option("--val-batches", f->val_batches,
-                  "Validation micro-batches in the fixed set, over all ranks (default 20)")
-      ->check(CLI::PositiveNumber);
-  cmd->add_option("--steps", f->steps, "Optimizer steps (default 50)");
-  cmd->add_option("--seq", f->seq, "Tokens per sequence (default: the model's positions)")
-      ->check(at_least_one());
-  cmd->add_option("--ranks", f->ranks, "Ranks as threads of this process (default 1)");
-  cmd->add_option("--cpu-threads", f->cpu_threads,
-                  "Threads of each rank's CPU kernels (default: the cores divided among --ranks)")
-      ->check(CLI::NonNegativeNumber);
-  cmd->add_option("--checkpointing", f->checkpointing,
-                  "Activation checkpointing: 1 on, 0 off (default: on for presets above gpt2-124m)")
-      ->check(CLI::Range(0, 1));
-  cmd->add_option("--nvme-path", f->nvme_path, "Directory for both offloads' swap files");
-  cmd->add_option("--init", f->init, "Initial weights (HF safetensors file or folder) instead of HF's init");
-  cmd->add_option("--save-dir", f->save_dir,
-                  "Write checkpoints into DIR/step-N (after every --save-every steps, the last step "
-                  "and Ctrl-C); crash-consistent, by parameter (docs/checkpoints.md)");
-  cmd->add_option("--save-every", f->save_every, "Steps between checkpoints (0: only at the end)")
-      ->check(CLI::NonNegativeNumber);
-  cmd->add_option("--keep", f->keep, "Checkpoints to keep, newest first (default 3; 0: all)")
-      ->check(CLI::NonNegativeNumber);
-  cmd->add_option("--resume", f->resume,
-                  "Continue from a checkpoint (DIR/step-N) or the latest in DIR; any rank count, "
-                  "stage or offload (a reshard)");
-  cmd->add_option("--save-weights", f->save_weights,
-                  "Write the final weights as HF safetensors: GPT-2 a file (+ config.json beside it), the "
-                  "Llama family a folder transformers loads");
-  cmd->add_option("--metrics", f->metrics, "One JSON object per step to this file (JSONL)");
-  cmd->add_option("--trace-out", f->trace_out, "Chrome trace of the run (open in Perfetto)");
-  CLI::Option* seed_opt = cmd->add_option("--seed", *seed,
-                                          "Seed of the init, the shuffle and synthetic data "
-                                          "(default: tierzero.seed)");
-  cmd->add_flag("--shuffle", f->shuffle, "Permute sequence offsets each epoch (seeded)");
-  cmd->add_flag("--json", f->json, "Print the final summary as one JSON object");
+  CLI::Option* seed_opt = add_train_flags(cmd, *f, *seed);
   cmd->callback([f, seed, seed_opt] {
     if (seed_opt->count() > 0) f->seed = *seed;
     exit_code() = run(*f);

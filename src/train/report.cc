@@ -1,0 +1,103 @@
+// Rank 0's step lines, progress bar and metrics records (train/report.h).
+#include "train/report.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+
+#include <nlohmann/json.hpp>
+
+#include "core/units.h"
+
+namespace tz::train {
+
+std::string tier_text(const zero::TierBytes& b) {
+  return "device " + format_bytes(static_cast<double>(b.device)) + " host " +
+         format_bytes(static_cast<double>(b.host)) + " nvme " +
+         format_bytes(static_cast<double>(b.nvme));
+}
+
+Reporter::Reporter(int steps, std::uint64_t steps_per_print, std::uint64_t tokens_per_step,
+                   OutputFile* metrics, bool print)
+    : steps_(steps),
+      steps_per_print_(std::max<std::uint64_t>(1, steps_per_print)),
+      tokens_per_step_(tokens_per_step),
+      metrics_(metrics),
+      print_(print) {
+  // As core/progress.h decides: a bar on a terminal outside CI, plain lines otherwise.
+  interactive_ = print_ && isatty(fileno(stderr)) == 1 && std::getenv("CI") == nullptr;
+  if (interactive_) {
+    bar_ = std::make_unique<Progress>("train", static_cast<std::uint64_t>(steps), "steps");
+  }
+}
+
+void Reporter::line(const std::string& text) {
+  if (!print_) return;
+  if (interactive_) std::fprintf(stderr, "\r\033[K");
+  std::fprintf(stderr, "%s\n", text.c_str());
+  std::fflush(stderr);
+}
+
+// What the rank's thread waited on, as shares of the step (docs/train.md, "Output"): gathering
+// parameters from host/NVMe, reducing and copying gradients (without a GPU this includes the
+// kernels' own compute, which the thread waits for there), the CPU optimizer step.
+namespace {
+double share(const zero::StepReport& r, double s) { return r.step_s > 0 ? s / r.step_s : 0.0; }
+}  // namespace
+
+void Reporter::write_metrics(const zero::StepReport& r, double loss,
+                             std::optional<double> val_loss) {
+  nlohmann::ordered_json j;
+  j["step"] = r.step;
+  j["loss"] = loss;
+  j["lr"] = r.lr;
+  j["grad_norm"] = r.grad_norm;
+  j["loss_scale"] = r.loss_scale;
+  j["step_s"] = r.step_s;
+  j["tokens_per_s"] = r.step_s > 0 ? static_cast<double>(tokens_per_step_) / r.step_s : 0;
+  j["bound_s"] = r.bound_s;
+  j["stall_fraction"] = share(r, r.stall_s);
+  j["wait_params_fraction"] = share(r, r.stall_gather_s);
+  j["wait_grads_fraction"] = share(r, r.stall_reduce_s);
+  j["wait_optimizer_fraction"] = share(r, r.stall_optimizer_s);
+  j["bytes_in_use"] = r.bytes_in_use.to_json();
+  j["skipped"] = r.skipped;
+  j["nvme_read_bytes"] = r.nvme_read_bytes;
+  j["nvme_write_bytes"] = r.nvme_write_bytes;
+  if (val_loss) j["val_loss"] = *val_loss;
+  // One write per line: the file holds whole records only. A failed write (a full disk) drops
+  // the file, says so once and lets the run go on.
+  if (Status ws = metrics_->write(j.dump() + "\n"); !ws.is_ok()) {
+    line("warning: --metrics: " + ws.message() + "; no metrics file will be written");
+    metrics_ = nullptr;
+  }
+}
+
+void Reporter::step(const zero::StepReport& r, double loss, std::optional<double> val_loss) {
+  if (metrics_ != nullptr) write_metrics(r, loss, val_loss);
+  const bool last = r.step == steps_;
+  if (static_cast<std::uint64_t>(r.step) % steps_per_print_ == 0 || last || val_loss) {
+    const double tokens_per_s =
+        r.step_s > 0 ? static_cast<double>(tokens_per_step_) / r.step_s : 0;
+    char buf[512];
+    std::snprintf(buf, sizeof(buf),
+                  "step %lld/%d | loss %.4f | lr %.3e | grad norm %.4f | loss scale %g | "
+                  "%.3f s | %.0f tok/s | bound %.3f s | waits: params %.0f%% grads %.0f%% "
+                  "optimizer %.0f%% | %s%s%s",
+                  static_cast<long long>(r.step), steps_, loss, r.lr, r.grad_norm, r.loss_scale,
+                  r.step_s, tokens_per_s, r.bound_s, 100 * share(r, r.stall_gather_s),
+                  100 * share(r, r.stall_reduce_s), 100 * share(r, r.stall_optimizer_s),
+                  tier_text(r.bytes_in_use).c_str(), r.skipped ? " | skipped (overflow)" : "",
+                  val_loss ? (" | val loss " + std::to_string(*val_loss)).c_str() : "");
+    line(buf);
+  }
+  if (bar_) bar_->set(static_cast<std::uint64_t>(r.step));
+}
+
+void Reporter::finish() {
+  if (bar_) bar_->finish();
+}
+
+}  // namespace tz::train

@@ -1,0 +1,45 @@
+// Rank 0's output while a run goes (train/trainer.h): the step lines on stderr, a progress bar on
+// a terminal outside CI, and one --metrics JSON object per step.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "core/output_file.h"
+#include "core/progress.h"
+#include "zero/engine.h"
+
+namespace tz::train {
+
+// "device X host Y nvme Z", as the step lines and the summary print tier byte counts.
+std::string tier_text(const zero::TierBytes& bytes);
+
+class Reporter {
+ public:
+  // `steps`: the run's last step (the bar's end); a step line every `steps_per_print` steps (and
+  // on the last step or with a validation loss); `tokens_per_step` for the tokens/s columns;
+  // `metrics` (may be null) receives one JSON line per step; `print`: lines and bar on stderr.
+  Reporter(int steps, std::uint64_t steps_per_print, std::uint64_t tokens_per_step,
+           OutputFile* metrics, bool print);
+
+  // One plain line on stderr (clearing the bar's line first on a terminal).
+  void line(const std::string& text);
+  // One step: its metrics record, its line when due, the bar.
+  void step(const zero::StepReport& r, double loss, std::optional<double> val_loss);
+  void finish();
+
+ private:
+  void write_metrics(const zero::StepReport& r, double loss, std::optional<double> val_loss);
+
+  int steps_;
+  std::uint64_t steps_per_print_;
+  std::uint64_t tokens_per_step_;
+  OutputFile* metrics_;
+  bool print_;
+  bool interactive_ = false;
+  std::unique_ptr<Progress> bar_;
+};
+
+}  // namespace tz::train
