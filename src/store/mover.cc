@@ -439,6 +439,7 @@ bool Store::Impl::finish_copy_if_done(Block& b, Op& op) {
   link_end(l);
   if (!op.failed && op.dst == Tier::kNvme) b.nvme_written = true;
   if (!op.failed && !op.zero_fill) {
+    if (op.dst == b.home) b.home_write_bytes += b.bytes;
     stats.links[li(l)].bytes += b.bytes;
     ++stats.links[li(l)].moves;
     stats.tiers[ti(op.src)].bytes_out += b.bytes;
@@ -606,6 +607,7 @@ void Store::Impl::finish_extent_write(Block& b, IoJob& job) {
   link_end(l);
   if (b.extent_write_status.is_ok()) {
     b.nvme_written = true;
+    b.home_write_bytes += b.bytes;  // only blocks homed on NVMe have an extent
     stats.links[li(l)].bytes += b.bytes;
     ++stats.links[li(l)].moves;
     stats.tiers[ti(Tier::kDevice)].bytes_out += b.bytes;

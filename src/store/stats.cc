@@ -10,6 +10,12 @@
 
 namespace tz::store {
 
+std::uint64_t Store::home_write_bytes(BlockId id) const {
+  std::lock_guard lock(impl_->mu);
+  const auto it = impl_->blocks.find(id);
+  return it == impl_->blocks.end() ? 0 : it->second.home_write_bytes;
+}
+
 const char* tier_name(Tier tier) {
   switch (tier) {
     case Tier::kDevice: return "device";

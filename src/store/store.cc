@@ -283,6 +283,7 @@ Result<Lease> Store::pin(BlockId id, Tier tier, Access access) {
       }
     }
     ++b.write_leases[ti(tier)];
+    if (tier == b.home) b.home_write_bytes += b.bytes;
     b.dirtied_at = tier == Tier::kNvme || m.record.empty()
                        ? kNoPos
                        : static_cast<std::uint32_t>(m.record.size() - 1);

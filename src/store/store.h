@@ -183,6 +183,11 @@ class Store {
   StoreStats stats() const;
   void reset_stats();  // zeroes the counters (peaks restart at the current use)
   const StoreOptions& options() const { return options_; }
+  // Bytes written into block `id`'s home copy since it was created: moves into its home tier
+  // (write-backs, NVMe writes) and write pins (kWrite, kReadWrite) in its home tier, each counted
+  // at the block's full size. 0 for an unknown block. A block only ever pinned for reading after
+  // it was written (zero's frozen units) stops counting.
+  std::uint64_t home_write_bytes(BlockId id) const;
   // Bytes each tier holds now by its budget (logical: decided placements).
   std::uint64_t used_bytes(Tier tier) const;
   std::uint64_t budget_bytes(Tier tier) const;

@@ -112,6 +112,9 @@ struct Block {
   nvme::SwapExtent extent;
   bool has_extent = false;
   bool nvme_written = false;  // the extent holds data (else it reads as zeros)
+  // Bytes written into the home copy: moves into the home tier and write pins of it
+  // (Store::home_write_bytes).
+  std::uint64_t home_write_bytes = 0;
   std::vector<std::uint64_t> sums;
   std::unique_ptr<gpu::Event> user_event;  // recorded by Lease::release(writer); made at create
   bool user_event_recorded = false;

@@ -12,6 +12,7 @@ nlohmann::ordered_json EngineImpl::plan_json() const {
   j["stage"] = stage_;
   j["world_size"] = world_;
   j["params"] = param_count_;
+  j["trainable_params"] = trainable_param_count_;
   j["compute_dtype"] = std::string(dtype_name(compute_dtype_));
   j["offload_optimizer"] = std::string(placement_name(opt_place_));
   j["offload_param"] = std::string(placement_name(param_place_));
@@ -28,12 +29,14 @@ nlohmann::ordered_json EngineImpl::plan_json() const {
   return j;
 }
 
-// DESIGN.md's memory table for this config: what each tier would hold by the formula.
+// DESIGN.md's memory table for this config: what each tier would hold by the formula. Frozen
+// parameters count in the parameter term only (no gradients, masters or states).
 TierBytes EngineImpl::formula_bytes() const {
-  const double phi = static_cast<double>(param_count_);
+  const double all = static_cast<double>(param_count_);
+  const double phi = static_cast<double>(trainable_param_count_);
   const double n = world_;
   const double es = static_cast<double>(dtype_size(compute_dtype_));
-  const double params = stage_ == 3 ? es * phi / n : es * phi;
+  const double params = stage_ == 3 ? es * all / n : es * all;
   const double grads = stage_ >= 2 ? es * phi / n : es * phi;
   const double opt = 4.0 * (1 + states_) * phi / (stage_ >= 1 ? n : 1.0);
   double tiers[3] = {0, 0, 0};
@@ -79,6 +82,7 @@ Result<std::uint64_t> EngineImpl::params_xxh3() {
   Status status = Status::ok();
   std::vector<float> values;
   for (UnitId id = 0; id < units_.size() && status.is_ok(); ++id) {
+    if (units_[id].frozen()) continue;  // engine.h: trainable units only
     for (std::size_t t = 0; t < units_[id].spec.tensors.size(); ++t) {
       values.resize(units_[id].spec.tensors[t].numel());
       status = get_tensor(id, t, values, TensorState::kMaster);
@@ -90,6 +94,26 @@ Result<std::uint64_t> EngineImpl::params_xxh3() {
   XXH3_freeState(state);
   if (!status.is_ok()) return status;
   return h;
+}
+
+std::pair<std::uint64_t, std::uint64_t> EngineImpl::home_write_bytes() const {
+  std::uint64_t frozen = 0, trainable = 0;
+  for (const Unit& u : units_) {
+    if (u.frozen()) {
+      frozen += store_->home_write_bytes(u.param);
+      continue;
+    }
+    trainable += store_->home_write_bytes(u.param) + store_->home_write_bytes(u.master) +
+                 store_->home_write_bytes(u.grad_acc);
+    for (int s = 0; s < states_; ++s) trainable += store_->home_write_bytes(u.state[s]);
+  }
+  return {frozen, trainable};
+}
+
+Status EngineImpl::flush_frozen_loads() {
+  if (!frozen_unflushed_) return Status::ok();
+  frozen_unflushed_ = false;
+  return store_->flush();
 }
 
 TierBytes EngineImpl::bytes_in_use() const {
@@ -111,6 +135,7 @@ void EngineImpl::open_step() {
   const store::StoreStats ss = store_->stats();
   nvme_read_base_ = ss.nvme_read_bytes();
   nvme_write_base_ = ss.nvme_write_bytes();
+  home_write_base_ = home_write_bytes();
   copy_link_base_ = ss.link(store::Link::kHostToDevice).bytes +
                     ss.link(store::Link::kDeviceToHost).bytes +
                     ss.link(store::Link::kNvmeToDevice).bytes +
@@ -144,7 +169,8 @@ double EngineImpl::step_bound(const StepReport& r, std::uint64_t copy_bytes) con
 }
 
 // DESIGN.md's communication per rank per step for this config and model, in the ring's byte
-// counts (comm::ring_bytes): every micro-batch reduce-scatters each unit (the 16-bit gradient);
+// counts (comm::ring_bytes): every micro-batch reduce-scatters each trainable unit (the 16-bit
+// gradient; a frozen unit has none);
 // stage 3 all-gathers each unit in forward and again in backward (a persistent unit once per
 // step); stages 1-2 all-gather the updated 16-bit parameters, stage 0 the reduced gradient
 // (fp32 when k > 1), once per pass of updates over the unit (Unit::update_gathers: exact one,
@@ -159,7 +185,7 @@ nlohmann::ordered_json EngineImpl::comm_formula() const {
   };
   for (const Unit& u : units_) {
     const std::size_t sh = u.layout.shard;
-    rs += k * ring(comm::CollectiveOp::kReduceScatter, sh, es);
+    if (!u.frozen()) rs += k * ring(comm::CollectiveOp::kReduceScatter, sh, es);
     if (stage_ == 3) {
       ag += (u.persistent ? 1 : 2 * k) * ring(comm::CollectiveOp::kAllGather, sh, es);
     } else {
@@ -203,6 +229,9 @@ void EngineImpl::close_step_report(StepReport& report, Clock::time_point t_opt) 
   const store::StoreStats ss = store_->stats();
   report.nvme_read_bytes = ss.nvme_read_bytes() - nvme_read_base_;
   report.nvme_write_bytes = ss.nvme_write_bytes() - nvme_write_base_;
+  const auto [frozen_writes, trainable_writes] = home_write_bytes();
+  report.frozen_home_write_bytes = frozen_writes - home_write_base_.first;
+  report.trainable_home_write_bytes = trainable_writes - home_write_base_.second;
   const std::uint64_t link_bytes = ss.link(store::Link::kHostToDevice).bytes +
                                    ss.link(store::Link::kDeviceToHost).bytes +
                                    ss.link(store::Link::kNvmeToDevice).bytes +

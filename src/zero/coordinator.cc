@@ -13,6 +13,7 @@ Result<UnitViews> EngineImpl::gather(UnitId id) {
     ++u.gather_refs;
     return u.views;
   }
+  TZ_RETURN_IF_ERROR(flush_frozen_loads());
   open_step();
   const auto t0 = Clock::now();
   gpu::Stream& st = device_.compute_stream();

@@ -6,6 +6,7 @@
 // step) and its shared helpers.
 #include "zero/engine.h"
 
+#include "cpu/simd.h"
 #include "store/stack.h"
 #include "zero/engine_impl.h"
 
@@ -149,7 +150,7 @@ Result<UnitId> EngineImpl::register_unit(UnitSpec spec) {
   Unit& u = units_.emplace_back();
   u.spec = std::move(spec);
   u.layout = plan_unit_layout(u.spec, world_);
-  u.opt_elems = stage_ == 0 ? u.layout.padded : u.layout.shard;
+  u.opt_elems = u.frozen() ? 0 : stage_ == 0 ? u.layout.padded : u.layout.shard;
   return static_cast<UnitId>(units_.size() - 1);
 }
 
@@ -209,6 +210,7 @@ Status EngineImpl::finalize() {
     const std::string base = u.spec.name + ".r" + std::to_string(rank_);
     const std::uint64_t param_bytes = (stage_ == 3 ? u.layout.shard : u.layout.padded) * es;
     TZ_ASSIGN_OR_RETURN(u.param, store_->create_block(param_bytes, param_tier, base + ".param"));
+    if (u.frozen()) continue;  // parameters only: no master, states or gradient
     TZ_ASSIGN_OR_RETURN(u.master, store_->create_block(u.opt_elems * 4, opt_tier, base + ".master"));
     for (int s = 0; s < states_; ++s) {
       TZ_ASSIGN_OR_RETURN(u.state[s], store_->create_block(u.opt_elems * 4, opt_tier,
@@ -231,22 +233,26 @@ Status EngineImpl::set_tensor(UnitId id, std::size_t tensor, std::span<const flo
   // not overwritten by parameters computed before it.
   TZ_RETURN_IF_ERROR(publish_pending_update());
   Unit& u = units_[id];
-  TZ_ASSIGN_OR_RETURN(BlockId block, state_block(u, which));
   const std::size_t off = u.layout.offsets[tensor];
   const std::size_t n = u.spec.tensors[tensor].numel();
-  if (stage_ == 0) {
-    TZ_RETURN_IF_ERROR(write_block(block, off * 4, values.data(), n * 4));
-  } else {
-    auto [b, e] = u.layout.shard_part(u.spec.tensors, tensor, rank_);
-    if (e > b) {
-      const std::size_t shard_off = off + b - static_cast<std::size_t>(rank_) * u.layout.shard;
-      TZ_RETURN_IF_ERROR(write_block(block, shard_off * 4, values.data() + b, (e - b) * 4));
+  // A frozen unit has no master: its kMaster is the compute-dtype parameters alone.
+  if (!u.frozen() || which != TensorState::kMaster) {
+    TZ_ASSIGN_OR_RETURN(BlockId block, state_block(u, which));
+    if (stage_ == 0) {
+      TZ_RETURN_IF_ERROR(write_block(block, off * 4, values.data(), n * 4));
+    } else {
+      auto [b, e] = u.layout.shard_part(u.spec.tensors, tensor, rank_);
+      if (e > b) {
+        const std::size_t shard_off = off + b - static_cast<std::size_t>(rank_) * u.layout.shard;
+        TZ_RETURN_IF_ERROR(write_block(block, shard_off * 4, values.data() + b, (e - b) * 4));
+      }
     }
   }
   if (which != TensorState::kMaster) return Status::ok();
   // The compute-dtype parameters follow the master (a persistent gathered copy is refreshed
   // at its next gather).
   u.persistent_valid = false;
+  frozen_unflushed_ = frozen_unflushed_ || u.frozen();
   const std::size_t es = dtype_size(compute_dtype_);
   std::vector<std::byte> converted(n * es);
   host_cast_from_f32(values.data(), converted.data(), compute_dtype_, n);
@@ -265,6 +271,7 @@ Status EngineImpl::get_tensor(UnitId id, std::size_t tensor, std::span<float> ou
   TZ_RETURN_IF_ERROR(wait_pending_update());
   Unit& u = units_[id];
   TZ_ASSIGN_OR_RETURN(BlockId block, state_block(u, which));
+  if (u.frozen()) return get_frozen_tensor(u, tensor, out);
   const std::size_t off = u.layout.offsets[tensor];
   const std::size_t n = u.spec.tensors[tensor].numel();
   if (stage_ == 0) return read_block(block, off * 4, out.data(), n * 4);
@@ -280,6 +287,35 @@ Status EngineImpl::get_tensor(UnitId id, std::size_t tensor, std::span<float> ou
   TZ_RETURN_IF_ERROR(device_.copy_async(out.data(), base + off * 4, n * 4,
                                         gpu::CopyKind::kDeviceToHost, st));
   TZ_RETURN_IF_ERROR(sync(st, "get_tensor '" + u.spec.name + "'"));
+  return Status::ok();
+}
+
+// A frozen unit's parameters: the full block (stages 0-2) or every rank's shard all-gathered
+// (stage 3), in the compute dtype, widened to fp32.
+Status EngineImpl::get_frozen_tensor(Unit& u, std::size_t tensor, std::span<float> out) {
+  const std::size_t es = dtype_size(compute_dtype_);
+  const std::size_t off = u.layout.offsets[tensor];
+  const std::size_t n = u.spec.tensors[tensor].numel();
+  std::vector<std::byte> raw(n * es);
+  if (stage_ < 3) {
+    TZ_RETURN_IF_ERROR(read_block(u.param, off * es, raw.data(), n * es));
+  } else {
+    const std::size_t s = u.layout.shard;
+    TZ_ASSIGN_OR_RETURN(gpu::DeviceBuffer full, allocate_device(u.layout.padded * es));
+    auto* base = full.as<std::byte>();
+    std::byte* mine = base + static_cast<std::size_t>(rank_) * s * es;
+    TZ_RETURN_IF_ERROR(read_block_to_device(u.param, 0, mine, s * es));
+    gpu::Stream& st = device_.compute_stream();
+    TZ_RETURN_IF_ERROR(comm_.all_gather(mine, base, s, compute_dtype_, st));
+    TZ_RETURN_IF_ERROR(device_.copy_async(raw.data(), base + off * es, n * es,
+                                          gpu::CopyKind::kDeviceToHost, st));
+    TZ_RETURN_IF_ERROR(sync(st, "get_tensor '" + u.spec.name + "'"));
+  }
+  if (compute_dtype_ == DType::kF32) {
+    std::memcpy(out.data(), raw.data(), n * 4);
+  } else {
+    cpu::convert_16_to_f32(raw.data(), compute_dtype_, out.data(), n);
+  }
   return Status::ok();
 }
 
@@ -310,6 +346,7 @@ Result<StepReport> EngineImpl::step() {
   if (!finalized_) return Status::invalid_argument("step(): before finalize()");
   const int k = gradient_accumulation_steps();
   TZ_RETURN_IF_ERROR(check_step_ready(k));
+  TZ_RETURN_IF_ERROR(flush_frozen_loads());
   const auto t_opt = Clock::now();
   StepReport report;
   report.loss_scale = scaler_.scale();
@@ -367,7 +404,7 @@ Result<StepReport> EngineImpl::step() {
 Status EngineImpl::check_step_ready(int k) const {
   TZ_ASSERT(finalized_, "check_step_ready before finalize");
   for (const Unit& u : units_) {
-    if (u.reduces != k) {
+    if (u.reduces != (u.frozen() ? 0 : k)) {
       return Status::invalid_argument(
           "step(): unit '" + u.spec.name + "' was reduced " + std::to_string(u.reduces) +
           " times since the last step on rank " + std::to_string(rank_) + ", expected " +
@@ -420,7 +457,20 @@ Status EngineImpl::check_tensor(UnitId id, std::size_t tensor, std::size_t n, co
   return Status::ok();
 }
 
+Status EngineImpl::check_trainable(const Unit& u, const char* what) const {
+  if (!u.frozen()) return Status::ok();
+  return Status::invalid_argument(std::string(what) + " '" + u.spec.name +
+                                  "': the unit is frozen (registered without gradients or "
+                                  "optimizer state)");
+}
+
+// The block of `which` for a trainable unit; a frozen unit's kMaster is its parameter block
+// (get_frozen_tensor reads it), its optimizer states are kInvalidArgument.
 Result<BlockId> EngineImpl::state_block(const Unit& u, TensorState which) const {
+  if (u.frozen()) {
+    if (which == TensorState::kMaster) return u.param;
+    return check_trainable(u, ("tensor state " + std::string(tensor_state_name(which))).c_str());
+  }
   switch (which) {
     case TensorState::kMaster:
       return u.master;
@@ -509,6 +559,7 @@ Tier EngineImpl::home_tier(BlockId block) const {
   // Blocks are created per unit in a fixed pattern; the homes follow from the placements.
   for (const Unit& u : units_) {
     if (block == u.param) return tier_of(param_place_);
+    if (u.frozen()) continue;
     if (block == u.grad_acc) return tier_of(grad_place_);
     if (block == u.master || (states_ >= 1 && block == u.state[0]) ||
         (states_ >= 2 && block == u.state[1])) {

@@ -152,6 +152,13 @@ struct StepReport {
   TierBytes peak_bytes;           // since the engine was created
   std::uint64_t nvme_read_bytes = 0;   // during this step
   std::uint64_t nvme_write_bytes = 0;  // during this step
+  // Bytes written into the home copies (whatever their tier) of frozen units' parameter blocks
+  // and of trainable units' blocks (parameters, masters, states, gradient shards) during this
+  // step, as the store counts them (store::Store::home_write_bytes). The first is 0: a frozen
+  // unit's parameters are written home once, when set_tensor loads them (the engine flushes
+  // those writes before the next gather, grad or step, outside any step's window).
+  std::uint64_t frozen_home_write_bytes = 0;
+  std::uint64_t trainable_home_write_bytes = 0;
   // Bytes this rank sent per collective during this step, next to DESIGN.md's formula.
   nlohmann::ordered_json comm_bytes;
   nlohmann::ordered_json comm_formula_bytes;

@@ -10,6 +10,11 @@
 //   overlap.cc           overlap modes exact / eager / delayed (snapshot, rollback, worker)
 //   accounting.cc        plan, formulas, peaks, the step's bound and comm formula, params_xxh3
 //
+// Frozen units (UnitSpec::frozen) have only their parameter block, in the compute dtype, homed
+// where offload_param says; every path that touches gradients, masters or optimizer state (the
+// reducer, the norm, the optimizer driver, the overlap modes) skips them, and the engine pins
+// their block for writing only in set_tensor, so after loading the store never writes it back.
+//
 // Every stage reduces a unit's full gradient with the same reduce-scatter (ReduceOp::kSum, in the
 // compute dtype, over the same padded layout) into this rank's shard and accumulates it in fp32,
 // and every stage computes the global norm from those shards in unit order, so the update each
@@ -184,14 +189,19 @@ class UpdateWorker {
   std::thread thread_;  // last: started after the members it reads
 };
 
+// The block id of a frozen unit's absent master, states and gradient accumulator.
+inline constexpr BlockId kNoBlock = std::numeric_limits<BlockId>::max();
+
 struct Unit {
   UnitSpec spec;
   UnitLayout layout;
-  std::size_t opt_elems = 0;  // elements of master and states on this rank (P in stage 0, else S)
+  // Elements of master and states on this rank (P in stage 0, else S; 0 for a frozen unit).
+  std::size_t opt_elems = 0;
   BlockId param = 0;          // stage 3: this rank's shard; stages 0-2: the full unit
-  BlockId master = 0;
-  BlockId state[2] = {0, 0};
-  BlockId grad_acc = 0;  // fp32 reduced gradient shard, accumulated over micro-batches
+  BlockId master = kNoBlock;
+  BlockId state[2] = {kNoBlock, kNoBlock};
+  BlockId grad_acc = kNoBlock;  // fp32 reduced gradient shard, accumulated over micro-batches
+  bool frozen() const { return spec.frozen; }
   // gather state
   int gather_refs = 0;
   Lease param_lease;            // stages 0-2: the full block pinned while gathered
@@ -321,6 +331,13 @@ class EngineImpl final : public Engine {
   // traffic between steps is not the step's).
   void open_step();
 
+  // Frozen parameters set since the last call are written to their home tier now (a store
+  // flush), so that their loading is never a step's traffic; called by gather, grad and step.
+  Status flush_frozen_loads();
+
+  // Store::home_write_bytes summed over frozen units' blocks (first) and trainable units'.
+  std::pair<std::uint64_t, std::uint64_t> home_write_bytes() const;
+
   // The step's lower bound (DESIGN.md): max(compute, NVMe bytes / NVMe bandwidth, host<->device
   // bytes / copy bandwidth, CPU optimizer time). Compute is the step's time outside the engine's
   // calls (the model's own work), or the compute stream's busy time where the device can tell
@@ -331,6 +348,12 @@ class EngineImpl final : public Engine {
   double step_bound(const StepReport& r, std::uint64_t copy_bytes) const;
 
   Status check_unit(UnitId id, const char* what) const;
+
+  // kInvalidArgument naming the unit when it is frozen (grad, reduce, optimizer states).
+  Status check_trainable(const Unit& u, const char* what) const;
+
+  // get_tensor of a frozen unit: its compute-dtype parameters widened to fp32.
+  Status get_frozen_tensor(Unit& u, std::size_t tensor, std::span<float> out);
 
   Status check_tensor(UnitId id, std::size_t tensor, std::size_t n, const char* what) const;
 
@@ -454,6 +477,14 @@ class EngineImpl final : public Engine {
 
   void prefetch_states(const Unit& u);
 
+  // The first trainable unit after units_[i] in registration order, or null.
+  const Unit* next_trainable(std::size_t i) const {
+    for (std::size_t j = i + 1; j < units_.size(); ++j) {
+      if (!units_[j].frozen()) return &units_[j];
+    }
+    return nullptr;
+  }
+
   Status zero_gradients();
 
   EngineOptions options_;
@@ -499,6 +530,8 @@ class EngineImpl final : public Engine {
   std::uint64_t copy_bytes_ = 0;  // the engine's own host<->device copies this step
   double optimizer_s_ = 0;        // CPU optimizer and host gradient accumulation this step
   std::uint64_t nvme_write_base_ = 0;
+  std::pair<std::uint64_t, std::uint64_t> home_write_base_{0, 0};
+  bool frozen_unflushed_ = false;  // set_tensor wrote frozen parameters not yet flushed home
 
   // Overlap modes (docs/zero.md).
   Overlap overlap_ = Overlap::kExact;

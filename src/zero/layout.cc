@@ -31,6 +31,7 @@ UnitLayout plan_unit_layout(const UnitSpec& spec, int world_size) {
   const auto world = static_cast<std::size_t>(world_size);
   layout.padded = round_up(std::max<std::size_t>(end, 1), world * kShardAlignElems);
   layout.shard = layout.padded / world;
+  layout.frozen = spec.frozen;
   return layout;
 }
 

@@ -19,6 +19,7 @@ struct UnitLayout {
   std::size_t numel = 0;             // sum of the tensors' numel (no padding)
   std::size_t padded = 0;            // flat buffer length: world_size * shard
   std::size_t shard = 0;             // elements per rank
+  bool frozen = false;               // UnitSpec::frozen: parameters only (plan_memory)
   // The part of tensor `t` that lies in rank `rank`'s shard, as [begin, end) in tensor elements
   // (empty when begin == end).
   std::pair<std::size_t, std::size_t> shard_part(const std::vector<TensorSpec>& tensors,

@@ -226,6 +226,7 @@ Status EngineImpl::write_params(Unit& u, const void* src) {
 }
 
 void EngineImpl::prefetch_states(const Unit& u) {
+  if (u.frozen()) return;
   store_->prefetch(u.master, Tier::kHost).ignore();
   for (int i = 0; i < states_; ++i) store_->prefetch(u.state[i], Tier::kHost).ignore();
 }
@@ -248,10 +249,11 @@ Status EngineImpl::apply_update(const StepDecision& decision) {
     case StepUpdate::kAllUnitsNow: {
       const cpu::StepArgs args = update_args(decision.multiplier, ++updates_done_);
       for (std::size_t i = 0; i < units_.size(); ++i) {
-        // NVMe-homed optimizer state: the next unit's reads start while this one updates (the
-        // previous unit's write-back is already in flight from its unpin).
-        if (opt_place_ == Placement::kNvme && i + 1 < units_.size()) {
-          prefetch_states(units_[i + 1]);
+        if (units_[i].frozen()) continue;
+        // NVMe-homed optimizer state: the next trainable unit's reads start while this one
+        // updates (the previous unit's write-back is already in flight from its unpin).
+        if (opt_place_ == Placement::kNvme) {
+          if (const Unit* next = next_trainable(i)) prefetch_states(*next);
         }
         TZ_RETURN_IF_ERROR(update_unit(units_[i], args));
       }

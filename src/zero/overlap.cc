@@ -48,6 +48,7 @@ Status EngineImpl::finalize_overlap() {
   const std::uint64_t state_bytes_per_elem = 4ull * (1 + static_cast<std::uint64_t>(states_));
   if (!delayed && opt_place_ == Placement::kDevice) {
     for (Unit& u : units_) {
+      if (u.frozen()) continue;
       TZ_ASSIGN_OR_RETURN(u.snapshot_device, allocate_device(u.opt_elems * state_bytes_per_elem));
     }
     return Status::ok();
@@ -62,6 +63,7 @@ Status EngineImpl::finalize_overlap() {
   overlap_pool_ = std::make_unique<PinnedPool>(std::move(pool));
   TZ_RETURN_IF_ERROR(gpu::register_pinned_pool(device_, *overlap_pool_));
   for (Unit& u : units_) {
+    if (u.frozen()) continue;
     if (delayed) {
       TZ_ASSIGN_OR_RETURN(u.delayed_grad, overlap_pool_->allocate(u.layout.shard * 4));
       TZ_ASSIGN_OR_RETURN(u.delayed_params, overlap_pool_->allocate(u.opt_elems * es));
@@ -147,6 +149,7 @@ Status EngineImpl::roll_back_early_updates(bool overflow) {
 Status EngineImpl::start_delayed_update(const cpu::StepArgs& args) {
   TZ_ASSERT(!update_running_ && !update_unpublished_, "delayed update started twice");
   for (Unit& u : units_) {
+    if (u.frozen()) continue;
     TZ_ASSIGN_OR_RETURN(Lease acc, pin_for(u, "delayed: gradient", u.grad_acc, Tier::kHost,
                                            Access::kRead));
     TZ_RETURN_IF_ERROR(with_unit(u, "delayed: gradient", acc.wait()));
@@ -165,8 +168,11 @@ Status EngineImpl::start_delayed_update(const cpu::StepArgs& args) {
 Status EngineImpl::run_delayed_update(const cpu::StepArgs& args) {
   const bool copy16 = compute_dtype_ != DType::kF32;
   for (std::size_t i = 0; i < units_.size(); ++i) {
-    if (opt_place_ == Placement::kNvme && i + 1 < units_.size()) prefetch_states(units_[i + 1]);
     Unit& u = units_[i];
+    if (u.frozen()) continue;
+    if (opt_place_ == Placement::kNvme) {
+      if (const Unit* next = next_trainable(i)) prefetch_states(*next);
+    }
     TZ_ASSIGN_OR_RETURN(Lease master, pin_for(u, "delayed update: master", u.master,
                                               Tier::kHost, Access::kReadWrite));
     Lease states[2];
@@ -214,6 +220,7 @@ Status EngineImpl::publish_pending_update() {
   if (!update_unpublished_) return Status::ok();
   update_unpublished_ = false;
   for (Unit& u : units_) {
+    if (u.frozen()) continue;
     TZ_RETURN_IF_ERROR(write_params(u, u.delayed_params.data()));
     u.persistent_valid = false;
   }

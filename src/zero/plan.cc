@@ -120,228 +120,301 @@ TierBytes MemoryPlan::bytes() const {
   return b;
 }
 
-Result<MemoryPlan> plan_memory(const PlanInputs& in, const Config& config,
-                               std::span<const UnitLayout> units) {
-  if (units.empty()) return Status::invalid_argument("finalize(): no units registered");
-  TZ_ASSERT(in.world_size >= 1, "plan_memory: world_size must be >= 1");
-  MemoryPlan plan;
+namespace {
+
+// What one unit holds, block by block: the one place a unit's state is sized, so a kind of unit
+// that holds less (no gradient, no optimizer state) changes this function and nothing else.
+struct UnitBytes {
+  std::uint64_t param = 0;      // compute-dtype parameters: this rank's shard at stage 3, the
+                                // padded unit otherwise
+  std::uint64_t grad = 0;       // the fp32 gradient shard
+  std::uint64_t opt_elems = 0;  // elements master and states cover: the padded unit at stage 0,
+                                // this rank's shard otherwise
+  std::uint64_t optimizer = 0;  // fp32 master and states: opt_elems * 4 * (1 + states)
+};
+
+UnitBytes unit_bytes(const PlanInputs& in, const UnitLayout& u) {
   const std::uint64_t es = dtype_size(in.compute_dtype);
-  const std::uint64_t states = static_cast<std::uint64_t>(in.optimizer_states);
-  // Master and states cover the whole padded unit at stage 0, this rank's shard otherwise.
-  auto opt_elems = [&](const UnitLayout& u) -> std::uint64_t {
-    return in.stage == 0 ? u.padded : u.shard;
-  };
+  const auto states = static_cast<std::uint64_t>(in.optimizer_states);
+  UnitBytes b;
+  b.param = (in.stage == 3 ? u.shard : u.padded) * es;
+  b.grad = static_cast<std::uint64_t>(u.shard) * 4;
+  b.opt_elems = in.stage == 0 ? u.padded : u.shard;
+  b.optimizer = b.opt_elems * 4 * (1 + states);
+  return b;
+}
+
+// Everything the terms are computed from, derived once from the inputs and the units.
+struct PlanContext {
+  const PlanInputs& in;
+  const Config& config;
+  std::span<const UnitLayout> units;
+  std::uint64_t es = 0;
+  std::vector<UnitBytes> unit = {};  // per unit, as `units`
   std::uint64_t max_padded = 0;
-  std::uint64_t max_opt = 0;
-  for (const UnitLayout& u : units) {
-    max_padded = std::max<std::uint64_t>(max_padded, u.padded);
-    max_opt = std::max(max_opt, opt_elems(u));
-  }
-  // Bytes per tier of the blocks, by home.
-  std::uint64_t home[store::kTierCount] = {0, 0, 0};
-  for (const UnitLayout& u : units) {
-    home[tier_index(in.param)] += (in.stage == 3 ? u.shard : u.padded) * es;
-    home[tier_index(in.optimizer)] += opt_elems(u) * 4 * (1 + states);
-    home[tier_index(in.grad)] += static_cast<std::uint64_t>(u.shard) * 4;
-  }
-  plan.home.device = home[0];
-  plan.home.host = home[1];
-  plan.home.nvme = home[2];
-  // Stage 3: units below stage3_param_persistence_threshold elements stay gathered.
+  std::uint64_t max_opt = 0;                      // largest opt_elems
+  std::uint64_t home[store::kTierCount] = {0, 0, 0};  // bytes of the blocks by home tier
+  // Stage 3: units gathered and released at each use, and the bytes of those kept gathered.
+  std::vector<std::uint64_t> streamed_padded = {};
+  std::vector<std::uint64_t> all_padded = {};
   std::uint64_t persistent_bytes = 0;
-  std::vector<std::uint64_t> streamed_padded;  // units gathered and released at each use
-  std::vector<std::uint64_t> all_padded;
+  // tierzero.overlap's buffers (docs/zero.md, "Overlap modes").
+  bool delayed = false;
+  bool snapshot = false;            // eager with clipping or fp16: a rollback snapshot
+  bool snapshot_on_device = false;  // with the optimizer on the device
+};
+
+PlanContext make_context(const PlanInputs& in, const Config& config,
+                         std::span<const UnitLayout> units, MemoryPlan& plan) {
+  PlanContext c{.in = in, .config = config, .units = units};
+  c.es = dtype_size(in.compute_dtype);
   for (const UnitLayout& u : units) {
+    const UnitBytes b = unit_bytes(in, u);
+    c.unit.push_back(b);
+    c.max_padded = std::max<std::uint64_t>(c.max_padded, u.padded);
+    c.max_opt = std::max(c.max_opt, b.opt_elems);
+    c.home[tier_index(in.param)] += b.param;
+    c.home[tier_index(in.optimizer)] += b.optimizer;
+    c.home[tier_index(in.grad)] += b.grad;
+    // Stage 3: units below stage3_param_persistence_threshold elements stay gathered.
     const bool persistent =
         in.stage == 3 && u.numel < config.zero.stage3_param_persistence_threshold;
     plan.persistent.push_back(persistent);
-    all_padded.push_back(u.padded);
+    c.all_padded.push_back(u.padded);
     if (persistent) {
-      persistent_bytes += u.padded * es;
+      c.persistent_bytes += u.padded * c.es;
     } else {
-      streamed_padded.push_back(u.padded);
+      c.streamed_padded.push_back(u.padded);
     }
   }
-  plan.device_budget_bytes =
-      config.tierzero.device_budget > 0 ? config.tierzero.device_budget : in.device_budget_bytes;
-  auto term = [&plan](Tier t, const char* name, std::uint64_t bytes) {
-    plan.terms.push_back(PlanTerm{t, name, bytes});
-  };
-  // The device tier's irreducible terms first; the device cache of offloaded shards is the one
-  // tunable term and gets what the budget leaves after them (docs/estimate.md, "How the tunable
-  // terms are sized").
-  term(Tier::kDevice, "home blocks (parameters, optimizer state, gradient shards)", home[0]);
+  plan.home.device = c.home[0];
+  plan.home.host = c.home[1];
+  plan.home.nvme = c.home[2];
+  const std::string& overlap = config.tierzero.overlap;
+  c.delayed = overlap == "delayed";
+  c.snapshot = overlap == "eager" && (config.gradient_clipping > 0 || config.fp16.enabled);
+  c.snapshot_on_device = c.snapshot && in.optimizer == Placement::kDevice;
+  return c;
+}
+
+void add_term(MemoryPlan& plan, Tier tier, std::string name, std::uint64_t bytes) {
+  plan.terms.push_back(PlanTerm{tier, std::move(name), bytes});
+}
+
+// The device tier's terms, the shard cache at 0 (sized by size_device_cache); returns the
+// cache's index in plan.terms.
+std::size_t add_device_terms(const PlanContext& c, MemoryPlan& plan) {
+  add_term(plan, Tier::kDevice, "home blocks (parameters, optimizer state, gradient shards)",
+           c.home[0]);
   const std::size_t cache_index = plan.terms.size();
-  term(Tier::kDevice, "device cache of offloaded parameter shards", 0);
-  term(Tier::kDevice, "persistent gathered units (stage 3, below the threshold)", persistent_bytes);
+  add_term(plan, Tier::kDevice, "device cache of offloaded parameter shards", 0);
+  add_term(plan, Tier::kDevice, "persistent gathered units (stage 3, below the threshold)",
+           c.persistent_bytes);
   // A model holds at most two gathered units (GPT-2's tied wte and the current block) and two
   // gradient buffers (wte's lives through the backward) at once, plus one gathered unit released
   // while the compute stream still reads it: allocate_device() waits for such frees before the
   // device would pass the plan, so the caller runs ahead of the stream by one unit at most. A
   // gradient reduced on the device is freed the same way (a third buffer); one going to the host
   // (optimizer offloaded) is copied out synchronously and freed at once, so two are all there are.
-  const bool grads_on_device = in.grad == Placement::kDevice;
-  const std::uint64_t gather = in.stage == 3 ? largest_sum(streamed_padded, 3) * es : 0;
-  const std::uint64_t grads = largest_sum(all_padded, grads_on_device ? 3 : 2) * es;
-  term(Tier::kDevice, "gather buffers (3 largest units)", gather);
-  term(Tier::kDevice, grads_on_device ? "gradient buffers (3 largest units)"
-                                      : "gradient buffers (2 largest units)",
-       grads);
+  const bool grads_on_device = c.in.grad == Placement::kDevice;
+  const std::uint64_t gather = c.in.stage == 3 ? largest_sum(c.streamed_padded, 3) * c.es : 0;
+  const std::uint64_t grads = largest_sum(c.all_padded, grads_on_device ? 3 : 2) * c.es;
+  add_term(plan, Tier::kDevice, "gather buffers (3 largest units)", gather);
+  add_term(plan, Tier::kDevice,
+           grads_on_device ? "gradient buffers (3 largest units)"
+                           : "gradient buffers (2 largest units)",
+           grads);
   // Stage 0's gathered gradient (in step()) and get_tensor's fp32 unit (between steps) are never
   // live with the micro-batch buffers (step() refuses units still gathered or holding a
   // gradient; allocate_device() waits for the deferred frees when they would not fit beside
   // them), so only what they need beyond those buffers is counted.
-  const std::uint64_t scratch = max_padded * 4;
-  term(Tier::kDevice, "scratch beyond the buffers (stage-0 gradient, get_tensor)",
-       scratch > gather + grads ? scratch - gather - grads : 0);
-  term(Tier::kDevice, "norm and scalar buffers",
-       sizeof(gpu::NormAccumulator) +
-           static_cast<std::uint64_t>(in.world_size) * 2 * kScalarPieces * 4);
-  term(Tier::kDevice, "model activations (EngineOptions::activation_bytes)", in.activation_bytes);
-  // Offloaded stage-3 shards are loaded into the device tier for gathering: the ones in use
-  // plus DeepSpeed's prefetch bucket (stage3_prefetch_bucket_size elements of the unit, this
-  // rank's 1/N of them), at most stage3_max_live_parameters, at most all of them. The walk needs
-  // two shards at once (the one gathered and the next loaded); beyond those the cache shrinks to
-  // what the budget leaves, which changes only how often a shard is loaded again, not the math.
-  std::uint64_t cache_min = 0;
-  std::uint64_t cache_want = 0;
-  if (in.stage == 3 && in.param != Placement::kDevice) {
-    const std::uint64_t bucket = std::min(config.zero.stage3_prefetch_bucket_size,
-                                          config.zero.stage3_max_live_parameters) /
-                                 static_cast<std::uint64_t>(in.world_size) * es;
-    std::uint64_t shard_bytes = 0;
-    std::uint64_t all = 0;
-    for (const UnitLayout& u : units) {
-      shard_bytes = std::max<std::uint64_t>(shard_bytes, u.shard * es);
-      all += u.shard * es;
-    }
-    cache_min = std::min(2 * shard_bytes, all);
-    cache_want = std::min(std::max<std::uint64_t>(2 * shard_bytes, round_up(bucket, shard_bytes)),
-                          all);
+  const std::uint64_t scratch = c.max_padded * 4;
+  add_term(plan, Tier::kDevice, "scratch beyond the buffers (stage-0 gradient, get_tensor)",
+           scratch > gather + grads ? scratch - gather - grads : 0);
+  add_term(plan, Tier::kDevice, "norm and scalar buffers",
+           sizeof(gpu::NormAccumulator) +
+               static_cast<std::uint64_t>(c.in.world_size) * 2 * kScalarPieces * 4);
+  add_term(plan, Tier::kDevice, "model activations (EngineOptions::activation_bytes)",
+           c.in.activation_bytes);
+  return cache_index;
+}
+
+// The device cache's least and wanted bytes. Offloaded stage-3 shards are loaded into the
+// device tier for gathering: the ones in use plus DeepSpeed's prefetch bucket
+// (stage3_prefetch_bucket_size elements of the unit, this rank's 1/N of them), at most
+// stage3_max_live_parameters, at most all of them. The walk needs two shards at once (the one
+// gathered and the next loaded); beyond those the cache shrinks to what the budget leaves, which
+// changes only how often a shard is loaded again, not the math.
+struct CacheRange {
+  std::uint64_t min = 0;
+  std::uint64_t want = 0;
+};
+
+CacheRange shard_cache_range(const PlanContext& c) {
+  if (c.in.stage != 3 || c.in.param == Placement::kDevice) return {};
+  const ZeroConfig& z = c.config.zero;
+  const std::uint64_t bucket =
+      std::min(z.stage3_prefetch_bucket_size, z.stage3_max_live_parameters) /
+      static_cast<std::uint64_t>(c.in.world_size) * c.es;
+  std::uint64_t shard_bytes = 0;
+  std::uint64_t all = 0;
+  for (const UnitLayout& u : c.units) {
+    shard_bytes = std::max<std::uint64_t>(shard_bytes, u.shard * c.es);
+    all += u.shard * c.es;
   }
-  // eager's rollback snapshot lives on the device with the optimizer: irreducible too.
-  const std::string& overlap = config.tierzero.overlap;
-  const bool delayed = overlap == "delayed";
-  const bool snapshot =
-      overlap == "eager" && (config.gradient_clipping > 0 || config.fp16.enabled);
-  const bool snapshot_on_device = snapshot && in.optimizer == Placement::kDevice;
-  std::uint64_t device_snapshot = 0;
-  if (snapshot_on_device) {
-    for (const UnitLayout& u : units) device_snapshot += opt_elems(u) * 4 * (1 + states);
+  CacheRange r;
+  r.min = std::min(2 * shard_bytes, all);
+  r.want = std::min(std::max<std::uint64_t>(2 * shard_bytes, round_up(bucket, shard_bytes)), all);
+  return r;
+}
+
+// eager's rollback snapshot when it lives on the device with the optimizer: irreducible too.
+std::uint64_t device_snapshot_bytes(const PlanContext& c) {
+  if (!c.snapshot_on_device) return 0;
+  std::uint64_t bytes = 0;
+  for (const UnitBytes& b : c.unit) bytes += b.optimizer;
+  return bytes;
+}
+
+// The refusal when the device tier's irreducible minimum passes the budget: every term at its
+// least, named with its bytes, and the advice that starts with the largest of them.
+Status device_refusal(const PlanContext& c, const MemoryPlan& plan, std::size_t cache_index,
+                      std::uint64_t cache_min, std::uint64_t snapshot, std::uint64_t fixed) {
+  std::vector<PlanTerm> terms = plan.terms;
+  terms[cache_index].name = "device cache of offloaded parameter shards (2 largest shards)";
+  terms[cache_index].bytes = cache_min;
+  if (snapshot > 0) {
+    terms.push_back(PlanTerm{Tier::kDevice,
+                             "eager: rollback snapshot (master and optimizer states)", snapshot});
   }
-  const std::uint64_t device_fixed = plan.tier_bytes(Tier::kDevice) + device_snapshot;
-  if (device_fixed + cache_min > plan.device_budget_bytes) {
-    // Only the irreducible minimum is refused: every term at its least, named with its bytes.
-    std::vector<PlanTerm> terms = plan.terms;
-    terms[cache_index].name = "device cache of offloaded parameter shards (2 largest shards)";
-    terms[cache_index].bytes = cache_min;
-    if (device_snapshot > 0) {
-      terms.push_back(
-          PlanTerm{Tier::kDevice, "eager: rollback snapshot (master and optimizer states)",
-                   device_snapshot});
-    }
-    std::sort(terms.begin(), terms.end(),
-              [](const PlanTerm& a, const PlanTerm& b) { return a.bytes > b.bytes; });
-    std::string named;
-    for (const PlanTerm& t : terms) {
-      if (t.bytes == 0) continue;
-      named += std::string(named.empty() ? "" : ", ") + t.name + " " + std::to_string(t.bytes);
-    }
-    std::string advice =
-        home[0] > 0
-            ? "offload the optimizer (zero_optimization.offload_optimizer.device cpu/nvme), raise "
-              "zero_optimization.stage or offload the parameters"
-            : device_snapshot > 0
-                  ? "offload the optimizer, turn gradient_clipping off, use tierzero.overlap "
-                    "\"exact\" or raise tierzero.device_budget"
-                  : "lower the micro batch or the sequence length (activations), split the "
-                    "largest units, or raise tierzero.device_budget";
-    // The advice starts with the largest term: a plan that activations dominate is not helped
-    // first by moving the optimizer.
-    std::uint64_t activations = 0;
-    for (const PlanTerm& t : plan.terms) {
-      if (t.tier == Tier::kDevice && t.name.find("activations") != std::string::npos) {
-        activations += t.bytes;
-      }
-    }
-    if (home[0] > 0 && activations >= home[0]) {
-      advice = "mostly activations (" + std::to_string(activations) +
-               " bytes): turn on activation checkpointing (--checkpointing 1), lower the micro "
-               "batch or the sequence length; then " + advice;
-    }
-    return Status::out_of_memory(
-        "engine plan: the device tier needs at least " + std::to_string(device_fixed + cache_min) +
-        " bytes, the irreducible minimum (" + named + "), over the device budget of " +
-        std::to_string(plan.device_budget_bytes) + " bytes; " + advice);
+  std::sort(terms.begin(), terms.end(),
+            [](const PlanTerm& a, const PlanTerm& b) { return a.bytes > b.bytes; });
+  std::string named;
+  for (const PlanTerm& t : terms) {
+    if (t.bytes == 0) continue;
+    named += std::string(named.empty() ? "" : ", ") + t.name + " " + std::to_string(t.bytes);
   }
-  const std::uint64_t device_cache =
-      std::min(cache_want, plan.device_budget_bytes - device_fixed);
-  plan.terms[cache_index].bytes = device_cache;
-  // NVMe-homed blocks are worked on in the host tier: the largest unit's NVMe-homed state,
-  // times the units in flight at once (the one updated, the next one read ahead, the previous
-  // one being written back, and one more for the forward's parameter loads).
-  std::uint64_t max_unit_nvme = 0;
-  for (const UnitLayout& u : units) {
+  std::string advice =
+      c.home[0] > 0
+          ? "offload the optimizer (zero_optimization.offload_optimizer.device cpu/nvme), raise "
+            "zero_optimization.stage or offload the parameters"
+      : snapshot > 0
+          ? "offload the optimizer, turn gradient_clipping off, use tierzero.overlap \"exact\" or "
+            "raise tierzero.device_budget"
+          : "lower the micro batch or the sequence length (activations), split the largest "
+            "units, or raise tierzero.device_budget";
+  // The advice starts with the largest term: a plan that activations dominate is not helped
+  // first by moving the optimizer.
+  std::uint64_t activations = 0;
+  for (const PlanTerm& t : plan.terms) {
+    if (t.tier == Tier::kDevice && t.name.find("activations") != std::string::npos) {
+      activations += t.bytes;
+    }
+  }
+  if (c.home[0] > 0 && activations >= c.home[0]) {
+    advice = "mostly activations (" + std::to_string(activations) +
+             " bytes): turn on activation checkpointing (--checkpointing 1), lower the micro "
+             "batch or the sequence length; then " + advice;
+  }
+  return Status::out_of_memory(
+      "engine plan: the device tier needs at least " + std::to_string(fixed + cache_min) +
+      " bytes, the irreducible minimum (" + named + "), over the device budget of " +
+      std::to_string(plan.device_budget_bytes) + " bytes; " + advice);
+}
+
+// The device tier's irreducible terms first; the device cache of offloaded shards is the one
+// tunable term and gets what the budget leaves after them (docs/estimate.md, "How the tunable
+// terms are sized"). Returns the cache's bytes.
+Result<std::uint64_t> size_device_cache(const PlanContext& c, MemoryPlan& plan,
+                                        std::size_t cache_index) {
+  const CacheRange cache = shard_cache_range(c);
+  const std::uint64_t snapshot = device_snapshot_bytes(c);
+  const std::uint64_t fixed = plan.tier_bytes(Tier::kDevice) + snapshot;
+  if (fixed + cache.min > plan.device_budget_bytes) {
+    return device_refusal(c, plan, cache_index, cache.min, snapshot, fixed);
+  }
+  const std::uint64_t bytes = std::min(cache.want, plan.device_budget_bytes - fixed);
+  plan.terms[cache_index].bytes = bytes;
+  return bytes;
+}
+
+// NVMe-homed blocks are worked on in the host tier: the largest unit's NVMe-homed state (a
+// 16 KiB multiple), one unit of the units in flight.
+std::uint64_t max_unit_nvme_bytes(const PlanContext& c) {
+  std::uint64_t max_unit = 0;
+  for (const UnitBytes& u : c.unit) {
     std::uint64_t b = 0;
-    if (in.optimizer == Placement::kNvme) b += opt_elems(u) * 4 * (1 + states);
-    if (in.param == Placement::kNvme) b += u.shard * es;
-    max_unit_nvme = std::max(max_unit_nvme, round_up(b, 4096 * 4));
+    if (c.in.optimizer == Placement::kNvme) b += u.optimizer;
+    if (c.in.param == Placement::kNvme) b += u.param;
+    max_unit = std::max(max_unit, round_up(b, 4096 * 4));
   }
+  return max_unit;
+}
+
+// The store's chunk and staging, and the engine's host staging buffers next to it: a 16-bit
+// unit (gradient shards coming home and parameter copies going out) and an fp32 unit (stage 0's
+// gathered gradient). Returns the staging bytes, which a configured host budget includes.
+std::uint64_t size_store_staging(const PlanContext& c, MemoryPlan& plan,
+                                 std::uint64_t device_cache) {
   store::StoreOptions& so = plan.store;
-  so.device_budget_bytes = home[0] + device_cache;
-  so.chunk_bytes = std::clamp<std::uint64_t>(round_up(max_opt * 4, 4096), 64u << 10, 8u << 20);
-  if (home[2] > 0) {
-    so.chunk_bytes =
-        std::min<std::uint64_t>(so.chunk_bytes, store::swap_block_bytes(config));
+  so.device_budget_bytes = c.home[0] + device_cache;
+  so.chunk_bytes = std::clamp<std::uint64_t>(round_up(c.max_opt * 4, 4096), 64u << 10, 8u << 20);
+  if (c.home[2] > 0) {
+    so.chunk_bytes = std::min<std::uint64_t>(so.chunk_bytes, store::swap_block_bytes(c.config));
   }
   so.staging_buffers = 4;
   so.max_io_in_flight_bytes = std::max<std::uint64_t>(so.chunk_bytes * 4, 16u << 20);
-  // Engine host buffers next to the store's: a 16-bit unit (gradient shards coming home and
-  // parameter copies going out) and an fp32 unit (stage 0's gathered gradient).
-  plan.stage16_bytes = round_up(max_padded * es, 4096);
-  plan.stage32_bytes = round_up(max_padded * 4, 4096);
-  const std::uint64_t staging_bytes =
-      so.staging_buffers * so.chunk_bytes + plan.stage16_bytes + plan.stage32_bytes;
-  // A configured host budget is the whole host tier: the store's blocks get what the staging
-  // buffers leave. Unset, the store gets the host-homed state and four units of NVMe-homed state
-  // in flight. NVMe-homed state needs room for at least two units at once (the one worked on and
-  // the next read ahead).
+  plan.stage16_bytes = round_up(c.max_padded * c.es, 4096);
+  plan.stage32_bytes = round_up(c.max_padded * 4, 4096);
+  return so.staging_buffers * so.chunk_bytes + plan.stage16_bytes + plan.stage32_bytes;
+}
+
+// The store's host budget. A configured host budget is the whole host tier: the store's blocks
+// get what the staging buffers leave. Unset, the store gets the host-homed state and four units
+// of NVMe-homed state in flight (the one updated, the next one read ahead, the previous one being
+// written back, and one more for the forward's parameter loads). NVMe-homed state needs room for
+// at least two units at once (the one worked on and the next read ahead).
+Result<std::uint64_t> size_host_budget(const PlanContext& c, std::uint64_t staging_bytes) {
+  const std::uint64_t max_unit_nvme = max_unit_nvme_bytes(c);
   const std::uint64_t host_need =
-      round_up(home[1], 4096) + (home[2] > 0 ? 2 * max_unit_nvme : 0);
-  const std::uint64_t configured_host =
-      in.host_budget_bytes > 0 ? in.host_budget_bytes : config.tierzero.host_budget;
-  std::uint64_t host_budget = round_up(home[1], 4096) + 4 * max_unit_nvme + (1u << 20);
-  if (configured_host > 0) {
-    if (configured_host < host_need + staging_bytes) {
-      return Status::out_of_memory(
-          "engine plan: the host tier needs at least " + std::to_string(host_need + staging_bytes) +
-          " bytes (" + std::to_string(home[1]) + " of host-homed state, " +
-          std::to_string(host_need - round_up(home[1], 4096)) +
-          " for two units of NVMe-homed state, " + std::to_string(staging_bytes) +
-          " of staging), over the host budget of " + std::to_string(configured_host) +
-          " bytes; raise tierzero.host_budget or offload the optimizer to NVMe");
-    }
-    host_budget = configured_host - staging_bytes;
+      round_up(c.home[1], 4096) + (c.home[2] > 0 ? 2 * max_unit_nvme : 0);
+  const std::uint64_t configured =
+      c.in.host_budget_bytes > 0 ? c.in.host_budget_bytes : c.config.tierzero.host_budget;
+  if (configured == 0) return round_up(c.home[1], 4096) + 4 * max_unit_nvme + (1u << 20);
+  if (configured < host_need + staging_bytes) {
+    return Status::out_of_memory(
+        "engine plan: the host tier needs at least " + std::to_string(host_need + staging_bytes) +
+        " bytes (" + std::to_string(c.home[1]) + " of host-homed state, " +
+        std::to_string(host_need - round_up(c.home[1], 4096)) +
+        " for two units of NVMe-homed state, " + std::to_string(staging_bytes) +
+        " of staging), over the host budget of " + std::to_string(configured) +
+        " bytes; raise tierzero.host_budget or offload the optimizer to NVMe");
   }
-  plan.host_budget_bytes = host_budget;
-  so.host_budget_bytes = host_budget;
-  term(Tier::kHost, "home blocks (host-homed state)", home[1]);
+  return configured - staging_bytes;
+}
+
+void add_host_and_nvme_terms(const PlanContext& c, MemoryPlan& plan) {
+  const store::StoreOptions& so = plan.store;
+  add_term(plan, Tier::kHost, "home blocks (host-homed state)", c.home[1]);
   // The store caches only NVMe-homed blocks in the host tier, so it holds at most all of them,
   // whatever room its budget leaves (a budget far above the NVMe state is not a fill).
-  term(Tier::kHost, "host cache of NVMe-homed blocks", std::min(host_budget - home[1], home[2]));
-  term(Tier::kHost, "store staging buffers", so.staging_buffers * so.chunk_bytes);
-  term(Tier::kHost, "engine staging (16-bit unit, fp32 unit)",
-       plan.stage16_bytes + plan.stage32_bytes);
-  term(Tier::kNvme, "home blocks (NVMe-homed state)", home[2]);
-  // The pool's slack covers its 4 KiB rounding and fragmentation: blocks of several sizes come
-  // and go in a slab, so the free bytes the store's budget leaves can be split into pieces
-  // smaller than the next block, and a buffer never spans two slabs; one largest block more per
-  // slab keeps a piece that fits. The plan's host term is what is handed out of it.
+  add_term(plan, Tier::kHost, "host cache of NVMe-homed blocks",
+           std::min(plan.host_budget_bytes - c.home[1], c.home[2]));
+  add_term(plan, Tier::kHost, "store staging buffers", so.staging_buffers * so.chunk_bytes);
+  add_term(plan, Tier::kHost, "engine staging (16-bit unit, fp32 unit)",
+           plan.stage16_bytes + plan.stage32_bytes);
+  add_term(plan, Tier::kNvme, "home blocks (NVMe-homed state)", c.home[2]);
+}
+
+// The pinned pool's budget and slab. Its slack covers its 4 KiB rounding and fragmentation:
+// blocks of several sizes come and go in a slab, so the free bytes the store's budget leaves can
+// be split into pieces smaller than the next block, and a buffer never spans two slabs; one
+// largest block more per slab keeps a piece that fits. The plan's host term is what is handed
+// out of it.
+void size_pool(const PlanContext& c, MemoryPlan& plan) {
   std::uint64_t max_block = 0;
-  for (const UnitLayout& u : units) {
-    max_block = std::max<std::uint64_t>(
-        {max_block, opt_elems(u) * 4, static_cast<std::uint64_t>(u.shard) * 4,
-         (in.stage == 3 ? u.shard : u.padded) * es});
+  for (const UnitBytes& u : c.unit) {
+    max_block = std::max<std::uint64_t>({max_block, u.opt_elems * 4, u.grad, u.param});
   }
   const std::uint64_t host_plan = plan.tier_bytes(Tier::kHost) + (2u << 20);
   const std::uint64_t block_slack = round_up(max_block, 4096);
@@ -350,45 +423,72 @@ Result<MemoryPlan> plan_memory(const PlanInputs& in, const Config& config,
     plan.pool.budget_bytes = host_plan + slabs * block_slack;
     plan.pool.slab_bytes =
         std::min<std::uint64_t>(1ull << 30, round_up(plan.pool.budget_bytes, 2u << 20));
-    const std::uint64_t need = (plan.pool.budget_bytes + plan.pool.slab_bytes - 1) /
-                               plan.pool.slab_bytes;
+    const std::uint64_t need =
+        (plan.pool.budget_bytes + plan.pool.slab_bytes - 1) / plan.pool.slab_bytes;
     if (need <= slabs) break;
     slabs = need;
   }
   plan.pool.prefault = false;
-  if (home[2] > 0) {
-    // Every block's extent is 4 KiB-rounded; stripes add at most one per path of slack each.
-    plan.swap_stripe_bytes = store::default_swap_stripe_bytes();
-    const std::uint64_t need = home[2] + units.size() * (states + 3) * 4096ull;
-    plan.swap_bytes_per_path =
-        round_up(need / in.nvme_paths + plan.swap_stripe_bytes, plan.swap_stripe_bytes) +
-        4 * plan.swap_stripe_bytes;
-  }
-  // tierzero.overlap (docs/zero.md, "Overlap modes"): eager keeps a rollback snapshot of master
-  // and states when clipping or fp16 loss scaling can undo its early updates (device memory with
-  // the optimizer there, else pinned host memory); delayed keeps the pending update's fp32
-  // gradient shards and compute-dtype parameters in pinned host memory. Both come from their own
-  // pool beside the store's tiers, so nothing above depends on them.
-  if (delayed || snapshot) {
-    const bool on_device = snapshot_on_device;
-    for (const UnitLayout& u : units) {
-      if (delayed) {
-        plan.overlap_bytes += round_up(u.shard * 4, 4096) + round_up(opt_elems(u) * es, 4096);
-      } else {
-        const std::uint64_t b = opt_elems(u) * 4 * (1 + states);
-        plan.overlap_bytes += on_device ? b : round_up(b, 4096);
-      }
+}
+
+// The swap files: every block's extent is 4 KiB-rounded; stripes add at most one per path of
+// slack each.
+void size_swap(const PlanContext& c, MemoryPlan& plan) {
+  if (c.home[2] == 0) return;
+  const auto states = static_cast<std::uint64_t>(c.in.optimizer_states);
+  plan.swap_stripe_bytes = store::default_swap_stripe_bytes();
+  const std::uint64_t need = c.home[2] + c.units.size() * (states + 3) * 4096ull;
+  plan.swap_bytes_per_path =
+      round_up(need / c.in.nvme_paths + plan.swap_stripe_bytes, plan.swap_stripe_bytes) +
+      4 * plan.swap_stripe_bytes;
+}
+
+// tierzero.overlap (docs/zero.md, "Overlap modes"): eager keeps a rollback snapshot of master
+// and states when clipping or fp16 loss scaling can undo its early updates (device memory with
+// the optimizer there, else pinned host memory); delayed keeps the pending update's fp32
+// gradient shards and compute-dtype parameters in pinned host memory. Both come from their own
+// pool beside the store's tiers, so nothing above depends on them.
+void add_overlap_term(const PlanContext& c, MemoryPlan& plan) {
+  if (!c.delayed && !c.snapshot) return;
+  const bool on_device = c.snapshot_on_device;
+  for (const UnitBytes& u : c.unit) {
+    if (c.delayed) {
+      plan.overlap_bytes += round_up(u.grad, 4096) + round_up(u.opt_elems * c.es, 4096);
+    } else {
+      plan.overlap_bytes += on_device ? u.optimizer : round_up(u.optimizer, 4096);
     }
-    term(on_device ? Tier::kDevice : Tier::kHost,
-         delayed ? "delayed: pending update's fp32 gradient shards and 16-bit parameters"
-                 : "eager: rollback snapshot (master and optimizer states)",
-         plan.overlap_bytes);
-    // The device cache was sized with the snapshot counted, so the tier stays within budget.
-    TZ_ASSERT(!on_device || plan.tier_bytes(Tier::kDevice) <= plan.device_budget_bytes,
-              "plan_memory: the device tier passes its budget after the rollback snapshot");
   }
+  add_term(plan, on_device ? Tier::kDevice : Tier::kHost,
+           c.delayed ? "delayed: pending update's fp32 gradient shards and 16-bit parameters"
+                     : "eager: rollback snapshot (master and optimizer states)",
+           plan.overlap_bytes);
+  // The device cache was sized with the snapshot counted, so the tier stays within budget.
+  TZ_ASSERT(!on_device || plan.tier_bytes(Tier::kDevice) <= plan.device_budget_bytes,
+            "plan_memory: the device tier passes its budget after the rollback snapshot");
+}
+
+}  // namespace
+
+Result<MemoryPlan> plan_memory(const PlanInputs& in, const Config& config,
+                               std::span<const UnitLayout> units) {
+  if (units.empty()) return Status::invalid_argument("finalize(): no units registered");
+  TZ_ASSERT(in.world_size >= 1, "plan_memory: world_size must be >= 1");
+  MemoryPlan plan;
+  const PlanContext c = make_context(in, config, units, plan);
+  plan.device_budget_bytes =
+      config.tierzero.device_budget > 0 ? config.tierzero.device_budget : in.device_budget_bytes;
+  const std::size_t cache_index = add_device_terms(c, plan);
+  TZ_ASSIGN_OR_RETURN(const std::uint64_t device_cache, size_device_cache(c, plan, cache_index));
+  const std::uint64_t staging_bytes = size_store_staging(c, plan, device_cache);
+  TZ_ASSIGN_OR_RETURN(plan.host_budget_bytes, size_host_budget(c, staging_bytes));
+  plan.store.host_budget_bytes = plan.host_budget_bytes;
+  add_host_and_nvme_terms(c, plan);
+  size_pool(c, plan);
+  size_swap(c, plan);
+  add_overlap_term(c, plan);
   return plan;
 }
+
 
 TierBytes formula_bytes(const PlanInputs& in, std::uint64_t params) {
   const double phi = static_cast<double>(params);

@@ -10,7 +10,9 @@ namespace tz::zero::impl {
 Result<UnitViews> EngineImpl::grad(UnitId id) {
   TZ_RETURN_IF_ERROR(check_unit(id, "grad"));
   Unit& u = units_[id];
+  TZ_RETURN_IF_ERROR(check_trainable(u, "grad"));
   if (!u.grad_buffer.empty()) return u.grad_views;
+  TZ_RETURN_IF_ERROR(flush_frozen_loads());
   open_step();
   const std::size_t bytes = u.layout.padded * dtype_size(compute_dtype_);
   TZ_ASSIGN_OR_RETURN(u.grad_buffer, allocate_device(bytes));
@@ -23,6 +25,7 @@ Result<UnitViews> EngineImpl::grad(UnitId id) {
 Status EngineImpl::reduce(UnitId id) {
   TZ_RETURN_IF_ERROR(check_unit(id, "reduce"));
   Unit& u = units_[id];
+  TZ_RETURN_IF_ERROR(check_trainable(u, "reduce"));
   if (u.grad_buffer.empty()) {
     return Status::invalid_argument("reduce '" + u.spec.name + "': no grad() buffer handed out");
   }
@@ -80,6 +83,7 @@ Result<gpu::NormAccumulator> EngineImpl::local_norm() {
   const bool device_sums = grad_place_ == Placement::kDevice || device_.host_accessible();
   std::vector<Lease> leases;
   for (const Unit& u : units_) {
+    if (u.frozen()) continue;
     const Tier pin_tier = grad_place_ == Placement::kDevice ? Tier::kDevice : Tier::kHost;
     TZ_ASSIGN_OR_RETURN(Lease l, store_->pin(u.grad_acc, pin_tier, Access::kRead));
     TZ_RETURN_IF_ERROR(with_unit(u, "norm", l.wait()));
@@ -161,6 +165,7 @@ Result<DType> EngineImpl::gather_full_gradient(Unit& u, const Lease& acc, gpu::D
 Status EngineImpl::zero_gradients() {
   gpu::Stream& st = device_.compute_stream();
   for (const Unit& u : units_) {
+    if (u.frozen()) continue;
     if (grad_place_ == Placement::kDevice) {
       TZ_ASSIGN_OR_RETURN(Lease l, store_->pin(u.grad_acc, Tier::kDevice, Access::kWrite));
       TZ_RETURN_IF_ERROR(l.wait());

@@ -43,6 +43,7 @@ struct RunSpec {
   int steps = 5;
   ModelShape shape;
   std::string extra;  // more top-level JSON members, each followed by a comma
+  std::string zero_extra;  // more zero_optimization members, each preceded by a comma
   std::uint64_t host_budget = 0;  // EngineOptions::host_budget_bytes (0 = the engine's default)
   // zero_optimization.stage3_param_persistence_threshold; -1 = the default (100000: every unit
   // of the test model stays gathered), 0 = every unit gathered and released at each use.
@@ -79,7 +80,7 @@ inline std::string config_json(const RunSpec& r) {
        (r.persistence >= 0
             ? ", \"stage3_param_persistence_threshold\": " + std::to_string(r.persistence)
             : std::string()) +
-       "}";
+       r.zero_extra + "}";
   j += "}";
   return j;
 }
@@ -191,16 +192,18 @@ inline RunResult run(const Launcher& launch, const RunSpec& r, const RunHooks& h
   return result;
 }
 
-// Every stage and every placement the build supports: the same fp32 masters after 5 steps.
-inline void expect_bit_identical(const Launcher& launch, int ranks, const std::string& dtype,
-                                 int accumulation) {
+// Every stage and every placement the build supports: the same fp32 masters after 5 steps (of
+// the trainable units; `shape` may freeze some). Returns the stage-0 run.
+inline RunResult expect_bit_identical(const Launcher& launch, int ranks, const std::string& dtype,
+                                      int accumulation, const ModelShape& shape = {}) {
   std::printf("seed %llu\n", static_cast<unsigned long long>(kSeed));
   RunSpec base;
   base.ranks = ranks;
   base.dtype = dtype;
   base.accumulation = accumulation;
+  base.shape = shape;
   const RunResult ref = run(launch, base);
-  ASSERT_NE(ref.hash, 0u);
+  EXPECT_NE(ref.hash, 0u);
   for (int stage = 0; stage <= 3; ++stage) {
     for (const std::string opt : {"none", "cpu", "nvme"}) {
       if (stage == 0 && opt != "none") continue;  // DeepSpeed's rule: offload needs stage >= 1
@@ -216,10 +219,12 @@ inline void expect_bit_identical(const Launcher& launch, int ranks, const std::s
           r.persistence = persistence;
           const RunResult got = run(launch, r);
           EXPECT_EQ(got.hash, ref.hash) << describe(r) << " differs from " << describe(base);
+          EXPECT_EQ(got.weights, ref.weights) << describe(r) << " (every unit, frozen too)";
         }
       }
     }
   }
+  return ref;
 }
 
 // The masters after 20 steps against the float64 reference of the same model and data.
@@ -324,9 +329,11 @@ inline void expect_delayed_equals_stale_reference(const Launcher& launch, int ra
                                                   const std::string& dtype, int stage,
                                                   const std::string& opt,
                                                   const std::string& param = "none",
-                                                  std::vector<int> poison = {}) {
+                                                  std::vector<int> poison = {},
+                                                  const ModelShape& shape = {}) {
   std::printf("seed %llu\n", static_cast<unsigned long long>(kSeed));
   RunSpec ref_spec;
+  ref_spec.shape = shape;
   ref_spec.ranks = ranks;
   ref_spec.dtype = dtype;
   ref_spec.stage = 1;

@@ -23,6 +23,15 @@ namespace tz::zero::testing {
 struct ModelShape {
   int layers = 3;
   int width = 24;  // every layer is width x width (+ bias)
+  // Layers registered as frozen units (UnitSpec::frozen): gathered for forward and backward (their
+  // input gradient), never handed a gradient buffer, never updated.
+  std::vector<int> frozen;
+  bool is_frozen(int layer) const {
+    for (int f : frozen) {
+      if (f == layer) return true;
+    }
+    return false;
+  }
 };
 
 // Deterministic initial weights and data, shared by the engine runs and the reference.
@@ -105,6 +114,7 @@ class EngineModel {
       u.name = "layer" + std::to_string(l);
       u.tensors.push_back({"weight", {shape_.width, shape_.width}});
       u.tensors.push_back({"bias", {shape_.width}});
+      u.frozen = shape_.is_frozen(l);
       auto id = e_.register_unit(u);
       if (!id.is_ok()) return id.status();
       units_.push_back(*id);
@@ -172,8 +182,12 @@ class EngineModel {
     loss /= batch;
     for (int l = L - 1; l >= 0; --l) {
       const UnitId id = units_[static_cast<std::size_t>(l)];
+      const bool frozen = shape_.is_frozen(l);
       TZ_ASSIGN_OR_RETURN(UnitViews v, e_.gather(id));
-      TZ_ASSIGN_OR_RETURN(UnitViews g, e_.grad(id));
+      UnitViews g;
+      if (!frozen) {
+        TZ_ASSIGN_OR_RETURN(g, e_.grad(id));
+      }
       TZ_RETURN_IF_ERROR(e_.compute_stream().synchronize());
       const std::vector<float>& in = acts[static_cast<std::size_t>(l)];
       const std::vector<float>& out = acts[static_cast<std::size_t>(l + 1)];
@@ -191,6 +205,11 @@ class EngineModel {
             din[s * W + j] += param(v, l, 0, o * W + j) * d;
           }
         }
+      }
+      if (frozen) {  // input gradient only
+        TZ_RETURN_IF_ERROR(e_.release(id));
+        dh.swap(din);
+        continue;
       }
       for (std::size_t i = 0; i < dw.size(); ++i) store(g[0], i, dw[i]);
       for (std::size_t i = 0; i < db.size(); ++i) store(g[1], i, db[i]);
@@ -301,11 +320,13 @@ class ReferenceModel {
     return g;
   }
 
+  // Frozen layers (ModelShape::frozen) are neither in the norm nor updated.
   void adamw_step(const std::vector<std::vector<double>>& grad) {
     ++t_;
     double sq = 0;
-    for (const auto& g : grad) {
-      for (double x : g) sq += x * x;
+    for (std::size_t i = 0; i < grad.size(); ++i) {
+      if (shape_.is_frozen(static_cast<int>(i / 2))) continue;
+      for (double x : grad[i]) sq += x * x;
     }
     const double norm = std::sqrt(sq);
     double mult = 1.0;
@@ -313,6 +334,7 @@ class ReferenceModel {
     const double bc1 = 1.0 - std::pow(h_.beta1, static_cast<double>(t_));
     const double bc2 = 1.0 - std::pow(h_.beta2, static_cast<double>(t_));
     for (std::size_t i = 0; i < params_.size(); ++i) {
+      if (shape_.is_frozen(static_cast<int>(i / 2))) continue;
       for (std::size_t j = 0; j < params_[i].size(); ++j) {
         const double g = grad[i][j] * mult;
         m_[i][j] = h_.beta1 * m_[i][j] + (1 - h_.beta1) * g;
