@@ -47,6 +47,8 @@ struct EstimateFlags {
   int checkpointing = -1;  // -1: the model's default
   std::string nvme_path;
   std::string data;  // --measure: a corpus instead of seeded random tokens
+  std::string lora;     // --lora r=R,...: adapters on a frozen base (docs/lora.md)
+  std::string adapter;  // --adapter DIR: the same from a PEFT folder's adapter_config.json
   bool json = false;
   bool all = false;
   bool measure = false;
@@ -131,6 +133,16 @@ Result<Setup> prepare(const EstimateFlags& f) {
     s.config.train_batch_size = 0;  // derived again from the new micro-batch
   }
   TZ_ASSIGN_OR_RETURN(s.shape, model::resolve_model(f.model));
+  if (!f.lora.empty() && !f.adapter.empty()) {
+    return Status::invalid_argument("--lora and --adapter both give the adapters; give one");
+  }
+  if (!f.lora.empty()) {
+    TZ_ASSIGN_OR_RETURN(s.shape.lora, model::parse_lora(s.shape, f.lora));
+  } else if (!f.adapter.empty()) {
+    Result<model::LoraSpec> lora = model::read_adapter(s.shape, f.adapter);
+    if (!lora.is_ok()) return std::move(lora).take_status().with_context("--adapter");
+    s.shape.lora = std::move(lora).value();
+  }
   if (f.seq > s.shape.seq) {
     return Status::invalid_argument("--seq " + std::to_string(f.seq) + " is longer than " +
                                     s.shape.name + "'s " + std::to_string(s.shape.seq) +
@@ -615,6 +627,11 @@ TZ_REGISTER_COMMAND([](CommandTree& tree) {
                   "llama:layers=L,heads=H,kv_heads=K,embd=E,ffn=F,vocab=V,seq=S, or a Hugging "
                   "Face folder (config.json)")
       ->required();
+  cmd->add_option("--lora", f->lora,
+                  "LoRA on a frozen base: r=R[,alpha=A][,targets=q_proj,v_proj,...|all-linear]"
+                  "[,dropout=P] (docs/lora.md)");
+  cmd->add_option("--adapter", f->adapter,
+                  "LoRA as a PEFT adapter folder's adapter_config.json says (docs/lora.md)");
   cmd->add_option("--ranks", f->ranks, "Data-parallel ranks (default 1)");
   cmd->add_option("--seq", f->seq, "Tokens per sequence (default: the model's positions)")
       ->check(at_least_one());

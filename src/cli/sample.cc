@@ -131,7 +131,6 @@ struct Generated {
 
 // Loads `weights` into `shape` on one HostDevice rank of the engine and continues `prompt`.
 Result<Generated> generate_on_engine(const model::ModelDesc& shape, const std::string& weights,
-                                     const std::string& adapter,
                                      const std::vector<std::int32_t>& prompt, int tokens,
                                      const model::SamplingOptions& sampling,
                                      const model::TokenCallback& on_token) {
@@ -159,7 +158,6 @@ Result<Generated> generate_on_engine(const model::ModelDesc& shape, const std::s
                             model::create_model(shape, options, *engine));
         TZ_RETURN_IF_ERROR(engine->finalize());
         TZ_RETURN_IF_ERROR(net->load_weights(weights));
-        if (!adapter.empty()) TZ_RETURN_IF_ERROR(net->load_adapter(adapter));
         const auto t0 = std::chrono::steady_clock::now();
         TZ_ASSIGN_OR_RETURN(out.ids, model::generate(*net, prompt, tokens, sampling, on_token));
         out.generate_s =
@@ -209,7 +207,7 @@ Status run(const SampleOptions& o) {
   if (!o.adapter.empty()) {
     Result<model::LoraSpec> lora = model::read_adapter(shape, o.adapter);
     if (!lora.is_ok()) return std::move(lora).take_status().with_context("--adapter");
-    shape.lora = std::move(lora).value();
+    shape.lora = std::move(lora).value();  // load_weights then loads the adapter's tensors
   }
   const std::string weights = !o.weights.empty() ? o.weights : shape.folder;
   if (weights.empty()) {
@@ -238,7 +236,8 @@ Status run(const SampleOptions& o) {
     };
   }
   TZ_ASSIGN_OR_RETURN(const Generated g,
-                      generate_on_engine(shape, weights, o.adapter, prompt, o.tokens, sampling, on_token));
+                      generate_on_engine(shape, weights, prompt, o.tokens, sampling,
+                                         on_token));
   if (stream) {
     TZ_ASSIGN_OR_RETURN(const std::string rest, stream->finish());
     std::printf("%s\n", rest.c_str());
