@@ -12,6 +12,9 @@
 #   3. stage 3 with the base (and the optimizer) on NVMe gives stage 0's adapter bits
 #      (params_xxh3 covers trainable units only), and from step 2 on writes to NVMe only adapter
 #      state: bytes written per step (the step report's nvme_write_bytes) against the base's size.
+#      (This tiny base fits the host tier's minimum (two units plus staging), so after loading it
+#      is served from memory and reads are 0 too; the 8B scale run in docs/lora.md measures the
+#      streaming case.)
 # torch (CPU) + transformers + peft + safetensors in the throw-away venv of bench/peers_venv.sh
 # (never CI).
 #
