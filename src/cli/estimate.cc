@@ -338,6 +338,7 @@ Result<Estimate> estimate_for(const Setup& s, const Config& config) {
   } else {
     e.plan = std::move(*plan);
   }
+  e.inputs.grad = e.plan.grad;  // the gradient shards' home as the plan resolved it
   e.formula = zero::formula_bytes(e.inputs, s.params);
   e.deepspeed = deepspeed_bytes(e.inputs.stage, e.inputs.optimizer != zero::Placement::kDevice,
                                 e.inputs.param != zero::Placement::kDevice,

@@ -153,141 +153,161 @@ Status remove_partial_checkpoints(const std::string& dir) {
   return Status::ok();
 }
 
+namespace {
+
+// Where one save writes: DIR/step-N.tmp, renamed to DIR/step-N once complete.
+struct SavePaths {
+  std::string dir;
+  std::string final_dir;
+  std::string tmp_dir;
+  std::int64_t step = 0;
+};
+
+// Rank 0: the checkpoint directory, partial saves removed, and the state files with their
+// headers fixed up front (one fp32 entry per trainable tensor; frozen units are not saved).
+Status prepare_files(Engine& engine, const SavePaths& p, int states) {
+  std::error_code ec;
+  fs::create_directories(p.dir, ec);
+  if (ec) return Status::from_errno(ec.value(), "create checkpoint directory", p.dir);
+  TZ_RETURN_IF_ERROR(remove_partial_checkpoints(p.dir));
+  fs::remove_all(p.final_dir, ec);  // a stale directory of the same step (an older run's)
+  fs::create_directories(p.tmp_dir, ec);
+  if (ec) return Status::from_errno(ec.value(), "create", p.tmp_dir);
+  std::vector<SafetensorsTensorSpec> specs;
+  for (UnitId u = 0; u < engine.unit_count(); ++u) {
+    const UnitSpec& unit = engine.unit_spec(u);
+    if (unit.frozen) continue;
+    for (const TensorSpec& t : unit.tensors) {
+      specs.push_back({tensor_key(unit, t), DType::kF32, t.shape});
+    }
+  }
+  for (int s = 0; s < states; ++s) {
+    TZ_ASSIGN_OR_RETURN(SafetensorsWriter w,
+                        SafetensorsWriter::create(p.tmp_dir + "/" + kStateFiles[s], specs,
+                                                  {{"format", "tierzero-checkpoint"}}));
+    TZ_RETURN_IF_ERROR(w.finish());
+  }
+  return Status::ok();
+}
+
+// Every rank writes the part of each trainable tensor in its own shard; every rank computes the
+// checksums (they have the full value from get_tensor) into `tensors`, which rank 0 records.
+// get_tensor is a collective, so a rank whose file fails keeps taking part in it (writing
+// nothing more) and the failure is reported after the loop, when every rank agrees on the
+// outcome.
+Status write_shards(Engine& engine, comm::Comm& comm, const SavePaths& p, int states,
+                    nlohmann::ordered_json& tensors) {
+  std::vector<SafetensorsWriter> writers;
+  Status file_error = Status::ok();
+  for (int s = 0; s < states && file_error.is_ok(); ++s) {
+    Result<SafetensorsWriter> w = SafetensorsWriter::open_existing(p.tmp_dir + "/" + kStateFiles[s]);
+    if (w.is_ok()) {
+      writers.push_back(std::move(*w));
+    } else {
+      file_error = w.status();
+    }
+  }
+  std::vector<float> values;
+  for (UnitId u = 0; u < engine.unit_count(); ++u) {
+    const UnitSpec& unit = engine.unit_spec(u);
+    if (unit.frozen) continue;  // the base is the caller's (CheckpointExtra::base)
+    const UnitLayout& layout = engine.layout(u);
+    for (std::size_t t = 0; t < unit.tensors.size(); ++t) {
+      const TensorSpec& spec = unit.tensors[t];
+      values.resize(spec.numel());
+      nlohmann::ordered_json entry = {{"name", tensor_key(unit, spec)},
+                                      {"unit", unit.name},
+                                      {"tensor", spec.name},
+                                      {"shape", spec.shape}};
+      nlohmann::ordered_json ranges = nlohmann::ordered_json::array();
+      for (int r = 0; r < comm.world_size(); ++r) {
+        const auto [b, e] = layout.shard_part(unit.tensors, t, r);
+        if (b < e) ranges.push_back({r, b, e});
+      }
+      entry["shard_ranges"] = ranges;
+      const auto [begin, end] = layout.shard_part(unit.tensors, t, comm.rank());
+      nlohmann::ordered_json sums = nlohmann::ordered_json::object();
+      for (int s = 0; s < states; ++s) {
+        TZ_RETURN_IF_ERROR(std::move(engine.get_tensor(u, t, values, kStates[s]))
+                               .with_context("checkpoint " + tensor_key(unit, spec)));
+        if (begin < end && file_error.is_ok()) {
+          file_error = writers[static_cast<std::size_t>(s)].write_f32(
+              tensor_key(unit, spec), std::span<const float>(values).subspan(begin, end - begin),
+              begin);
+        }
+        sums[kStateFiles[s]] = tensor_checksum(values);
+      }
+      entry["xxh3"] = sums;
+      tensors.push_back(std::move(entry));
+    }
+  }
+  TZ_RETURN_IF_ERROR(file_error);
+  for (SafetensorsWriter& w : writers) TZ_RETURN_IF_ERROR(w.finish());
+  return Status::ok();
+}
+
+// Rank 0, once every rank's bytes are durable: the manifest, the directory renamed into place,
+// `latest` replaced, and only then the checkpoints beyond the newest `keep` removed.
+Status publish(Engine& engine, comm::Comm& comm, const SavePaths& p, int states,
+               const CheckpointExtra& extra, nlohmann::ordered_json tensors, int keep) {
+  const EngineOptions& options = engine.options();
+  nlohmann::ordered_json manifest = {
+      {"format", "tierzero-checkpoint"},
+      {"format_version", kCheckpointFormatVersion},
+      {"step", p.step},
+      {"ranks", comm.world_size()},
+      {"stage", options.config.zero.stage},
+      {"compute_dtype", std::string(dtype_name(engine.compute_dtype()))},
+      {"optimizer_states", states - 1},
+      {"params", engine.trainable_param_count()},
+      {"base", extra.base},
+      {"model", extra.model},
+      {"trainer", extra.trainer},
+      {"engine", engine.scalar_state()},
+      {"files", nlohmann::ordered_json::array()},
+      {"tensors", std::move(tensors)}};
+  for (int s = 0; s < states; ++s) manifest["files"].push_back(kStateFiles[s]);
+  TZ_RETURN_IF_ERROR(write_file_durably(p.tmp_dir + "/manifest.json", manifest.dump(1) + "\n"));
+  TZ_RETURN_IF_ERROR(fsync_path(p.tmp_dir, /*directory=*/true));
+  if (::rename(p.tmp_dir.c_str(), p.final_dir.c_str()) != 0) {
+    return Status::from_errno(errno, "rename", p.tmp_dir);
+  }
+  TZ_RETURN_IF_ERROR(fsync_path(p.dir, /*directory=*/true));
+  TZ_RETURN_IF_ERROR(write_file_durably(p.dir + "/latest", step_name(p.step) + "\n"));
+  // Only now that the new checkpoint is complete and named may older ones go.
+  if (keep > 0) {
+    TZ_ASSIGN_OR_RETURN(std::vector<std::string> all, list_checkpoints(p.dir));
+    const std::size_t kept = static_cast<std::size_t>(keep);
+    for (std::size_t i = 0; i + kept < all.size(); ++i) {
+      if (all[i] == step_name(p.step)) continue;
+      std::error_code ec;
+      fs::remove_all(p.dir + "/" + all[i], ec);
+      if (ec) TZ_LOG_WARN("checkpoint: could not remove old %s/%s", p.dir.c_str(), all[i].c_str());
+    }
+  }
+  return Status::ok();
+}
+
+}  // namespace
+
 Result<std::string> save_checkpoint(Engine& engine, comm::Comm& comm, const std::string& dir,
                                     std::int64_t step, const CheckpointExtra& extra, int keep) {
-  const int rank = comm.rank();
-  const std::string final_dir = dir + "/" + step_name(step);
-  const std::string tmp_dir = final_dir + ".tmp";
+  SavePaths p;
+  p.dir = dir;
+  p.step = step;
+  p.final_dir = dir + "/" + step_name(step);
+  p.tmp_dir = p.final_dir + ".tmp";
   const int states = 1 + engine.optimizer_state_count();
-
-  // Rank 0 prepares the directory and the files (headers fixed up front); the others wait.
-  Status prepared = Status::ok();
-  if (rank == 0) {
-    prepared = [&]() -> Status {
-      std::error_code ec;
-      fs::create_directories(dir, ec);
-      if (ec) return Status::from_errno(ec.value(), "create checkpoint directory", dir);
-      TZ_RETURN_IF_ERROR(remove_partial_checkpoints(dir));
-      fs::remove_all(final_dir, ec);  // a stale directory of the same step (an older run's)
-      fs::create_directories(tmp_dir, ec);
-      if (ec) return Status::from_errno(ec.value(), "create", tmp_dir);
-      std::vector<SafetensorsTensorSpec> specs;
-      for (UnitId u = 0; u < engine.unit_count(); ++u) {
-        const UnitSpec& unit = engine.unit_spec(u);
-        for (const TensorSpec& t : unit.tensors) {
-          specs.push_back({tensor_key(unit, t), DType::kF32, t.shape});
-        }
-      }
-      for (int s = 0; s < states; ++s) {
-        TZ_ASSIGN_OR_RETURN(SafetensorsWriter w,
-                            SafetensorsWriter::create(tmp_dir + "/" + kStateFiles[s], specs,
-                                                      {{"format", "tierzero-checkpoint"}}));
-        TZ_RETURN_IF_ERROR(w.finish());
-      }
-      return Status::ok();
-    }();
-  }
-  TZ_RETURN_IF_ERROR(agree(engine, comm, prepared));
-
-  // Every rank writes the part of each tensor in its own shard; every rank computes the
-  // checksums (they have the full value from get_tensor), rank 0 records them. get_tensor is a
-  // collective, so a rank whose file fails keeps taking part in it (writing nothing more) and the
-  // failure is reported after the loop, when every rank agrees on the outcome.
+  const bool leader = comm.rank() == 0;
+  // Rank 0 prepares the directory and the files; the others wait (agree is the barrier).
+  TZ_RETURN_IF_ERROR(
+      agree(engine, comm, leader ? prepare_files(engine, p, states) : Status::ok()));
   nlohmann::ordered_json tensors = nlohmann::ordered_json::array();
-  Status written = [&]() -> Status {
-    std::vector<SafetensorsWriter> writers;
-    Status file_error = Status::ok();
-    for (int s = 0; s < states && file_error.is_ok(); ++s) {
-      Result<SafetensorsWriter> w = SafetensorsWriter::open_existing(tmp_dir + "/" + kStateFiles[s]);
-      if (w.is_ok()) {
-        writers.push_back(std::move(*w));
-      } else {
-        file_error = w.status();
-      }
-    }
-    std::vector<float> values;
-    for (UnitId u = 0; u < engine.unit_count(); ++u) {
-      const UnitSpec& unit = engine.unit_spec(u);
-      const UnitLayout& layout = engine.layout(u);
-      for (std::size_t t = 0; t < unit.tensors.size(); ++t) {
-        const TensorSpec& spec = unit.tensors[t];
-        values.resize(spec.numel());
-        nlohmann::ordered_json entry = {{"name", tensor_key(unit, spec)},
-                                        {"unit", unit.name},
-                                        {"tensor", spec.name},
-                                        {"shape", spec.shape}};
-        nlohmann::ordered_json ranges = nlohmann::ordered_json::array();
-        for (int r = 0; r < comm.world_size(); ++r) {
-          const auto [b, e] = layout.shard_part(unit.tensors, t, r);
-          if (b < e) ranges.push_back({r, b, e});
-        }
-        entry["shard_ranges"] = ranges;
-        const auto [begin, end] = layout.shard_part(unit.tensors, t, rank);
-        nlohmann::ordered_json sums = nlohmann::ordered_json::object();
-        for (int s = 0; s < states; ++s) {
-          TZ_RETURN_IF_ERROR(std::move(engine.get_tensor(u, t, values, kStates[s]))
-                                 .with_context("checkpoint " + tensor_key(unit, spec)));
-          if (begin < end && file_error.is_ok()) {
-            file_error = writers[static_cast<std::size_t>(s)].write_f32(
-                tensor_key(unit, spec),
-                std::span<const float>(values).subspan(begin, end - begin), begin);
-          }
-          sums[kStateFiles[s]] = tensor_checksum(values);
-        }
-        entry["xxh3"] = sums;
-        tensors.push_back(std::move(entry));
-      }
-    }
-    TZ_RETURN_IF_ERROR(file_error);
-    for (SafetensorsWriter& w : writers) TZ_RETURN_IF_ERROR(w.finish());
-    return Status::ok();
-  }();
-  TZ_RETURN_IF_ERROR(agree(engine, comm, written));
-
-  // Every rank's bytes are durable: rank 0 writes the manifest and publishes the directory.
-  Status published = Status::ok();
-  if (rank == 0) {
-    published = [&]() -> Status {
-      const EngineOptions& options = engine.options();
-      nlohmann::ordered_json manifest = {
-          {"format", "tierzero-checkpoint"},
-          {"format_version", kCheckpointFormatVersion},
-          {"step", step},
-          {"ranks", comm.world_size()},
-          {"stage", options.config.zero.stage},
-          {"compute_dtype", std::string(dtype_name(engine.compute_dtype()))},
-          {"optimizer_states", states - 1},
-          {"params", engine.trainable_param_count()},
-          {"base", extra.base},
-          {"model", extra.model},
-          {"trainer", extra.trainer},
-          {"engine", engine.scalar_state()},
-          {"files", nlohmann::ordered_json::array()},
-          {"tensors", tensors}};
-      for (int s = 0; s < states; ++s) manifest["files"].push_back(kStateFiles[s]);
-      TZ_RETURN_IF_ERROR(write_file_durably(tmp_dir + "/manifest.json", manifest.dump(1) + "\n"));
-      TZ_RETURN_IF_ERROR(fsync_path(tmp_dir, /*directory=*/true));
-      if (::rename(tmp_dir.c_str(), final_dir.c_str()) != 0) {
-        return Status::from_errno(errno, "rename", tmp_dir);
-      }
-      TZ_RETURN_IF_ERROR(fsync_path(dir, /*directory=*/true));
-      TZ_RETURN_IF_ERROR(write_file_durably(dir + "/latest", step_name(step) + "\n"));
-      // Only now that the new checkpoint is complete and named may older ones go.
-      if (keep > 0) {
-        TZ_ASSIGN_OR_RETURN(std::vector<std::string> all, list_checkpoints(dir));
-        const std::size_t kept = static_cast<std::size_t>(keep);
-        for (std::size_t i = 0; i + kept < all.size(); ++i) {
-          if (all[i] == step_name(step)) continue;
-          std::error_code ec;
-          fs::remove_all(dir + "/" + all[i], ec);
-          if (ec) TZ_LOG_WARN("checkpoint: could not remove old %s/%s", dir.c_str(), all[i].c_str());
-        }
-      }
-      return Status::ok();
-    }();
-  }
+  TZ_RETURN_IF_ERROR(agree(engine, comm, write_shards(engine, comm, p, states, tensors)));
+  const Status published =
+      leader ? publish(engine, comm, p, states, extra, std::move(tensors), keep) : Status::ok();
   TZ_RETURN_IF_ERROR(agree(engine, comm, published));
-  return final_dir;
+  return p.final_dir;
 }
 
 Result<std::string> resolve_checkpoint(const std::string& path) {
@@ -357,6 +377,7 @@ Result<CheckpointExtra> load_checkpoint(Engine& engine, const std::string& check
   std::size_t matched = 0;
   for (UnitId u = 0; u < engine.unit_count(); ++u) {
     const UnitSpec& unit = engine.unit_spec(u);
+    if (unit.frozen) continue;  // not in checkpoints: the caller loads its base
     for (std::size_t t = 0; t < unit.tensors.size(); ++t) {
       const TensorSpec& spec = unit.tensors[t];
       const std::string key = tensor_key(unit, spec);

@@ -1,8 +1,10 @@
 // Checkpoints (issue 13): everything a resumed run needs, laid out by parameter, not by rank, so a
-// checkpoint is independent of the number of ranks, the stage and the offload choice.
+// checkpoint is independent of the number of ranks, the stage and the offload choice. Only
+// trainable units are saved: frozen ones (UnitSpec::frozen, a LoRA base) are the caller's to load.
 //
 //   DIR/step-000120/manifest.json       format version, step, ranks, stage, dtype, the caller's
-//                                       model and trainer state, the engine's scalar state, the
+//                                       model and trainer state, the frozen base's identity
+//                                       (CheckpointExtra::base), the engine's scalar state, the
 //                                       resolved config, and per tensor: shape, shard ranges and
 //                                       the xxHash3 of each stored value (master, m, v)
 //   DIR/step-000120/master.safetensors  fp32 master weights, one entry "unit/tensor" per tensor

@@ -157,6 +157,10 @@ Result<UnitId> EngineImpl::register_unit(UnitSpec spec) {
 Status EngineImpl::finalize() {
   if (finalized_) return Status::invalid_argument("finalize(): called twice");
   if (units_.empty()) return Status::invalid_argument("finalize(): no units registered");
+  if (std::all_of(units_.begin(), units_.end(), [](const Unit& u) { return u.frozen(); })) {
+    return Status::invalid_argument("finalize(): every registered unit is frozen (nothing to "
+                                    "train; register at least one unit without UnitSpec::frozen)");
+  }
   // The memory plan (zero/plan.h) is a pure function of the config, the layouts and the
   // budgets, shared with `tierzero estimate`; it sizes everything allocated below.
   std::vector<UnitLayout> layouts;
@@ -182,6 +186,7 @@ Status EngineImpl::finalize() {
   for (std::size_t i = 0; i < units_.size(); ++i) units_[i].persistent = mp.persistent[i];
   plan_ = mp.terms;
   overlap_bytes_ = mp.overlap_bytes;
+  grad_place_ = mp.grad;  // NVMe when a configured host budget cannot hold the gradient shards
   const std::size_t es = dtype_size(compute_dtype_);
   const Tier opt_tier = tier_of(opt_place_);
   const Tier grad_tier = tier_of(grad_place_);

@@ -133,11 +133,13 @@ struct UnitBytes {
   std::uint64_t optimizer = 0;  // fp32 master and states: opt_elems * 4 * (1 + states)
 };
 
+// A frozen unit (UnitSpec::frozen) holds its compute-dtype parameters only.
 UnitBytes unit_bytes(const PlanInputs& in, const UnitLayout& u) {
   const std::uint64_t es = dtype_size(in.compute_dtype);
   const auto states = static_cast<std::uint64_t>(in.optimizer_states);
   UnitBytes b;
   b.param = (in.stage == 3 ? u.shard : u.padded) * es;
+  if (u.frozen) return b;
   b.grad = static_cast<std::uint64_t>(u.shard) * 4;
   b.opt_elems = in.stage == 0 ? u.padded : u.shard;
   b.optimizer = b.opt_elems * 4 * (1 + states);
@@ -151,12 +153,14 @@ struct PlanContext {
   std::span<const UnitLayout> units;
   std::uint64_t es = 0;
   std::vector<UnitBytes> unit = {};  // per unit, as `units`
-  std::uint64_t max_padded = 0;
+  std::uint64_t max_padded = 0;            // largest trainable unit (staging, scratch)
+  std::uint64_t max_frozen_gather = 0;     // stage 3: largest frozen unit's get_tensor buffer
+  std::uint64_t max_param_block = 0;       // largest parameter block (frozen ones included)
   std::uint64_t max_opt = 0;                      // largest opt_elems
   std::uint64_t home[store::kTierCount] = {0, 0, 0};  // bytes of the blocks by home tier
   // Stage 3: units gathered and released at each use, and the bytes of those kept gathered.
   std::vector<std::uint64_t> streamed_padded = {};
-  std::vector<std::uint64_t> all_padded = {};
+  std::vector<std::uint64_t> grad_padded = {};  // trainable units: those with gradient buffers
   std::uint64_t persistent_bytes = 0;
   // tierzero.overlap's buffers (docs/zero.md, "Overlap modes").
   bool delayed = false;
@@ -171,7 +175,13 @@ PlanContext make_context(const PlanInputs& in, const Config& config,
   for (const UnitLayout& u : units) {
     const UnitBytes b = unit_bytes(in, u);
     c.unit.push_back(b);
-    c.max_padded = std::max<std::uint64_t>(c.max_padded, u.padded);
+    c.max_param_block = std::max(c.max_param_block, b.param);
+    if (u.frozen) {
+      if (in.stage == 3) c.max_frozen_gather = std::max(c.max_frozen_gather, u.padded * c.es);
+    } else {
+      c.max_padded = std::max<std::uint64_t>(c.max_padded, u.padded);
+      c.grad_padded.push_back(u.padded);
+    }
     c.max_opt = std::max(c.max_opt, b.opt_elems);
     c.home[tier_index(in.param)] += b.param;
     c.home[tier_index(in.optimizer)] += b.optimizer;
@@ -180,7 +190,6 @@ PlanContext make_context(const PlanInputs& in, const Config& config,
     const bool persistent =
         in.stage == 3 && u.numel < config.zero.stage3_param_persistence_threshold;
     plan.persistent.push_back(persistent);
-    c.all_padded.push_back(u.padded);
     if (persistent) {
       c.persistent_bytes += u.padded * c.es;
     } else {
@@ -218,7 +227,7 @@ std::size_t add_device_terms(const PlanContext& c, MemoryPlan& plan) {
   // (optimizer offloaded) is copied out synchronously and freed at once, so two are all there are.
   const bool grads_on_device = c.in.grad == Placement::kDevice;
   const std::uint64_t gather = c.in.stage == 3 ? largest_sum(c.streamed_padded, 3) * c.es : 0;
-  const std::uint64_t grads = largest_sum(c.all_padded, grads_on_device ? 3 : 2) * c.es;
+  const std::uint64_t grads = largest_sum(c.grad_padded, grads_on_device ? 3 : 2) * c.es;
   add_term(plan, Tier::kDevice, "gather buffers (3 largest units)", gather);
   add_term(plan, Tier::kDevice,
            grads_on_device ? "gradient buffers (3 largest units)"
@@ -227,8 +236,9 @@ std::size_t add_device_terms(const PlanContext& c, MemoryPlan& plan) {
   // Stage 0's gathered gradient (in step()) and get_tensor's fp32 unit (between steps) are never
   // live with the micro-batch buffers (step() refuses units still gathered or holding a
   // gradient; allocate_device() waits for the deferred frees when they would not fit beside
-  // them), so only what they need beyond those buffers is counted.
-  const std::uint64_t scratch = c.max_padded * 4;
+  // them), so only what they need beyond those buffers is counted. A frozen unit's get_tensor
+  // all-gathers its compute-dtype parameters (stage 3).
+  const std::uint64_t scratch = std::max(c.max_padded * 4, c.max_frozen_gather);
   add_term(plan, Tier::kDevice, "scratch beyond the buffers (stage-0 gradient, get_tensor)",
            scratch > gather + grads ? scratch - gather - grads : 0);
   add_term(plan, Tier::kDevice, "norm and scalar buffers",
@@ -338,14 +348,16 @@ Result<std::uint64_t> size_device_cache(const PlanContext& c, MemoryPlan& plan,
   return bytes;
 }
 
-// NVMe-homed blocks are worked on in the host tier: the largest unit's NVMe-homed state (a
-// 16 KiB multiple), one unit of the units in flight.
+// NVMe-homed blocks are worked on in the host tier: the largest unit's NVMe-homed state
+// (optimizer state, parameter shard, gradient shard, as their homes say; a 16 KiB multiple), one
+// unit of the units in flight.
 std::uint64_t max_unit_nvme_bytes(const PlanContext& c) {
   std::uint64_t max_unit = 0;
   for (const UnitBytes& u : c.unit) {
     std::uint64_t b = 0;
     if (c.in.optimizer == Placement::kNvme) b += u.optimizer;
     if (c.in.param == Placement::kNvme) b += u.param;
+    if (c.in.grad == Placement::kNvme) b += u.grad;
     max_unit = std::max(max_unit, round_up(b, 4096 * 4));
   }
   return max_unit;
@@ -358,7 +370,8 @@ std::uint64_t size_store_staging(const PlanContext& c, MemoryPlan& plan,
                                  std::uint64_t device_cache) {
   store::StoreOptions& so = plan.store;
   so.device_budget_bytes = c.home[0] + device_cache;
-  so.chunk_bytes = std::clamp<std::uint64_t>(round_up(c.max_opt * 4, 4096), 64u << 10, 8u << 20);
+  so.chunk_bytes = std::clamp<std::uint64_t>(
+      round_up(std::max(c.max_opt * 4, c.max_param_block), 4096), 64u << 10, 8u << 20);
   if (c.home[2] > 0) {
     so.chunk_bytes = std::min<std::uint64_t>(so.chunk_bytes, store::swap_block_bytes(c.config));
   }
@@ -467,13 +480,45 @@ void add_overlap_term(const PlanContext& c, MemoryPlan& plan) {
             "plan_memory: the device tier passes its budget after the rollback snapshot");
 }
 
+// The host tier's least bytes for `in`: its homed state, two units of NVMe-homed state in flight
+// and the staging.
+std::uint64_t host_minimum(const PlanInputs& in, const Config& config,
+                           std::span<const UnitLayout> units) {
+  MemoryPlan scratch;
+  const PlanContext c = make_context(in, config, units, scratch);
+  return round_up(c.home[1], 4096) + (c.home[2] > 0 ? 2 * max_unit_nvme_bytes(c) : 0) +
+         size_store_staging(c, scratch, 0);
+}
+
+// The home of the fp32 gradient shards. With the optimizer on NVMe they are homed on the host
+// (read and written every micro-batch, no I/O) unless a configured host budget cannot hold them
+// beside the host tier's minimum; then they are homed on NVMe with the optimizer state and
+// worked on in the host cache like it (as DeepSpeed's optimizer swapper swaps gradients), when
+// that lowers the minimum: the whole shards leave the host, two units' come back in flight.
+Placement gradient_home(const PlanInputs& in, const Config& config,
+                        std::span<const UnitLayout> units) {
+  const std::uint64_t configured =
+      in.host_budget_bytes > 0 ? in.host_budget_bytes : config.tierzero.host_budget;
+  if (in.optimizer != Placement::kNvme || in.grad != Placement::kHost || configured == 0) {
+    return in.grad;
+  }
+  const std::uint64_t on_host = host_minimum(in, config, units);
+  if (on_host <= configured) return Placement::kHost;
+  PlanInputs nvme = in;
+  nvme.grad = Placement::kNvme;
+  return host_minimum(nvme, config, units) < on_host ? Placement::kNvme : Placement::kHost;
+}
+
 }  // namespace
 
-Result<MemoryPlan> plan_memory(const PlanInputs& in, const Config& config,
+Result<MemoryPlan> plan_memory(const PlanInputs& requested, const Config& config,
                                std::span<const UnitLayout> units) {
   if (units.empty()) return Status::invalid_argument("finalize(): no units registered");
-  TZ_ASSERT(in.world_size >= 1, "plan_memory: world_size must be >= 1");
+  TZ_ASSERT(requested.world_size >= 1, "plan_memory: world_size must be >= 1");
+  PlanInputs in = requested;
+  in.grad = gradient_home(requested, config, units);
   MemoryPlan plan;
+  plan.grad = in.grad;
   const PlanContext c = make_context(in, config, units, plan);
   plan.device_budget_bytes =
       config.tierzero.device_budget > 0 ? config.tierzero.device_budget : in.device_budget_bytes;
@@ -489,12 +534,13 @@ Result<MemoryPlan> plan_memory(const PlanInputs& in, const Config& config,
   return plan;
 }
 
-
-TierBytes formula_bytes(const PlanInputs& in, std::uint64_t params) {
-  const double phi = static_cast<double>(params);
+TierBytes formula_bytes(const PlanInputs& in, std::uint64_t params, std::uint64_t frozen_params) {
+  TZ_ASSERT(frozen_params <= params, "formula_bytes: more frozen parameters than parameters");
+  const double all = static_cast<double>(params);
+  const double phi = static_cast<double>(params - frozen_params);
   const double n = in.world_size;
   const double es = static_cast<double>(dtype_size(in.compute_dtype));
-  const double p = in.stage == 3 ? es * phi / n : es * phi;
+  const double p = in.stage == 3 ? es * all / n : es * all;
   const double g = in.stage >= 2 ? es * phi / n : es * phi;
   const double o = 4.0 * (1 + in.optimizer_states) * phi / (in.stage >= 1 ? n : 1.0);
   double tiers[3] = {0, 0, 0};

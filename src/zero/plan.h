@@ -63,6 +63,9 @@ struct MemoryPlan {
   // Per unit (same order as the layouts): stage 3, below stage3_param_persistence_threshold
   // elements, so gathered once per step and kept.
   std::vector<bool> persistent;
+  // Where the fp32 gradient shards are homed: PlanInputs::grad, or NVMe when the optimizer is
+  // there and a configured host budget cannot hold them beside the host tier's minimum.
+  Placement grad = Placement::kDevice;
   std::uint64_t device_budget_bytes = 0;  // resolved: tierzero.device_budget or the device's
   std::uint64_t host_budget_bytes = 0;    // resolved: the override, tierzero.host_budget or the
                                           // default (host-homed state + NVMe working set)
@@ -82,8 +85,9 @@ struct MemoryPlan {
 
 // The plan for `units` (the registered units' layouts, in registration order, for
 // `in.world_size` ranks). kOutOfMemory naming the tier, the bytes needed and the budget (and the
-// setting to change) when the device plan exceeds the device budget or the host-homed state the
-// host budget; kInvalidArgument for an empty unit list.
+// setting to change) when the device tier's irreducible minimum exceeds the device budget or the
+// host tier's the host budget; kInvalidArgument for an empty unit list. The engine homes the
+// gradient shards where MemoryPlan::grad says.
 Result<MemoryPlan> plan_memory(const PlanInputs& in, const Config& config,
                                std::span<const UnitLayout> units);
 
@@ -96,7 +100,9 @@ Result<Placement> parse_offload(const std::string& device, const char* key);
 // DESIGN.md's memory table for the inputs: params es*Φ, grads es*Φ, optimizer 4*(1+states)*Φ;
 // stage 1 divides the optimizer by N, stage 2 also the gradients, stage 3 also the parameters;
 // each term counted in the tier its placement names. With bf16 and Adam: 4Φ+12Φ/N, 2Φ+14Φ/N,
-// 16Φ/N, and 16Φ at stage 0.
-TierBytes formula_bytes(const PlanInputs& in, std::uint64_t params);
+// 16Φ/N, and 16Φ at stage 0. `frozen_params` of the `params` (UnitSpec::frozen) count in the
+// parameter term only: a bf16 base at stage 3 adds 2Φ_frozen/N where offload_param says.
+TierBytes formula_bytes(const PlanInputs& in, std::uint64_t params,
+                        std::uint64_t frozen_params = 0);
 
 }  // namespace tz::zero

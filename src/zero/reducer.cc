@@ -91,6 +91,13 @@ Result<gpu::NormAccumulator> EngineImpl::local_norm() {
       TZ_RETURN_IF_ERROR(
           device_.sum_squares(l.data(), DType::kF32, u.layout.shard, dev_acc, st));
       leases.push_back(std::move(l));
+      // NVMe-homed shards pass through the host cache, which holds a few units, not all: each
+      // is summed and released before the next is loaded (the same sums in the same order).
+      if (grad_place_ == Placement::kNvme) {
+        TZ_RETURN_IF_ERROR(sync(st, "norm"));
+        for (Lease& done : leases) done.release();
+        leases.clear();
+      }
     } else {  // the devices' fixed order on the host: the same bits wherever shards live
       gpu::sum_squares_fixed_order(l.data(), DType::kF32, u.layout.shard, host_acc);
     }

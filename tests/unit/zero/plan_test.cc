@@ -292,6 +292,80 @@ TEST(ZeroPlan, HostOverBudgetNamesTheKey) {
   EXPECT_EQ(fits->bytes().host, host_home + staging);
 }
 
+// Optimizer on NVMe, parameters on the host, stage 3, 2 ranks, eight units of 200000 elements:
+// the fp32 gradient shards are homed on the host while a configured host budget holds them
+// beside the tier's minimum, else on NVMe with the optimizer state (worked on in the host cache);
+// only a budget below the minimum with them on NVMe is refused. With two units moving them would
+// not lower the minimum (two units' gradients come back in flight), so they stay.
+TEST(ZeroPlan, GradientShardsMoveToNvmeWhenTheHostBudgetCannotHoldThem) {
+  PlanInputs in;
+  in.stage = 3;
+  in.compute_dtype = DType::kBF16;
+  in.optimizer = Placement::kNvme;
+  in.param = Placement::kHost;
+  in.grad = Placement::kHost;
+  in.world_size = 2;
+  in.device_budget_bytes = 1ull << 30;
+  Config config;
+  in.host_budget_bytes = 4096;
+  const auto two = two_units_two_ranks();
+  auto two_refused = plan_memory(in, config, two);
+  ASSERT_FALSE(two_refused.is_ok());
+  EXPECT_NE(two_refused.status().message().find("host tier needs at least 5861376 bytes"),
+            std::string::npos)  // gradient shards on the host: the smaller minimum
+      << two_refused.status().message();
+  std::vector<UnitLayout> units;
+  for (int i = 0; i < 8; ++i) {
+    units.push_back(plan_unit_layout(unit("u" + std::to_string(i), {200000}), 2));
+  }
+  ASSERT_EQ(units[0].shard, 100352u);
+  const std::uint64_t params = 8 * 100352 * 2;  // bf16 shards, homed on the host
+  const std::uint64_t grads = 8 * 100352 * 4;   // fp32 shards
+  const std::uint64_t staging = 4 * 401408 + 200704 * 2 + 200704 * 4;
+  auto round16k = [](std::uint64_t b) { return (b + 16383) / 16384 * 16384; };
+  auto round4k = [](std::uint64_t b) { return (b + 4095) / 4096 * 4096; };
+  // A unit in flight: master + m + v, and with the gradient its fp32 shard too.
+  const std::uint64_t unit_opt = round16k(100352ull * 12);
+  const std::uint64_t unit_opt_grad = round16k(100352ull * 16);
+  const std::uint64_t host_min = round4k(params + grads) + 2 * unit_opt + staging;
+  const std::uint64_t nvme_min = round4k(params) + 2 * unit_opt_grad + staging;
+  ASSERT_LT(nvme_min, host_min);
+
+  in.host_budget_bytes = host_min;  // room for the gradient shards on the host
+  auto on_host = plan_memory(in, config, units);
+  ASSERT_TRUE(on_host.is_ok()) << on_host.status().to_string();
+  EXPECT_EQ(on_host->grad, Placement::kHost);
+  EXPECT_EQ(on_host->home.host, params + grads);
+  EXPECT_EQ(on_host->home.nvme, 8 * 100352 * 12u);
+
+  in.host_budget_bytes = host_min - 1;  // not: they are homed on NVMe
+  auto on_nvme = plan_memory(in, config, units);
+  ASSERT_TRUE(on_nvme.is_ok()) << on_nvme.status().to_string();
+  EXPECT_EQ(on_nvme->grad, Placement::kNvme);
+  EXPECT_EQ(on_nvme->home.host, params);
+  EXPECT_EQ(on_nvme->home.nvme, 8 * 100352 * 16u);
+  EXPECT_EQ(on_nvme->bytes().host, host_min - 1);  // the whole budget: the cache takes the rest
+  EXPECT_EQ(term_of(*on_nvme, Tier::kHost, "home blocks"), params);
+
+  in.host_budget_bytes = nvme_min;  // the least that starts
+  auto least = plan_memory(in, config, units);
+  ASSERT_TRUE(least.is_ok()) << least.status().to_string();
+  EXPECT_EQ(least->grad, Placement::kNvme);
+  in.host_budget_bytes = nvme_min - 1;
+  auto refused = plan_memory(in, config, units);
+  ASSERT_FALSE(refused.is_ok());
+  EXPECT_NE(refused.status().message().find("host tier needs at least " +
+                                            std::to_string(nvme_min) + " bytes"),
+            std::string::npos)
+      << refused.status().message();
+
+  // Unset host budget (the default sizes itself to the need): the gradient shards stay on the host.
+  in.host_budget_bytes = 0;
+  auto open = plan_memory(in, config, units);
+  ASSERT_TRUE(open.is_ok());
+  EXPECT_EQ(open->grad, Placement::kHost);
+}
+
 TEST(ZeroPlan, EmptyUnitListIsRefused) {
   PlanInputs in;
   Config config;
@@ -478,6 +552,78 @@ TEST(ZeroPlan, RefusalAdviceStartsWithTheLargestTerm) {
   ASSERT_FALSE(small.is_ok());
   EXPECT_EQ(small.status().message().find("mostly activations"), std::string::npos)
       << small.status().message();
+}
+
+}  // namespace
+}  // namespace tz::zero
+
+namespace tz::zero {
+namespace {
+
+// A LoRA-like model: "b" (200000 elements) frozen, its parameters on NVMe; "a" (5300) trainable,
+// its optimizer on the host. Stage 3, bf16, Adam, 2 ranks. The frozen unit costs its bf16 shard
+// at the parameter tier and nothing else: no gradient buffer, master, states or staging.
+TEST(ZeroPlan, FrozenUnitCostsItsParametersOnly) {
+  PlanInputs in;
+  in.stage = 3;
+  in.compute_dtype = DType::kBF16;
+  in.optimizer = Placement::kHost;
+  in.param = Placement::kNvme;
+  in.grad = Placement::kHost;
+  in.optimizer_states = 2;
+  in.world_size = 2;
+  in.device_budget_bytes = 1ull << 30;
+  Config config;
+  UnitSpec frozen = unit("b", {200000});
+  frozen.frozen = true;
+  std::vector<UnitLayout> units;
+  units.push_back(plan_unit_layout(unit("a", {5000, 300}), 2));
+  units.push_back(plan_unit_layout(frozen, 2));
+  ASSERT_TRUE(units[1].frozen);
+  auto got = plan_memory(in, config, units);
+  ASSERT_TRUE(got.is_ok()) << got.status().to_string();
+  const MemoryPlan& p = *got;
+  // Homes: both bf16 parameter shards on NVMe (2 B each); a's fp32 master, m, v (12 B) and
+  // gradient shard (4 B) on the host; b has none of those.
+  EXPECT_EQ(p.home.device, 0u);
+  EXPECT_EQ(p.home.nvme, (4096u + 100352u) * 2);
+  EXPECT_EQ(p.home.host, 4096u * 16);
+  EXPECT_EQ(term_of(p, Tier::kNvme, "home blocks"), (4096u + 100352u) * 2);
+  // b streams through the gather buffers like any unit; gradient buffers are a's alone (two:
+  // they go to the host); b's stage-3 get_tensor (200704 * 2 B) fits in the gather buffers.
+  EXPECT_EQ(term_of(p, Tier::kDevice, "gather buffers"), 200704u * 2);
+  EXPECT_EQ(term_of(p, Tier::kDevice, "gradient buffers"), 8192u * 2);
+  EXPECT_EQ(term_of(p, Tier::kDevice, "scratch"), 0u);
+  // Engine staging: a's 16-bit and fp32 unit only.
+  EXPECT_EQ(term_of(p, Tier::kHost, "engine staging"), 8192u * 2 + 8192u * 4);
+  // The store's chunk follows the largest block, b's bf16 shard (200704 B), under aio's 1 MiB.
+  EXPECT_EQ(p.store.chunk_bytes, 200704u);
+  // The host budget (unset): host-homed state plus four of the largest unit's NVMe-homed state
+  // (b's shard, rounded to 16 KiB) plus 1 MiB.
+  const std::uint64_t unit_nvme = (100352ull * 2 + 16383) / 16384 * 16384;
+  EXPECT_EQ(p.host_budget_bytes, 4096u * 16 + 4 * unit_nvme + (1u << 20));
+  // No overlap buffers for b: delayed keeps a's gradient shard and 16-bit parameters only.
+  config.tierzero.overlap = "delayed";
+  auto delayed = plan_memory(in, config, units);
+  ASSERT_TRUE(delayed.is_ok()) << delayed.status().to_string();
+  EXPECT_EQ(delayed->overlap_bytes, 4096u * 4 + 4096u * 2);
+}
+
+// DESIGN.md's formula with a frozen part: its bf16 parameters only, sharded at stage 3.
+TEST(ZeroPlan, FormulaWithFrozenParameters) {
+  PlanInputs in;
+  in.stage = 3;
+  in.compute_dtype = DType::kBF16;
+  in.optimizer_states = 2;
+  in.world_size = 4;
+  in.param = Placement::kNvme;
+  in.optimizer = Placement::kHost;
+  in.grad = Placement::kHost;
+  const TierBytes b = formula_bytes(in, 1000000, 900000);
+  EXPECT_EQ(b.device, 0u);
+  EXPECT_EQ(b.nvme, 2u * 1000000 / 4);
+  EXPECT_EQ(b.host, (2u + 12u) * 100000 / 4);
+  EXPECT_EQ(formula_bytes(in, 1000000, 0).host, (2u + 12u) * 1000000 / 4);
 }
 
 }  // namespace

@@ -25,7 +25,7 @@ struct ModelShape {
   int width = 24;  // every layer is width x width (+ bias)
   // Layers registered as frozen units (UnitSpec::frozen): gathered for forward and backward (their
   // input gradient), never handed a gradient buffer, never updated.
-  std::vector<int> frozen;
+  std::vector<int> frozen = {};
   bool is_frozen(int layer) const {
     for (int f : frozen) {
       if (f == layer) return true;

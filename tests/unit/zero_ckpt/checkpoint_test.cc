@@ -19,6 +19,7 @@
 #include <fstream>
 #include <limits>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -95,6 +96,10 @@ struct RunSetup {
   std::string offload_param = "none";
   std::string dtype = "bf16";
   ModelShape shape{3, 24};
+  // The frozen base's identity (CheckpointExtra::base) saved with the checkpoint, and the one
+  // this run loads with (the same unless a test says otherwise).
+  std::string base;
+  std::optional<std::string> load_base;
 };
 
 std::string describe(const RunSetup& s) {
@@ -149,11 +154,15 @@ class CheckpointTest : public ::testing::Test {
       TZ_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::create(opts, dev, comm));
       EngineModel model(*engine, s.shape);
       TZ_RETURN_IF_ERROR(model.build());
-      if (resume_from.empty()) {
+      // A frozen base is not in the checkpoint: the run loads it (init) before resuming.
+      if (resume_from.empty() || !s.shape.frozen.empty()) {
         TZ_RETURN_IF_ERROR(model.init(kSeed));
-      } else {
+      }
+      if (!resume_from.empty()) {
         TZ_ASSIGN_OR_RETURN(std::string path, resolve_checkpoint(resume_from));
-        TZ_ASSIGN_OR_RETURN(CheckpointExtra extra, load_checkpoint(*engine, path));
+        TZ_ASSIGN_OR_RETURN(CheckpointExtra extra,
+                            load_checkpoint(*engine, path, s.load_base.value_or(s.base)));
+        if (extra.base != s.base) return Status::internal("base read back as " + extra.base);
         if (extra.trainer.value("next_step", -1) != first) {
           return Status::internal("checkpoint's trainer state names step " +
                                   extra.trainer.dump());
@@ -168,6 +177,7 @@ class CheckpointTest : public ::testing::Test {
         CheckpointExtra extra;
         extra.model = {{"kind", "test"}, {"layers", s.shape.layers}};
         extra.trainer = {{"next_step", last}};
+        extra.base = s.base;
         TZ_ASSIGN_OR_RETURN(std::string saved,
                             save_checkpoint(*engine, comm, save_dir, last, extra, keep));
         static_cast<void>(saved);
@@ -219,6 +229,59 @@ TEST_F(CheckpointTest, ResumeIsBitExactAtStages1And3) {
       }
     }
   }
+}
+
+// With frozen layers (a LoRA base): the checkpoint holds the trainable units only and the base's
+// identity; resumed on the same base it is bit-exact, at stage 1 and at stage 3 with the base on
+// NVMe.
+TEST_F(CheckpointTest, FrozenBaseResumeIsBitExactAndNotSaved) {
+  int n = 0;
+  for (int stage : {1, 3}) {
+    RunSetup s;
+    s.stage = stage;
+    s.offload_optimizer = stage == 3 ? "nvme" : "none";
+    s.offload_param = stage == 3 ? "nvme" : "none";
+    s.shape = ModelShape{4, 24, {0, 2}};
+    s.base = "sha256:0f3a-test-base";
+    SCOPED_TRACE(describe(s));
+    const std::string dir = dir_ + "/frozen" + std::to_string(n++);
+    expect_bit_exact_resume(this, s, dir);
+    auto path = resolve_checkpoint(dir);
+    ASSERT_TRUE(path.is_ok()) << path.status().to_string();
+    auto manifest = read_manifest(*path);
+    ASSERT_TRUE(manifest.is_ok()) << manifest.status().to_string();
+    EXPECT_EQ((*manifest)["base"], s.base);
+    EXPECT_EQ((*manifest)["params"], 2u * (24 * 24 + 24));  // layers 1 and 3
+    std::vector<std::string> names;
+    for (const auto& t : (*manifest)["tensors"]) names.push_back(t["name"]);
+    EXPECT_EQ(names, (std::vector<std::string>{"layer1/weight", "layer1/bias", "layer3/weight",
+                                               "layer3/bias"}));
+    auto summary = verify_checkpoint(*path);
+    ASSERT_TRUE(summary.is_ok()) << summary.status().to_string();
+    EXPECT_EQ(summary->params, 2u * (24 * 24 + 24));
+  }
+}
+
+// A checkpoint resumes only on its base: another identity (or none) is refused in one line that
+// names both.
+TEST_F(CheckpointTest, ResumeOnAnotherBaseIsRefused) {
+  RunSetup s;
+  s.shape = ModelShape{3, 24, {1}};
+  s.base = "llama-3.2-1b:seed=7";
+  ASSERT_TRUE(run(s, 0, 2, "", dir_ + "/a").status.is_ok());
+  for (const std::string other : {"llama-3.2-1b:seed=8", ""}) {
+    RunSetup t = s;
+    t.load_base = other;
+    auto got = run(t, 2, 3, dir_ + "/a", "");
+    ASSERT_FALSE(got.status.is_ok());
+    const std::string msg = got.status.message();
+    EXPECT_EQ(got.status.code(), ErrorCode::kInvalidArgument) << msg;
+    EXPECT_NE(msg.find("'llama-3.2-1b:seed=7'"), std::string::npos) << msg;
+    EXPECT_NE(msg.find(other.empty() ? "(none)" : "'" + other + "'"), std::string::npos) << msg;
+    EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+  }
+  // The same base resumes.
+  EXPECT_TRUE(run(s, 2, 3, dir_ + "/a", "").status.is_ok());
 }
 
 TEST_F(CheckpointTest, Fp16ResumeKeepsTheLossScaler) {
