@@ -49,9 +49,10 @@ std::string hf_config_path(const std::string& weights_path);
 Result<Gpt2Shape> read_hf_config(const std::string& path);
 
 // kInvalidArgument "<path>: tensor '<name>': element <i> is NaN (or inf, -inf); weights must
-// be finite" for the first non-finite value of a tensor being loaded, OK otherwise.
+// be finite" for the first non-finite value of a tensor being loaded, OK otherwise. `values` are
+// the tensor's elements from `first_elem` on (i counts from the tensor's start).
 Status check_finite_weights(std::span<const float> values, const std::string& path,
-                            std::string_view name);
+                            std::string_view name, std::uint64_t first_elem = 0);
 
 // Loads the GPT-2 weights in the safetensors file `path` into the engine's master weights, unit
 // by unit and tensor by tensor (one tensor in host memory at a time). Accepts HF's names with or
@@ -60,7 +61,8 @@ Status check_finite_weights(std::span<const float> values, const std::string& pa
 // a missing or unexpected tensor, one given twice (with and without the prefix) or a shape other
 // than the model's is kInvalidArgument, and a malformed file kCorrupt (core/safetensors.h), each
 // one line naming the file and the tensor; a NaN or Inf value is refused naming the tensor
-// (check_finite_weights). Collective (every rank reads the file).
+// (check_finite_weights). Each rank reads only the elements it keeps (load_tensor_part in
+// model/hf_folder.h); not collective, so on a NaN only the ranks whose part holds it fail.
 Status load_hf_weights(zero::Engine& engine, const Gpt2Shape& shape,
                        const std::vector<zero::UnitSpec>& specs,
                        const std::vector<zero::UnitId>& units, const std::string& path);

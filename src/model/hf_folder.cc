@@ -2,6 +2,7 @@
 // tensor against the model before any is set, the sharded writer and the copied tokenizer files.
 #include "model/hf_folder.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <filesystem>
@@ -12,6 +13,7 @@
 #include <set>
 #include <sstream>
 
+#include "core/assert.h"
 #include "core/output_file.h"
 #include "core/safetensors.h"
 #include "model/hf.h"
@@ -165,16 +167,27 @@ Status load_hf_weights_folder(zero::Engine& engine, const std::vector<zero::Unit
       }
     }
   }
-  std::vector<float> values;
   for (std::size_t u = 0; u < specs.size(); ++u) {
     for (std::size_t t = 0; t < specs[u].tensors.size(); ++t) {
       const Wanted& w = wanted.at(specs[u].tensors[t].name);
-      values.resize(specs[u].tensors[t].numel());
-      TZ_RETURN_IF_ERROR(w.reader->read_f32(*w.entry, values));
-      TZ_RETURN_IF_ERROR(check_finite_weights(values, w.reader->path(), w.entry->name));
-      Status s = engine.set_tensor(units[u], t, values);
-      if (!s.is_ok()) return std::move(s).with_context(tensor_ctx(w.reader->path(), w.entry->name));
+      TZ_RETURN_IF_ERROR(load_tensor_part(engine, units[u], t, *w.reader, *w.entry));
     }
+  }
+  return Status::ok();
+}
+
+Status load_tensor_part(zero::Engine& engine, zero::UnitId unit, std::size_t tensor,
+                        const SafetensorsReader& reader, const SafetensorsEntry& entry,
+                        std::size_t chunk_elems) {
+  TZ_ASSERT(chunk_elems > 0);
+  const auto [first, end] = engine.tensor_range(unit, tensor);
+  std::vector<float> values(std::min(chunk_elems, end - first));
+  for (std::size_t at = first; at < end; at += values.size()) {
+    const std::span<float> piece(values.data(), std::min(values.size(), end - at));
+    TZ_RETURN_IF_ERROR(reader.read_f32(entry, piece, at));
+    TZ_RETURN_IF_ERROR(check_finite_weights(piece, reader.path(), entry.name, at));
+    Status s = engine.set_tensor_slice(unit, tensor, at, piece);
+    if (!s.is_ok()) return std::move(s).with_context(tensor_ctx(reader.path(), entry.name));
   }
   return Status::ok();
 }

@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/dtype.h"
+#include "core/safetensors.h"
 #include "core/status.h"
 #include "zero/engine.h"
 
@@ -28,10 +29,26 @@ inline constexpr std::uint64_t kDefaultShardBytes = 5'000'000'000ull;
 // (so nothing changes on bad input), each error one line naming the file: an index that does not
 // parse or names a shard that does not exist, a truncated or corrupt shard (kCorrupt), an
 // unsupported dtype, a missing tensor (its name), a tensor of the wrong shape (name, expected,
-// found), an unexpected tensor. Collective (every rank reads).
+// found), an unexpected tensor. Each rank reads the headers, then only the elements it keeps
+// (load_tensor_part: at stage 3 its shards' bytes), so a model larger than host memory loads. Not
+// collective; on a NaN or Inf only the ranks whose part holds it fail.
 Status load_hf_weights_folder(zero::Engine& engine, const std::vector<zero::UnitSpec>& specs,
                               const std::vector<zero::UnitId>& units, const std::string& path,
                               const std::vector<std::string>& ignorable);
+
+// Elements read per piece by load_tensor_part: 64 MiB of fp32, so loading holds at most that much
+// of any tensor in host memory (the 394 M-element embedding of llama-3.2-3b included).
+inline constexpr std::size_t kLoadChunkElems = std::size_t{16} << 20;
+
+// Sets the master weights of tensor `tensor` of `unit` from `entry` of `reader` (its shape already
+// checked against the model): only the elements this rank keeps (Engine::tensor_range; at stage 3
+// its shard's part), read in pieces of at most `chunk_elems` elements, so the bytes of the other
+// ranks' parts are never read; each piece checked finite (check_finite_weights). Not collective:
+// a rank may fail where another does not (a NaN in its part), so callers that train next agree
+// on the outcome (train/trainer.h does). Errors name the file and the tensor.
+Status load_tensor_part(zero::Engine& engine, zero::UnitId unit, std::size_t tensor,
+                        const SafetensorsReader& reader, const SafetensorsEntry& entry,
+                        std::size_t chunk_elems = kLoadChunkElems);
 
 // One tensor of a folder being written, and where its fp32 values come from (the values of
 // tensor `index` into `out`, numel elements).

@@ -12,6 +12,7 @@
 #include "core/output_file.h"
 #include "core/safetensors.h"
 #include "model/hf.h"
+#include "model/hf_folder.h"
 
 namespace tz::model {
 namespace {
@@ -32,11 +33,12 @@ std::string tensor_ctx(const std::string& path, std::string_view name) {
 }  // namespace
 
 Status check_finite_weights(std::span<const float> values, const std::string& path,
-                            std::string_view name) {
+                            std::string_view name, std::uint64_t first_elem) {
   for (std::size_t i = 0; i < values.size(); ++i) {
     if (std::isfinite(values[i])) continue;
     const char* what = std::isnan(values[i]) ? "NaN" : (values[i] > 0 ? "inf" : "-inf");
-    return Status::invalid_argument(tensor_ctx(path, name) + ": element " + std::to_string(i) +
+    return Status::invalid_argument(tensor_ctx(path, name) + ": element " +
+                                    std::to_string(first_elem + i) +
                                     " is " + what + "; weights must be finite");
   }
   return Status::ok();
@@ -96,15 +98,11 @@ Status load_hf_weights(zero::Engine& engine, const Gpt2Shape& shape,
       }
     }
   }
-  std::vector<float> values;
+  // Each rank reads only the elements it keeps (load_tensor_part).
   for (std::size_t u = 0; u < specs.size(); ++u) {
     for (std::size_t t = 0; t < specs[u].tensors.size(); ++t) {
       const SafetensorsEntry& entry = *wanted.at(hf_tensor_name(specs[u], specs[u].tensors[t])).entry;
-      values.resize(specs[u].tensors[t].numel());
-      TZ_RETURN_IF_ERROR(reader.read_f32(entry, values));
-      TZ_RETURN_IF_ERROR(check_finite_weights(values, path, entry.name));
-      Status s = engine.set_tensor(units[u], t, values);
-      if (!s.is_ok()) return std::move(s).with_context(tensor_ctx(path, entry.name));
+      TZ_RETURN_IF_ERROR(load_tensor_part(engine, units[u], t, reader, entry));
     }
   }
   return Status::ok();

@@ -62,6 +62,10 @@ class RankScalars {
   gpu::DeviceBuffer recv_;
 };
 
+// What a rank whose own part of the weights loaded returns when another rank's did not; the
+// caller reports the failing rank's error instead (Trainer::run_local_ranks does).
+constexpr const char* kPeerLoadFailed = "the weights failed to load on another rank";
+
 model::LoaderOptions loader_options(const TrainSpec& spec, int rank) {
   return {.micro_batch = spec.model_options.micro_batch,
           .seq = spec.model_options.seq,
@@ -119,7 +123,15 @@ Status RankRun::setup(gpu::Device& device, std::shared_ptr<const model::TokenDat
   TZ_ASSIGN_OR_RETURN(engine_, zero::Engine::create(spec_.engine, device, comm_));
   TZ_ASSIGN_OR_RETURN(net_, model::create_model(spec_.model, spec_.model_options, *engine_));
   TZ_RETURN_IF_ERROR(engine_->finalize());
-  TZ_RETURN_IF_ERROR(load_weights());
+  TZ_ASSIGN_OR_RETURN(RankScalars scalars, RankScalars::create(device, comm_));
+  scalars_.emplace(std::move(scalars));
+  // Each rank reads only its part of the weights (model/hf_folder.h), so a bad value fails only
+  // the ranks that read it: the ranks agree before any of them goes on to a collective.
+  Status loaded = load_weights();
+  TZ_ASSIGN_OR_RETURN(auto failed, scalars_->sum({0, loaded.is_ok() ? 0.0 : 1.0, 0, 0},
+                                                 engine_->compute_stream()));
+  TZ_RETURN_IF_ERROR(std::move(loaded));
+  if (failed[1] > 0) return Status::unavailable(kPeerLoadFailed);
   const model::LoaderOptions lo = loader_options(spec_, rank_);
   TZ_ASSIGN_OR_RETURN(model::DataLoader loader, model::DataLoader::create(std::move(train_data), lo));
   loader_.emplace(std::move(loader));
@@ -128,8 +140,6 @@ Status RankRun::setup(gpu::Device& device, std::shared_ptr<const model::TokenDat
                         model::make_validation_set(std::move(val_data), lo, spec_.val_batches));
     val_.emplace(std::move(v));
   }
-  TZ_ASSIGN_OR_RETURN(RankScalars scalars, RankScalars::create(device, comm_));
-  scalars_.emplace(std::move(scalars));
   if (rank_ == 0) {
     reporter_.emplace(spec_.steps, spec_.engine.config.steps_per_print, trainer_.tokens_per_step(),
                       io_.metrics, io_.print);
@@ -321,10 +331,21 @@ Status Trainer::run_rank(int rank, gpu::Device& device, comm::Comm& comm, const 
 
 Status Trainer::run_local_ranks(std::uint64_t device_budget_bytes, const TrainIo& io,
                                 TrainResult* result) const {
-  return zero::run_local_ranks(spec_.world, device_budget_bytes,
-                               [&](int rank, gpu::Device& device, comm::Comm& comm) {
-                                 return run_rank(rank, device, comm, io, result);
-                               });
+  // Each rank's own outcome: a rank stopped only because another failed to load reports that
+  // rank's error, not its own "another rank" line.
+  std::vector<Status> outcome(static_cast<std::size_t>(spec_.world));
+  Status first = zero::run_local_ranks(
+      spec_.world, device_budget_bytes, [&](int rank, gpu::Device& device, comm::Comm& comm) {
+        Status s = run_rank(rank, device, comm, io, result);
+        outcome[static_cast<std::size_t>(rank)] = s;
+        return s;
+      });
+  for (std::size_t r = 0; r < outcome.size(); ++r) {
+    if (!outcome[r].is_ok() && outcome[r].message() != kPeerLoadFailed) {
+      return std::move(outcome[r]).with_context("rank " + std::to_string(r));
+    }
+  }
+  return first;
 }
 
 }  // namespace tz::train

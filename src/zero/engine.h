@@ -22,6 +22,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -193,6 +194,19 @@ class Engine {
   // (numel elements) on every rank. kInvalidArgument for a state the optimizer does not keep.
   virtual Status get_tensor(UnitId unit, std::size_t tensor, std::span<float> out,
                             TensorState which = TensorState::kMaster) = 0;
+  // Loading by parts, so a rank reads only what it keeps (model/hf_folder.h). tensor_range: the
+  // elements [first, end) of tensor `tensor` of `unit` this rank keeps: the whole tensor at stages
+  // 0-2 (every rank holds the full 16-bit parameters there), its shard's part at stage 3 (maybe
+  // empty). set_tensor_slice: sets elements [first_elem, first_elem + values.size()) of `which`
+  // on this rank only (NOT collective; any rank may call it any number of times): the part inside
+  // this rank's range is kept, the rest ignored; setting every element of the range by slices
+  // leaves the rank as set_tensor of the full value would. kInvalidArgument for an unknown unit or
+  // tensor, a slice past the tensor, or a state the optimizer does not keep.
+  virtual std::pair<std::size_t, std::size_t> tensor_range(UnitId unit,
+                                                           std::size_t tensor) const = 0;
+  virtual Status set_tensor_slice(UnitId unit, std::size_t tensor, std::size_t first_elem,
+                                  std::span<const float> values,
+                                  TensorState which = TensorState::kMaster) = 0;
   // The engine's scalar state (steps done, loss scaler, schedule position) for checkpoints, and
   // its restore (same config; before the first step).
   virtual nlohmann::ordered_json scalar_state() const = 0;

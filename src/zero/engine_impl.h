@@ -275,6 +275,11 @@ class EngineImpl final : public Engine {
   Status get_tensor(UnitId id, std::size_t tensor, std::span<float> out,
                     TensorState which) override;
 
+  std::pair<std::size_t, std::size_t> tensor_range(UnitId id, std::size_t tensor) const override;
+
+  Status set_tensor_slice(UnitId id, std::size_t tensor, std::size_t first_elem,
+                          std::span<const float> values, TensorState which) override;  // tensor_slice.cc
+
   nlohmann::ordered_json scalar_state() const override;
 
   Status restore_scalar_state(const nlohmann::json& state) override;
