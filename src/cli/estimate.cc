@@ -151,7 +151,10 @@ Result<Setup> prepare(const EstimateFlags& f) {
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   s.model_options = model_options_for(s.config, f.seq, f.checkpointing, std::max(1, cores / f.ranks));
   s.units = model::unit_specs(s.shape);
-  s.params = s.shape.param_count();
+  s.params = 0;  // every unit's, adapters included
+  for (const zero::UnitSpec& u : s.units) {
+    for (const zero::TensorSpec& t : u.tensors) s.params += t.numel();
+  }
   s.largest_layer_params = largest_layer(s.units);
   TZ_RETURN_IF_ERROR(probe_device(s));
   return s;
@@ -339,7 +342,12 @@ Result<Estimate> estimate_for(const Setup& s, const Config& config) {
     e.plan = std::move(*plan);
   }
   e.inputs.grad = e.plan.grad;  // the gradient shards' home as the plan resolved it
-  e.formula = zero::formula_bytes(e.inputs, s.params);
+  std::uint64_t frozen = 0;  // a LoRA base (--lora, --adapter): parameters only
+  for (const zero::UnitSpec& u : s.units) {
+    if (!u.frozen) continue;
+    for (const zero::TensorSpec& t : u.tensors) frozen += t.numel();
+  }
+  e.formula = zero::formula_bytes(e.inputs, s.params, frozen);
   e.deepspeed = deepspeed_bytes(e.inputs.stage, e.inputs.optimizer != zero::Placement::kDevice,
                                 e.inputs.param != zero::Placement::kDevice,
                                 static_cast<double>(s.params),

@@ -136,11 +136,26 @@ Status check_flags(const TrainFlags& f, RunSetup& s) {
 
 // NVMe: every path an offload names must take a file and hold its share of the state (the
 // engine reports the exact plan; this is the early, approximate check).
+// Parameters the optimizer updates (checkpoints hold their state): every unit's but a LoRA
+// run's frozen base.
+std::uint64_t trainable_params(const model::ModelDesc& shape) {
+  std::uint64_t n = 0;
+  for (const zero::UnitSpec& u : model::unit_specs(shape)) {
+    if (u.frozen) continue;
+    for (const zero::TensorSpec& t : u.tensors) n += t.numel();
+  }
+  return n;
+}
+
 Status check_nvme_space(const RunSetup& s, DType compute) {
   const TrainFlags& f = s.flags;
   const Config& c = s.config;
   TZ_RETURN_IF_ERROR(check_nvme_path_used(c, f.config_path, f.nvme_path));
-  const std::uint64_t params = s.shape.param_count();
+  // Every unit's 16-bit parameters; the optimizer's state for the trainable ones only (with
+  // LoRA the frozen base has none).
+  const std::uint64_t trainable = trainable_params(s.shape);
+  const std::uint64_t params =
+      s.shape.param_count() + (s.shape.lora ? trainable : 0);
   std::vector<std::pair<std::string, std::uint64_t>> needs;
   auto add_need = [&](const std::string& config_path, std::uint64_t bytes) {
     const std::string dir = f.nvme_path.empty() ? config_path : f.nvme_path;
@@ -156,7 +171,8 @@ Status check_nvme_space(const RunSetup& s, DType compute) {
     add_need(c.zero.offload_param.nvme_path, params * dtype_size(compute));
   }
   if (c.zero.offload_optimizer.device == "nvme") {
-    add_need(c.zero.offload_optimizer.nvme_path, params * (4 + optimizer_state_bytes_per_param(c)));
+    add_need(c.zero.offload_optimizer.nvme_path,
+             trainable * (4 + optimizer_state_bytes_per_param(c)));
   }
   for (const auto& [dir, bytes] : needs) {
     if (dir.empty()) {
@@ -205,7 +221,7 @@ Status check_outputs(const RunSetup& s) {
   if (!f.metrics.empty()) TZ_RETURN_IF_ERROR(check_output("--metrics", f.metrics, inputs));
   if (!f.save_dir.empty()) {
     const std::uint64_t bytes =
-        s.shape.param_count() * (4 + optimizer_state_bytes_per_param(s.config));
+        trainable_params(s.shape) * (4 + optimizer_state_bytes_per_param(s.config));
     TZ_RETURN_IF_ERROR(check_folder("--save-dir", f.save_dir, bytes));
   }
   return Status::ok();
