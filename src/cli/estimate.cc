@@ -46,6 +46,8 @@ struct EstimateFlags {
   int checkpointing = -1;  // -1: the model's default
   std::string nvme_path;
   std::string data;  // --measure: a corpus instead of seeded random tokens
+  std::string lora;     // --lora r=R,...: adapters on a frozen base (docs/lora.md)
+  std::string adapter;  // --adapter DIR: the same from a PEFT folder's adapter_config.json
   bool json = false;
   bool all = false;
   bool measure = false;
@@ -134,6 +136,16 @@ Result<Setup> prepare(const EstimateFlags& f) {
     s.config.train_batch_size = 0;  // derived again from the new micro-batch
   }
   TZ_ASSIGN_OR_RETURN(s.shape, model::resolve_model(f.model));
+  if (!f.lora.empty() && !f.adapter.empty()) {
+    return Status::invalid_argument("--lora and --adapter both give the adapters; give one");
+  }
+  if (!f.lora.empty()) {
+    TZ_ASSIGN_OR_RETURN(s.shape.lora, model::parse_lora(s.shape, f.lora));
+  } else if (!f.adapter.empty()) {
+    Result<model::LoraSpec> lora = model::read_adapter(s.shape, f.adapter);
+    if (!lora.is_ok()) return std::move(lora).take_status().with_context("--adapter");
+    s.shape.lora = std::move(lora).value();
+  }
   if (f.seq > s.shape.seq) {
     return Status::invalid_argument("--seq " + std::to_string(f.seq) + " is longer than " +
                                     s.shape.name + "'s " + std::to_string(s.shape.seq) +
@@ -142,7 +154,10 @@ Result<Setup> prepare(const EstimateFlags& f) {
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   s.model_options = model_options_for(s.config, f.seq, f.checkpointing, std::max(1, cores / f.ranks));
   s.units = model::unit_specs(s.shape);
-  s.params = s.shape.param_count();
+  s.params = 0;  // every unit's, adapters included
+  for (const zero::UnitSpec& u : s.units) {
+    for (const zero::TensorSpec& t : u.tensors) s.params += t.numel();
+  }
   s.largest_layer_params = largest_layer(s.units);
   TZ_RETURN_IF_ERROR(probe_device(s));
   // The process's memory now, as `train`'s when it creates its engine (same binary, device open).
@@ -326,7 +341,12 @@ Result<Estimate> estimate_for(const Setup& s, const Config& config) {
     e.plan = std::move(*plan);
   }
   e.inputs.grad = e.plan.grad;  // the gradient shards' home as the plan resolved it
-  e.formula = zero::formula_bytes(e.inputs, s.params);
+  std::uint64_t frozen = 0;  // a LoRA base (--lora, --adapter): parameters only
+  for (const zero::UnitSpec& u : s.units) {
+    if (!u.frozen) continue;
+    for (const zero::TensorSpec& t : u.tensors) frozen += t.numel();
+  }
+  e.formula = zero::formula_bytes(e.inputs, s.params, frozen);
   e.deepspeed = deepspeed_bytes(e.inputs.stage, e.inputs.optimizer != zero::Placement::kDevice,
                                 e.inputs.param != zero::Placement::kDevice,
                                 static_cast<double>(s.params),
@@ -621,6 +641,11 @@ TZ_REGISTER_COMMAND([](CommandTree& tree) {
                   "llama:layers=L,heads=H,kv_heads=K,embd=E,ffn=F,vocab=V,seq=S, or a Hugging "
                   "Face folder (config.json)")
       ->required();
+  cmd->add_option("--lora", f->lora,
+                  "LoRA on a frozen base: r=R[,alpha=A][,targets=q_proj,v_proj,...|all-linear]"
+                  "[,dropout=P] (docs/lora.md)");
+  cmd->add_option("--adapter", f->adapter,
+                  "LoRA as a PEFT adapter folder's adapter_config.json says (docs/lora.md)");
   cmd->add_option("--ranks", f->ranks, "Data-parallel ranks (default 1)");
   cmd->add_option("--seq", f->seq, "Tokens per sequence (default: the model's positions)")
       ->check(at_least_one());

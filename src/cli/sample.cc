@@ -34,6 +34,7 @@ struct SampleOptions {
   std::string model;
   std::string tokenizer;
   std::string prompt;
+  std::string adapter;  // a PEFT LoRA adapter folder applied to the model (docs/lora.md)
   int tokens = 64;
   double temperature = 1.0;
   int top_k = 0;
@@ -202,7 +203,12 @@ Status run(const SampleOptions& o) {
   model::SamplingOptions sampling{o.temperature, o.top_k, o.seed, !o.no_kv_cache};
   TZ_RETURN_IF_ERROR(model::check_sampling_options(sampling));
   if (o.tokens < 0) return Status::invalid_argument("--tokens must be >= 0");
-  TZ_ASSIGN_OR_RETURN(const model::ModelDesc shape, resolve_sample_model(o));
+  TZ_ASSIGN_OR_RETURN(model::ModelDesc shape, resolve_sample_model(o));
+  if (!o.adapter.empty()) {
+    Result<model::LoraSpec> lora = model::read_adapter(shape, o.adapter);
+    if (!lora.is_ok()) return std::move(lora).take_status().with_context("--adapter");
+    shape.lora = std::move(lora).value();  // load_weights then loads the adapter's tensors
+  }
   const std::string weights = !o.weights.empty() ? o.weights : shape.folder;
   if (weights.empty()) {
     return Status::invalid_argument("--model " + o.model +
@@ -230,7 +236,8 @@ Status run(const SampleOptions& o) {
     };
   }
   TZ_ASSIGN_OR_RETURN(const Generated g,
-                      generate_on_engine(shape, weights, prompt, o.tokens, sampling, on_token));
+                      generate_on_engine(shape, weights, prompt, o.tokens, sampling,
+                                         on_token));
   if (stream) {
     TZ_ASSIGN_OR_RETURN(const std::string rest, stream->finish());
     std::printf("%s\n", rest.c_str());
@@ -250,6 +257,9 @@ TZ_REGISTER_COMMAND([](CommandTree& tree) {
   cmd->add_option("--model", opts->model,
                   "A Hugging Face folder, a preset or a custom spec (gpt2:..., llama:...) "
                   "(default: config.json beside the weights)");
+  cmd->add_option("--adapter", opts->adapter,
+                  "A PEFT LoRA adapter folder (adapter_config.json, adapter_model.safetensors) "
+                  "applied to the model (docs/lora.md)");
   cmd->add_option("--tokenizer", opts->tokenizer,
                   "A tokenizer.json or a folder holding one (default: the model folder's, if any); "
                   "the prompt and the continuation are then text");

@@ -45,6 +45,9 @@ struct TrainFlags {
   std::string nvme_path;
   std::string init;
   std::string save_weights;
+  std::string lora;        // --lora r=R,...: adapters on a frozen base (docs/lora.md)
+  std::string adapter;     // --adapter DIR: a PEFT adapter folder to start from
+  std::string merge_into;  // --merge-into DIR: the base with the adapters merged
   std::string save_dir;  // checkpoints (docs/checkpoints.md)
   int save_every = 0;
   int keep = 3;  // a run saving every step would otherwise keep every checkpoint
@@ -133,11 +136,26 @@ Status check_flags(const TrainFlags& f, RunSetup& s) {
 
 // NVMe: every path an offload names must take a file and hold its share of the state (the
 // engine reports the exact plan; this is the early, approximate check).
+// Parameters the optimizer updates (checkpoints hold their state): every unit's but a LoRA
+// run's frozen base.
+std::uint64_t trainable_params(const model::ModelDesc& shape) {
+  std::uint64_t n = 0;
+  for (const zero::UnitSpec& u : model::unit_specs(shape)) {
+    if (u.frozen) continue;
+    for (const zero::TensorSpec& t : u.tensors) n += t.numel();
+  }
+  return n;
+}
+
 Status check_nvme_space(const RunSetup& s, DType compute) {
   const TrainFlags& f = s.flags;
   const Config& c = s.config;
   TZ_RETURN_IF_ERROR(check_nvme_path_used(c, f.config_path, f.nvme_path));
-  const std::uint64_t params = s.shape.param_count();
+  // Every unit's 16-bit parameters; the optimizer's state for the trainable ones only (with
+  // LoRA the frozen base has none).
+  const std::uint64_t trainable = trainable_params(s.shape);
+  const std::uint64_t params =
+      s.shape.param_count() + (s.shape.lora ? trainable : 0);
   std::vector<std::pair<std::string, std::uint64_t>> needs;
   auto add_need = [&](const std::string& config_path, std::uint64_t bytes) {
     const std::string dir = f.nvme_path.empty() ? config_path : f.nvme_path;
@@ -153,7 +171,8 @@ Status check_nvme_space(const RunSetup& s, DType compute) {
     add_need(c.zero.offload_param.nvme_path, params * dtype_size(compute));
   }
   if (c.zero.offload_optimizer.device == "nvme") {
-    add_need(c.zero.offload_optimizer.nvme_path, params * (4 + optimizer_state_bytes_per_param(c)));
+    add_need(c.zero.offload_optimizer.nvme_path,
+             trainable * (4 + optimizer_state_bytes_per_param(c)));
   }
   for (const auto& [dir, bytes] : needs) {
     if (dir.empty()) {
@@ -186,12 +205,23 @@ Status check_outputs(const RunSetup& s) {
       TZ_RETURN_IF_ERROR(check_folder("--save-weights", f.save_weights));
     }
   }
+  if (!f.merge_into.empty()) {
+    if (!s.shape.lora) {
+      return Status::invalid_argument("--merge-into needs adapters (--lora or --adapter)");
+    }
+    if (!s.shape.folder.empty() && std::filesystem::weakly_canonical(f.merge_into) ==
+                                       std::filesystem::weakly_canonical(s.shape.folder)) {
+      return Status::invalid_argument("--merge-into: " + f.merge_into +
+                                      " is the model's own folder (--model); write elsewhere");
+    }
+    TZ_RETURN_IF_ERROR(check_folder("--merge-into", f.merge_into));
+  }
   const std::string trace = !f.trace_out.empty() ? f.trace_out : s.config.tierzero.trace_path;
   if (!trace.empty()) TZ_RETURN_IF_ERROR(check_output("--trace-out", trace, inputs));
   if (!f.metrics.empty()) TZ_RETURN_IF_ERROR(check_output("--metrics", f.metrics, inputs));
   if (!f.save_dir.empty()) {
     const std::uint64_t bytes =
-        s.shape.param_count() * (4 + optimizer_state_bytes_per_param(s.config));
+        trainable_params(s.shape) * (4 + optimizer_state_bytes_per_param(s.config));
     TZ_RETURN_IF_ERROR(check_folder("--save-dir", f.save_dir, bytes));
   }
   return Status::ok();
@@ -224,6 +254,8 @@ train::TrainSpec train_spec(const RunSetup& s, int seq) {
   t.keep = f.keep;
   t.resume = f.resume;
   t.save_weights = f.save_weights;
+  t.merge_into = f.merge_into;
+  t.base = model::base_identity(s.shape, f.init, t.seed);
   return t;
 }
 
@@ -234,6 +266,16 @@ Result<RunSetup> prepare(const TrainFlags& f) {
   s.flags = f;
   TZ_ASSIGN_OR_RETURN(s.config, load_run_config("train", f.config_path, f.nvme_path));
   TZ_ASSIGN_OR_RETURN(s.shape, model::resolve_model(f.model));
+  if (!f.lora.empty() && !f.adapter.empty()) {
+    return Status::invalid_argument("--lora and --adapter both give the adapters; give one");
+  }
+  if (!f.lora.empty()) {
+    TZ_ASSIGN_OR_RETURN(s.shape.lora, model::parse_lora(s.shape, f.lora));
+  } else if (!f.adapter.empty()) {
+    Result<model::LoraSpec> lora = model::read_adapter(s.shape, f.adapter);
+    if (!lora.is_ok()) return std::move(lora).take_status().with_context("--adapter");
+    s.shape.lora = std::move(lora).value();
+  }
   const int seq = f.seq > 0 ? f.seq : s.shape.seq;
   if (f.seq < 0) return Status::invalid_argument("--seq must be positive");
   if (seq > s.shape.seq) {
@@ -408,6 +450,15 @@ CLI::Option* add_train_flags(CLI::App* cmd, TrainFlags& f, std::uint64_t& seed) 
   cmd->add_option("--save-weights", f.save_weights,
                   "Write the final weights as HF safetensors: GPT-2 a file (+ config.json beside it), the "
                   "Llama family a folder transformers loads");
+  cmd->add_option("--lora", f.lora,
+                  "Train LoRA adapters on a frozen base: r=R[,alpha=A][,targets=q_proj,v_proj,...|"
+                  "all-linear][,dropout=P] (docs/lora.md)");
+  cmd->add_option("--adapter", f.adapter,
+                  "Train (or continue) the PEFT LoRA adapter in DIR on a frozen base; "
+                  "--save-weights then writes a PEFT folder (docs/lora.md)");
+  cmd->add_option("--merge-into", f.merge_into,
+                  "With adapters: write the base with them merged (W + alpha/r B A) as a Hugging "
+                  "Face folder");
   cmd->add_option("--metrics", f.metrics, "One JSON object per step to this file (JSONL)");
   cmd->add_option("--trace-out", f.trace_out, "Chrome trace of the run (open in Perfetto)");
   CLI::Option* seed_opt = cmd->add_option("--seed", seed,

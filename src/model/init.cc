@@ -15,15 +15,20 @@ std::uint64_t splitmix64(std::uint64_t& state) {
   return z ^ (z >> 31);
 }
 
-}  // namespace
-
-// Normal(0, stddev) values by Box-Muller in double from the tensor's own stream, so a tensor's
-// values depend only on (seed, unit, tensor).
-void fill_normal(std::span<float> out, double stddev, std::uint64_t seed, std::uint64_t unit,
-                 std::uint64_t tensor) {
+// The stream of one tensor: its values depend only on (seed, unit, tensor).
+std::uint64_t tensor_stream(std::uint64_t seed, std::uint64_t unit, std::uint64_t tensor) {
   std::uint64_t state = seed;
   state = splitmix64(state) ^ (unit * 0x632be59bd9b4e019ULL);
   state = splitmix64(state) ^ (tensor * 0x8cb92ba72f3d8dd7ULL);
+  return state;
+}
+
+}  // namespace
+
+// Normal(0, stddev) values by Box-Muller in double from the tensor's own stream.
+void fill_normal(std::span<float> out, double stddev, std::uint64_t seed, std::uint64_t unit,
+                 std::uint64_t tensor) {
+  std::uint64_t state = tensor_stream(seed, unit, tensor);
   constexpr double kTwoPi = 6.283185307179586476925;
   for (std::size_t i = 0; i < out.size(); i += 2) {
     // u1 in (0, 1] so the log is finite; u2 in [0, 1).
@@ -32,6 +37,15 @@ void fill_normal(std::span<float> out, double stddev, std::uint64_t seed, std::u
     const double r = std::sqrt(-2.0 * std::log(u1)) * stddev;
     out[i] = static_cast<float>(r * std::cos(kTwoPi * u2));
     if (i + 1 < out.size()) out[i + 1] = static_cast<float>(r * std::sin(kTwoPi * u2));
+  }
+}
+
+void fill_uniform(std::span<float> out, double bound, std::uint64_t seed, std::uint64_t unit,
+                  std::uint64_t tensor) {
+  std::uint64_t state = tensor_stream(seed, unit, tensor);
+  for (float& v : out) {
+    const double u = static_cast<double>(splitmix64(state) >> 11) * 0x1.0p-53;  // [0, 1)
+    v = static_cast<float>((2.0 * u - 1.0) * bound);
   }
 }
 

@@ -1,4 +1,4 @@
-// Seeded initial weights the model families share: normal values whose stream depends only on
+// Seeded initial weights the model families share: normal (and uniform) values whose stream depends only on
 // (seed, unit, tensor), so every rank and every world size sets the same weights.
 #pragma once
 
@@ -11,5 +11,9 @@ namespace tz::model {
 // generator whose stream is the same everywhere (no standard-library distributions).
 void fill_normal(std::span<float> out, double stddev, std::uint64_t seed, std::uint64_t unit,
                  std::uint64_t tensor);
+
+// Uniform values in [-bound, bound) from the same (seed, unit, tensor) streams as fill_normal.
+void fill_uniform(std::span<float> out, double bound, std::uint64_t seed, std::uint64_t unit,
+                  std::uint64_t tensor);
 
 }  // namespace tz::model

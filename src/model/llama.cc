@@ -8,12 +8,15 @@
 #include "model/batch_ids.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <filesystem>
 #include <string>
 #include <utility>
 
 #include "core/assert.h"
+#include "core/output_file.h"
+#include "core/safetensors.h"
 #include "model/hf_folder.h"
 #include "model/init.h"
 #include "ops/ops.h"
@@ -23,6 +26,35 @@ namespace {
 
 constexpr std::size_t kAlignBytes = 256;
 std::size_t align_up(std::size_t n) { return (n + kAlignBytes - 1) / kAlignBytes * kAlignBytes; }
+
+// LoRA's module kinds in layer order (model/lora.h's llama_lora_modules()).
+enum LoraModule : int { kModQ, kModK, kModV, kModO, kModGate, kModUp, kModDown, kLoraModules };
+
+// Input and output features of module `k` of a layer.
+std::pair<std::int64_t, std::int64_t> lora_dims(const LlamaConfig& c, int k) {
+  const std::int64_t h = c.hidden, q = static_cast<std::int64_t>(c.heads) * c.head_dim;
+  const std::int64_t kv = static_cast<std::int64_t>(c.kv_heads) * c.head_dim, f = c.ffn;
+  switch (k) {
+    case kModQ: return {h, q};
+    case kModK: case kModV: return {h, kv};
+    case kModO: return {q, h};
+    case kModGate: case kModUp: return {h, f};
+    default: return {f, h};
+  }
+}
+
+// Which modules carry adapters (by LoraModule), from the spec's target names.
+std::array<bool, kLoraModules> lora_targeted(const LoraSpec* lora) {
+  std::array<bool, kLoraModules> on{};
+  if (lora == nullptr) return on;
+  const std::span<const std::string_view> names = llama_lora_modules();
+  for (int k = 0; k < kLoraModules; ++k) {
+    on[static_cast<std::size_t>(k)] =
+        std::find(lora->targets.begin(), lora->targets.end(), names[static_cast<std::size_t>(k)]) !=
+        lora->targets.end();
+  }
+  return on;
+}
 
 ModelOptions resolve(const LlamaConfig& c, ModelOptions o) {
   if (o.seq == 0) o.seq = c.positions;
@@ -34,6 +66,9 @@ ModelOptions resolve(const LlamaConfig& c, ModelOptions o) {
 struct BlockActs {
   std::size_t ln1, rstd1, q_raw, rstd_q, k_raw, rstd_k, q, k, v, att, lse, res2, ln2, rstd2, gate,
       up, mid;
+  // LoRA, per targeted module: the adapter's scaled hidden (alpha / r) A x (rows, r), and with
+  // dropout its keep mask (rows, in) of uint8.
+  std::array<std::size_t, kLoraModules> lora_u{}, lora_keep{};
 };
 
 struct ActLayout {
@@ -46,10 +81,14 @@ struct ActLayout {
   // q/k norms the gradients of the raw projections.
   std::size_t dres = 0, dc = 0, dq = 0, dk = 0, dv = 0, dq_raw = 0, dk_raw = 0, dg = 0, du = 0,
               dh = 0, delta = 0, inv_freq = 0;
+  // LoRA scratch: B's output before it is added (rows, max out), the gradient of the adapter's
+  // hidden (rows, r), and with dropout the dropped input and its gradient (rows, max in).
+  std::size_t lora_tmp = 0, lora_du = 0, lora_xd = 0, lora_dxd = 0;
   std::size_t total = 0;
 };
 
-ActLayout make_layout(const LlamaConfig& c, const ModelOptions& o, DType act) {
+ActLayout make_layout(const LlamaConfig& c, const ModelOptions& o, DType act,
+                      const LoraSpec* lora) {
   const std::size_t rows = static_cast<std::size_t>(o.micro_batch) * static_cast<std::size_t>(o.seq);
   const auto h = static_cast<std::size_t>(c.hidden);
   const std::size_t q = static_cast<std::size_t>(c.heads) * static_cast<std::size_t>(c.head_dim);
@@ -92,6 +131,15 @@ ActLayout make_layout(const LlamaConfig& c, const ModelOptions& o, DType act) {
     b.gate = take(rows * f * es);
     b.up = take(rows * f * es);
     b.mid = take(rows * f * es);
+    const std::array<bool, kLoraModules> on = lora_targeted(lora);
+    for (int k = 0; k < kLoraModules; ++k) {
+      if (!on[static_cast<std::size_t>(k)]) continue;
+      b.lora_u[static_cast<std::size_t>(k)] = take(rows * static_cast<std::size_t>(lora->r) * es);
+      if (lora->dropout > 0) {
+        b.lora_keep[static_cast<std::size_t>(k)] =
+            take(rows * static_cast<std::size_t>(lora_dims(c, k).first));
+      }
+    }
     l.blocks.push_back(b);
   }
   l.lnf = take(rows * h * es);
@@ -112,6 +160,21 @@ ActLayout make_layout(const LlamaConfig& c, const ModelOptions& o, DType act) {
   l.dh = take(rows * f * es);
   l.delta = take(rows * nq * 4);
   l.inv_freq = take(static_cast<std::size_t>(c.head_dim / 2) * 4);
+  if (lora != nullptr) {
+    std::int64_t max_in = 0, max_out = 0;
+    const std::array<bool, kLoraModules> on = lora_targeted(lora);
+    for (int k = 0; k < kLoraModules; ++k) {
+      if (!on[static_cast<std::size_t>(k)]) continue;
+      max_in = std::max(max_in, lora_dims(c, k).first);
+      max_out = std::max(max_out, lora_dims(c, k).second);
+    }
+    l.lora_tmp = take(rows * static_cast<std::size_t>(max_out) * es);
+    l.lora_du = take(rows * static_cast<std::size_t>(lora->r) * es);
+    if (lora->dropout > 0) {
+      l.lora_xd = take(rows * static_cast<std::size_t>(max_in) * es);
+      l.lora_dxd = take(rows * static_cast<std::size_t>(max_in) * es);
+    }
+  }
   l.total = at;
   return l;
 }
@@ -157,8 +220,10 @@ ops::ConstTensor in(const zero::UnitViews& v, int i) {
   if (i < 0) return {};
   return {v[static_cast<std::size_t>(i)].data, v[static_cast<std::size_t>(i)].dtype};
 }
+// A gradient view, or none (not wanted) for a tensor the config lacks or a frozen unit's (whose
+// views are empty: frozen units have no gradients).
 ops::Tensor out(const zero::UnitViews& v, int i) {
-  if (i < 0) return {};
+  if (i < 0 || static_cast<std::size_t>(i) >= v.tensors.size()) return {};
   return {v[static_cast<std::size_t>(i)].data, v[static_cast<std::size_t>(i)].dtype};
 }
 
@@ -182,9 +247,21 @@ struct Llama::Impl {
   ModelOptions options;  // resolved
   zero::Engine& engine;
   DType act;
-  std::vector<zero::UnitSpec> specs;
+  std::vector<zero::UnitSpec> specs;  // the base's units
   std::vector<zero::UnitId> units;  // embed, layers.0 .. layers.{L-1}, norm
   BlockIndex bi;
+  // LoRA: the spec, each layer's adapter unit, the A and B tensor index of each module in it (-1:
+  // not targeted), and every unit in registration order (the base's interleaved with adapters).
+  std::optional<LoraSpec> lora;
+  std::vector<zero::UnitSpec> lora_specs;
+  std::vector<zero::UnitId> lora_units;
+  std::array<int, kLoraModules> lora_a{}, lora_b{};
+  std::vector<zero::UnitSpec> all_specs;
+  std::vector<zero::UnitId> all_units;
+  bool training = false;        // dropout on (train's forward and its recompute)
+  std::uint64_t dropout_draw = 0;  // micro-batches trained: the dropout masks' stream
+  std::vector<std::uint8_t> host_keep;
+  std::vector<float> host_uniform;
   std::unique_ptr<ops::Ops> ops;
   ActLayout layout;
   gpu::DeviceBuffer acts;
@@ -218,6 +295,114 @@ struct Llama::Impl {
     return layout.blocks[options.checkpointing != 0 ? 0 : static_cast<std::size_t>(i)];
   }
 
+  // Every adapter from the spec's PEFT folder (LoraSpec::adapter) when it holds weights, else as
+  // PEFT starts it: lora_A Kaiming-uniform from (seed, unit, tensor), lora_B 0.
+  Status init_adapters(std::uint64_t seed);
+  // DIR/adapter_model.safetensors into the adapters: true, or false when there is none.
+  Result<bool> load_adapter(const std::string& dir);
+
+  bool frozen() const { return lora.has_value(); }
+  // The unit's gradient views, or none for a frozen unit (the base under LoRA).
+  Result<zero::UnitViews> grads(zero::UnitId unit) {
+    if (frozen()) return zero::UnitViews{};
+    return engine.grad(unit);
+  }
+  Status reduce(zero::UnitId unit) { return frozen() ? Status::ok() : engine.reduce(unit); }
+  // Layer i's adapters gathered (empty views without LoRA) and released.
+  Result<zero::UnitViews> gather_lora(int i) {
+    if (!lora) return zero::UnitViews{};
+    return engine.gather(lora_units[static_cast<std::size_t>(i)]);
+  }
+  Status release_lora(int i) {
+    return lora ? engine.release(lora_units[static_cast<std::size_t>(i)]) : Status::ok();
+  }
+  bool lora_on(int k) const { return lora && lora_a[static_cast<std::size_t>(k)] >= 0; }
+  bool dropout_on() const { return training && lora && lora->dropout > 0; }
+
+  // Dropout's keep mask of module k in layer i for this micro-batch (rows, in), drawn on the host
+  // from (seed, micro-batch, layer, module) so the recompute of a checkpointed block draws the
+  // same one, and uploaded into the block's activations.
+  Status upload_keep(int i, int k, std::int64_t rows) {
+    const std::size_t n = static_cast<std::size_t>(rows * lora_dims(config, k).first);
+    host_uniform.resize(n);
+    host_keep.resize(n);
+    fill_uniform(host_uniform, 1.0, engine.options().seed ^ (dropout_draw * 0x9e3779b97f4a7c15ULL),
+                 static_cast<std::uint64_t>(i), static_cast<std::uint64_t>(k));
+    const double p = lora->dropout;
+    for (std::size_t e = 0; e < n; ++e) {
+      host_keep[e] = static_cast<std::uint8_t>((host_uniform[e] + 1.0) * 0.5 >= p);
+    }
+    TZ_RETURN_IF_ERROR(engine.device().copy_async(
+        base() + block_acts(i).lora_keep[static_cast<std::size_t>(k)], host_keep.data(), n,
+        gpu::CopyKind::kHostToDevice, stream()));
+    return stream().synchronize();  // host_keep is reused for the next mask
+  }
+  const std::uint8_t* keep(int i, int k) const {
+    return reinterpret_cast<const std::uint8_t*>(
+        base() + block_acts(i).lora_keep[static_cast<std::size_t>(k)]);
+  }
+  float dropout_scale() const { return static_cast<float>(1.0 / (1.0 - lora->dropout)); }
+  float lora_scale() const { return static_cast<float>(lora->scale()); }
+
+  // Module k's adapter on input x (rows, in): u = (alpha / r) A dropout(x) kept for backward and,
+  // with `to_output`, y += B u.
+  Status lora_forward(const zero::UnitViews& lp, int i, int k, ops::ConstTensor x, ops::Tensor y,
+                      std::int64_t rows, bool to_output) {
+    if (!lora_on(k)) return Status::ok();
+    const auto [in_dim, out_dim] = lora_dims(config, k);
+    const std::int64_t r = lora->r;
+    const ops::Tensor u = a(block_acts(i).lora_u[static_cast<std::size_t>(k)]);
+    gpu::Stream& st = stream();
+    ops::ConstTensor xin = x;
+    if (dropout_on()) {
+      TZ_RETURN_IF_ERROR(upload_keep(i, k, rows));
+      TZ_RETURN_IF_ERROR(ops->scale(a(layout.lora_xd), ops::Accumulate::kOverwrite, x, keep(i, k),
+                                    dropout_scale(), rows * in_dim, st));
+      xin = a(layout.lora_xd);
+    }
+    TZ_RETURN_IF_ERROR(ops->matmul_forward(u, xin, in(lp, lora_a[static_cast<std::size_t>(k)]),
+                                           ops::WeightLayout::kOutIn, {}, rows, in_dim, r, st));
+    TZ_RETURN_IF_ERROR(ops->scale(u, ops::Accumulate::kOverwrite, u, nullptr, lora_scale(),
+                                  rows * r, st));
+    if (!to_output) return Status::ok();
+    TZ_RETURN_IF_ERROR(ops->matmul_forward(a(layout.lora_tmp), u,
+                                           in(lp, lora_b[static_cast<std::size_t>(k)]),
+                                           ops::WeightLayout::kOutIn, {}, rows, r, out_dim, st));
+    return ops->residual_forward(y, y, a(layout.lora_tmp), rows * out_dim, st);
+  }
+
+  // Module k's adapter backward from dy (rows, out): dB += u^T dy, dA += (alpha / r) (B^T dy)^T
+  // dropout(x), and dx += the adapter's input gradient.
+  Status lora_backward(const zero::UnitViews& lp, const zero::UnitViews& lg, int i, int k,
+                       ops::ConstTensor x, ops::ConstTensor dy, ops::Tensor dx,
+                       std::int64_t rows) {
+    if (!lora_on(k)) return Status::ok();
+    const auto [in_dim, out_dim] = lora_dims(config, k);
+    const std::int64_t r = lora->r;
+    const std::size_t ak = static_cast<std::size_t>(lora_a[static_cast<std::size_t>(k)]);
+    const std::size_t bk = static_cast<std::size_t>(lora_b[static_cast<std::size_t>(k)]);
+    const ops::Tensor du = a(layout.lora_du);
+    gpu::Stream& st = stream();
+    using ops::Accumulate;
+    constexpr auto kOI = ops::WeightLayout::kOutIn;
+    TZ_RETURN_IF_ERROR(ops->matmul_backward(du, Accumulate::kOverwrite, out(lg, static_cast<int>(bk)),
+                                            {}, dy, a(block_acts(i).lora_u[static_cast<std::size_t>(k)]),
+                                            in(lp, static_cast<int>(bk)), kOI, rows, r, out_dim, st));
+    TZ_RETURN_IF_ERROR(ops->scale(du, Accumulate::kOverwrite, du, nullptr, lora_scale(), rows * r, st));
+    if (!dropout_on()) {
+      return ops->matmul_backward(dx, Accumulate::kAdd, out(lg, static_cast<int>(ak)), {}, du, x,
+                                  in(lp, static_cast<int>(ak)), kOI, rows, in_dim, r, st);
+    }
+    TZ_RETURN_IF_ERROR(ops->scale(a(layout.lora_xd), Accumulate::kOverwrite, x, keep(i, k),
+                                  dropout_scale(), rows * in_dim, st));
+    TZ_RETURN_IF_ERROR(ops->matmul_backward(a(layout.lora_dxd), Accumulate::kOverwrite,
+                                            out(lg, static_cast<int>(ak)), {}, du,
+                                            a(layout.lora_xd), in(lp, static_cast<int>(ak)), kOI,
+                                            rows, in_dim, r, st));
+    return ops->scale(dx, Accumulate::kAdd, a(layout.lora_dxd), keep(i, k), dropout_scale(),
+                      rows * in_dim, st);
+  }
+
   Status ensure_buffers() {
     if (!acts.empty()) return Status::ok();
     Result<gpu::DeviceBuffer> buffer = engine.device().allocate(layout.total);
@@ -247,7 +432,8 @@ struct Llama::Impl {
 
   // Forward of block i on the pass's rows from residual[i]. With `to_output` it also writes
   // residual[i+1]; without (the recompute in backward) it stops at what the backward needs.
-  Status block_forward(const zero::UnitViews& p, int i, const Pass& pass, bool to_output) {
+  Status block_forward(const zero::UnitViews& p, const zero::UnitViews& lp, int i, const Pass& pass,
+                       bool to_output) {
     const std::int64_t rows = pass.b * pass.t;
     const std::int64_t h = config.hidden, q = q_dim(), kv = kv_dim(), ff = config.ffn;
     const std::int64_t hd = config.head_dim;
@@ -263,10 +449,13 @@ struct Llama::Impl {
     TZ_RETURN_IF_ERROR(ops->rmsnorm_forward(a(s.ln1), f(s.rstd1), x, in(p, bi.ln1), eps(), rows, h, st));
     TZ_RETURN_IF_ERROR(ops->matmul_forward(q_proj, a(s.ln1), in(p, bi.qw), WeightLayout::kOutIn,
                                            in(p, bi.qb), rows, h, q, st));
+    TZ_RETURN_IF_ERROR(lora_forward(lp, i, kModQ, a(s.ln1), q_proj, rows, true));
     TZ_RETURN_IF_ERROR(ops->matmul_forward(k_proj, a(s.ln1), in(p, bi.kw), WeightLayout::kOutIn,
                                            in(p, bi.kb), rows, h, kv, st));
+    TZ_RETURN_IF_ERROR(lora_forward(lp, i, kModK, a(s.ln1), k_proj, rows, true));
     TZ_RETURN_IF_ERROR(ops->matmul_forward(v_new, a(s.ln1), in(p, bi.vw), WeightLayout::kOutIn,
                                            in(p, bi.vb), rows, h, kv, st));
+    TZ_RETURN_IF_ERROR(lora_forward(lp, i, kModV, a(s.ln1), v_new, rows, true));
     if (config.qk_norm) {
       TZ_RETURN_IF_ERROR(ops->rmsnorm_forward(a(s.q), f(s.rstd_q), a(s.q_raw), in(p, bi.qn), eps(),
                                               rows * config.heads, hd, st));
@@ -283,24 +472,30 @@ struct Llama::Impl {
         config.kv_heads, hd, q, kv, scale(), st));
     TZ_RETURN_IF_ERROR(ops->matmul_forward(a(s.res2), a(s.att), in(p, bi.ow), WeightLayout::kOutIn,
                                            in(p, bi.ob), rows, q, h, st));
+    TZ_RETURN_IF_ERROR(lora_forward(lp, i, kModO, a(s.att), a(s.res2), rows, true));
     TZ_RETURN_IF_ERROR(ops->residual_forward(a(s.res2), a(s.res2), x, rows * h, st));
     TZ_RETURN_IF_ERROR(ops->rmsnorm_forward(a(s.ln2), f(s.rstd2), a(s.res2), in(p, bi.ln2), eps(),
                                             rows, h, st));
     TZ_RETURN_IF_ERROR(ops->matmul_forward(a(s.gate), a(s.ln2), in(p, bi.gw), WeightLayout::kOutIn,
                                            in(p, bi.gb), rows, h, ff, st));
+    TZ_RETURN_IF_ERROR(lora_forward(lp, i, kModGate, a(s.ln2), a(s.gate), rows, true));
     TZ_RETURN_IF_ERROR(ops->matmul_forward(a(s.up), a(s.ln2), in(p, bi.uw), WeightLayout::kOutIn,
                                            in(p, bi.ub), rows, h, ff, st));
+    TZ_RETURN_IF_ERROR(lora_forward(lp, i, kModUp, a(s.ln2), a(s.up), rows, true));
     TZ_RETURN_IF_ERROR(ops->swiglu_forward(a(s.mid), a(s.gate), a(s.up), rows, ff, ff, st));
-    if (!to_output) return Status::ok();
     const ops::Tensor y = a(layout.residual[static_cast<std::size_t>(i) + 1]);
+    // The recompute stops before down_proj but its adapter's hidden is what backward needs.
+    if (!to_output) return lora_forward(lp, i, kModDown, a(s.mid), y, rows, false);
     TZ_RETURN_IF_ERROR(ops->matmul_forward(y, a(s.mid), in(p, bi.dw), WeightLayout::kOutIn,
                                            in(p, bi.db), rows, ff, h, st));
+    TZ_RETURN_IF_ERROR(lora_forward(lp, i, kModDown, a(s.mid), y, rows, true));
     return ops->residual_forward(y, y, a(s.res2), rows * h, st);
   }
 
   // Backward of block i: dres holds d(residual[i+1]) and becomes d(residual[i]); the parameter
   // gradients accumulate into g.
-  Status block_backward(const zero::UnitViews& p, const zero::UnitViews& g, int i, std::int64_t b,
+  Status block_backward(const zero::UnitViews& p, const zero::UnitViews& g,
+                        const zero::UnitViews& lp, const zero::UnitViews& lg, int i, std::int64_t b,
                         std::int64_t t) {
     const std::int64_t rows = b * t;
     const std::int64_t h = config.hidden, q = q_dim(), kv = kv_dim(), ff = config.ffn;
@@ -317,17 +512,21 @@ struct Llama::Impl {
     // MLP: y = res2 + down(silu(gate(ln2)) * up(ln2)), ln2 = rmsnorm(res2).
     TZ_RETURN_IF_ERROR(ops->matmul_backward(a(layout.dh), kO, out(g, bi.dw), out(g, bi.db), dres,
                                             a(s.mid), in(p, bi.dw), kOI, rows, ff, h, st));
+    TZ_RETURN_IF_ERROR(lora_backward(lp, lg, i, kModDown, a(s.mid), dres, a(layout.dh), rows));
     TZ_RETURN_IF_ERROR(ops->swiglu_backward(a(layout.dg), a(layout.du), a(layout.dh), a(s.gate),
                                             a(s.up), rows, ff, ff, st));
     TZ_RETURN_IF_ERROR(ops->matmul_backward(dc, kO, out(g, bi.gw), out(g, bi.gb), a(layout.dg),
                                             a(s.ln2), in(p, bi.gw), kOI, rows, h, ff, st));
+    TZ_RETURN_IF_ERROR(lora_backward(lp, lg, i, kModGate, a(s.ln2), a(layout.dg), dc, rows));
     TZ_RETURN_IF_ERROR(ops->matmul_backward(dc, kA, out(g, bi.uw), out(g, bi.ub), a(layout.du),
                                             a(s.ln2), in(p, bi.uw), kOI, rows, h, ff, st));
+    TZ_RETURN_IF_ERROR(lora_backward(lp, lg, i, kModUp, a(s.ln2), a(layout.du), dc, rows));
     TZ_RETURN_IF_ERROR(ops->rmsnorm_backward(dres, kA, out(g, bi.ln2), dc, a(s.res2),
                                              in(p, bi.ln2), f(s.rstd2), rows, h, st));
     // Attention: res2 = x + o(attention(rope(q), rope(k), v)), q/k/v of ln1 = rmsnorm(x).
     TZ_RETURN_IF_ERROR(ops->matmul_backward(dc, kO, out(g, bi.ow), out(g, bi.ob), dres, a(s.att),
                                             in(p, bi.ow), kOI, rows, q, h, st));
+    TZ_RETURN_IF_ERROR(lora_backward(lp, lg, i, kModO, a(s.att), dres, dc, rows));
     TZ_RETURN_IF_ERROR(ops->gqa_attention_backward(
         a(layout.dq), a(layout.dk), a(layout.dv), kO, f(layout.delta), dc, a(s.q), a(s.k),
         a(s.v), a(s.att), f(s.lse), b, t, config.heads, config.kv_heads, hd, q, kv, scale(), st));
@@ -348,10 +547,13 @@ struct Llama::Impl {
     }
     TZ_RETURN_IF_ERROR(ops->matmul_backward(dc, kO, out(g, bi.qw), out(g, bi.qb), dq, a(s.ln1),
                                             in(p, bi.qw), kOI, rows, h, q, st));
+    TZ_RETURN_IF_ERROR(lora_backward(lp, lg, i, kModQ, a(s.ln1), dq, dc, rows));
     TZ_RETURN_IF_ERROR(ops->matmul_backward(dc, kA, out(g, bi.kw), out(g, bi.kb), dk, a(s.ln1),
                                             in(p, bi.kw), kOI, rows, h, kv, st));
+    TZ_RETURN_IF_ERROR(lora_backward(lp, lg, i, kModK, a(s.ln1), dk, dc, rows));
     TZ_RETURN_IF_ERROR(ops->matmul_backward(dc, kA, out(g, bi.vw), out(g, bi.vb), a(layout.dv),
                                             a(s.ln1), in(p, bi.vw), kOI, rows, h, kv, st));
+    TZ_RETURN_IF_ERROR(lora_backward(lp, lg, i, kModV, a(s.ln1), a(layout.dv), dc, rows));
     return ops->rmsnorm_backward(dres, kA, out(g, bi.ln1), dc, x, in(p, bi.ln1), f(s.rstd1), rows,
                                  h, st);
   }
@@ -369,8 +571,10 @@ struct Llama::Impl {
     TZ_RETURN_IF_ERROR(embed(b, t));
     for (int i = 0; i < config.layers; ++i) {
       TZ_ASSIGN_OR_RETURN(const zero::UnitViews p, engine.gather(block_unit(i)));
-      TZ_RETURN_IF_ERROR(block_forward(p, i, training_pass(i, b, t), /*to_output=*/true));
+      TZ_ASSIGN_OR_RETURN(const zero::UnitViews lp, gather_lora(i));
+      TZ_RETURN_IF_ERROR(block_forward(p, lp, i, training_pass(i, b, t), /*to_output=*/true));
       TZ_RETURN_IF_ERROR(engine.release(block_unit(i)));
+      TZ_RETURN_IF_ERROR(release_lora(i));
     }
     return Status::ok();
   }
@@ -427,9 +631,18 @@ struct Llama::Impl {
   Result<double> train(std::span<const std::int32_t> tokens, std::span<const std::int32_t> targets) {
     TZ_RETURN_IF_ERROR(check_batch(tokens, targets, "train_micro_batch"));
     const std::int64_t b = options.micro_batch, t = options.seq;
+    TZ_RETURN_IF_ERROR(upload(tokens, targets));
+    training = true;
+    const Result<double> loss = train_on_device(b, t);
+    training = false;
+    ++dropout_draw;
+    return loss;
+  }
+
+  // The micro-batch already on the device: forward, loss and backward.
+  Result<double> train_on_device(std::int64_t b, std::int64_t t) {
     const std::int64_t rows = b * t, h = config.hidden, v = config.vocab;
     gpu::Stream& st = stream();
-    TZ_RETURN_IF_ERROR(upload(tokens, targets));
     TZ_RETURN_IF_ERROR(forward_trunk(b, t));
     const ops::Tensor top = a(layout.residual[static_cast<std::size_t>(config.layers)]);
     const float grad_scale = static_cast<float>(engine.loss_scale() / static_cast<double>(rows));
@@ -439,7 +652,7 @@ struct Llama::Impl {
       TZ_ASSIGN_OR_RETURN(const zero::UnitViews n, engine.gather(norm_unit()));
       TZ_RETURN_IF_ERROR(ops->rmsnorm_forward(a(layout.lnf), f(layout.rstd_f), top, in(n, 0),
                                               eps(), rows, h, st));
-      TZ_ASSIGN_OR_RETURN(const zero::UnitViews gn, engine.grad(norm_unit()));
+      TZ_ASSIGN_OR_RETURN(const zero::UnitViews gn, grads(norm_unit()));
       if (config.tie_word_embeddings) {
         TZ_ASSIGN_OR_RETURN(const zero::UnitViews e, engine.gather(embed_unit()));
         TZ_RETURN_IF_ERROR(ops->matmul_forward(a(layout.logits), a(layout.lnf), in(e, 0),
@@ -447,7 +660,7 @@ struct Llama::Impl {
         TZ_RETURN_IF_ERROR(ops->cross_entropy_backward(a(layout.logits), f(layout.losses),
                                                        a(layout.logits), ids(layout.targets),
                                                        rows, v, grad_scale, st));
-        TZ_ASSIGN_OR_RETURN(const zero::UnitViews ge, engine.grad(embed_unit()));
+        TZ_ASSIGN_OR_RETURN(const zero::UnitViews ge, grads(embed_unit()));
         TZ_RETURN_IF_ERROR(ops->matmul_backward(a(layout.dc), ops::Accumulate::kOverwrite,
                                                 out(ge, 0), {}, a(layout.logits), a(layout.lnf),
                                                 in(e, 0), ops::WeightLayout::kOutIn, rows, h, v,
@@ -468,19 +681,27 @@ struct Llama::Impl {
                                                out(gn, 0), a(layout.dc), top, in(n, 0),
                                                f(layout.rstd_f), rows, h, st));
       TZ_RETURN_IF_ERROR(engine.release(norm_unit()));
-      TZ_RETURN_IF_ERROR(engine.reduce(norm_unit()));
+      TZ_RETURN_IF_ERROR(reduce(norm_unit()));
     }
     for (int i = config.layers - 1; i >= 0; --i) {
       TZ_ASSIGN_OR_RETURN(const zero::UnitViews p, engine.gather(block_unit(i)));
+      TZ_ASSIGN_OR_RETURN(const zero::UnitViews lp, gather_lora(i));
       if (options.checkpointing != 0) {
-        TZ_RETURN_IF_ERROR(block_forward(p, i, training_pass(i, b, t), /*to_output=*/false));
+        TZ_RETURN_IF_ERROR(block_forward(p, lp, i, training_pass(i, b, t), /*to_output=*/false));
       }
-      TZ_ASSIGN_OR_RETURN(const zero::UnitViews g, engine.grad(block_unit(i)));
-      TZ_RETURN_IF_ERROR(block_backward(p, g, i, b, t));
+      TZ_ASSIGN_OR_RETURN(const zero::UnitViews g, grads(block_unit(i)));
+      zero::UnitViews lg;
+      if (lora) {
+        TZ_ASSIGN_OR_RETURN(lg, engine.grad(lora_units[static_cast<std::size_t>(i)]));
+      }
+      TZ_RETURN_IF_ERROR(block_backward(p, g, lp, lg, i, b, t));
       TZ_RETURN_IF_ERROR(engine.release(block_unit(i)));
-      TZ_RETURN_IF_ERROR(engine.reduce(block_unit(i)));
+      TZ_RETURN_IF_ERROR(release_lora(i));
+      TZ_RETURN_IF_ERROR(reduce(block_unit(i)));
+      if (lora) TZ_RETURN_IF_ERROR(engine.reduce(lora_units[static_cast<std::size_t>(i)]));
     }
-    {
+    if (!frozen()) {
+      // The embedding's gradient (a frozen base has none: backward stops at the first block).
       TZ_ASSIGN_OR_RETURN(const zero::UnitViews ge, engine.grad(embed_unit()));
       TZ_RETURN_IF_ERROR(ops->embedding_backward(out(ge, 0), ops::Tensor{}, a(layout.dres),
                                                  ids(layout.tokens), b, t, h, v, st));
@@ -548,9 +769,11 @@ struct Llama::Impl {
     TZ_RETURN_IF_ERROR(embed(1, n));
     for (int i = 0; i < config.layers; ++i) {
       TZ_ASSIGN_OR_RETURN(const zero::UnitViews p, engine.gather(block_unit(i)));
+      TZ_ASSIGN_OR_RETURN(const zero::UnitViews lp, gather_lora(i));
       const Pass pass{1, n, cache_len, cache_at(false, i), cache_at(true, i)};
-      TZ_RETURN_IF_ERROR(block_forward(p, i, pass, /*to_output=*/true));
+      TZ_RETURN_IF_ERROR(block_forward(p, lp, i, pass, /*to_output=*/true));
       TZ_RETURN_IF_ERROR(engine.release(block_unit(i)));
+      TZ_RETURN_IF_ERROR(release_lora(i));
     }
     TZ_RETURN_IF_ERROR(head_forward(n - 1, 1));
     cache_len += n;
@@ -564,12 +787,13 @@ Llama::~Llama() {
 }
 
 std::uint64_t Llama::activation_bytes(const LlamaConfig& config, const ModelOptions& options,
-                                      DType compute) {
-  return make_layout(config, resolve(config, options), compute).total;
+                                      DType compute, const LoraSpec* lora) {
+  return make_layout(config, resolve(config, options), compute, lora).total;
 }
 
 Result<std::unique_ptr<Llama>> Llama::create(const LlamaConfig& config,
-                                             const ModelOptions& options, zero::Engine& engine) {
+                                             const ModelOptions& options, zero::Engine& engine,
+                                             const LoraSpec* lora) {
   if (options.micro_batch < 1) {
     return Status::invalid_argument("model " + config.name + ": micro_batch must be >= 1, not " +
                                     std::to_string(options.micro_batch));
@@ -592,20 +816,75 @@ Result<std::unique_ptr<Llama>> Llama::create(const LlamaConfig& config,
         "(use --seq " + std::to_string(*config.sliding_window) + " or less)");
   }
   auto impl = std::make_unique<Impl>(config, resolved, engine);
+  if (lora != nullptr) {
+    // The spec was checked against the family's modules when parsed; here its numbers only.
+    if (lora->r < 1 || !(lora->alpha > 0) || !(lora->dropout >= 0 && lora->dropout < 1) ||
+        lora->targets.empty()) {
+      return Status::invalid_argument("model " + config.name + ": LoRA needs r >= 1, alpha > 0, "
+                                      "dropout in [0, 1) and a target module");
+    }
+    impl->lora = *lora;
+  }
   impl->specs = model::unit_specs(config);
   impl->bi = block_index(impl->specs[1 % impl->specs.size()]);
-  for (const zero::UnitSpec& spec : impl->specs) {
+  impl->all_specs = model::unit_specs(config, lora);
+  impl->lora_a.fill(-1);
+  impl->lora_b.fill(-1);
+  for (const zero::UnitSpec& spec : impl->all_specs) {
     TZ_ASSIGN_OR_RETURN(const zero::UnitId id, engine.register_unit(spec));
-    impl->units.push_back(id);
+    impl->all_units.push_back(id);
+    if (spec.name.ends_with(".lora")) {
+      impl->lora_units.push_back(id);
+      impl->lora_specs.push_back(spec);
+    } else {
+      impl->units.push_back(id);
+    }
+  }
+  if (lora != nullptr) {
+    // Tensor indices of each module's A and B inside a layer's adapter unit (the same in every
+    // layer).
+    const std::span<const std::string_view> names = llama_lora_modules();
+    const zero::UnitSpec& first = impl->lora_specs.front();
+    for (std::size_t t = 0; t < first.tensors.size(); ++t) {
+      for (int k = 0; k < kLoraModules; ++k) {
+        const std::string module = "." + std::string(names[static_cast<std::size_t>(k)]) + ".";
+        if (first.tensors[t].name.find(module) == std::string::npos) continue;
+        (first.tensors[t].name.ends_with("lora_A.weight") ? impl->lora_a : impl->lora_b)
+            [static_cast<std::size_t>(k)] = static_cast<int>(t);
+      }
+    }
   }
   TZ_ASSIGN_OR_RETURN(impl->ops, ops::Ops::create(engine.device(), ops::OpsOptions{options.cpu_threads}));
-  impl->layout = make_layout(config, impl->options, impl->act);
+  impl->layout = make_layout(config, impl->options, impl->act, lora);
   impl->inv_freq = rope_inv_freq(config);
   return std::unique_ptr<Llama>(new Llama(std::move(impl)));
 }
 
+Status Llama::Impl::init_adapters(std::uint64_t seed) {
+  if (lora && !lora->adapter.empty()) {
+    // --adapter DIR: its weights (a folder without them starts as PEFT, below).
+    TZ_ASSIGN_OR_RETURN(const bool loaded, load_adapter(lora->adapter));
+    if (loaded) return Status::ok();
+  }
+  std::vector<float> values;
+  for (std::size_t l = 0; l < lora_specs.size(); ++l) {
+    const zero::UnitSpec& spec = lora_specs[l];
+    for (std::size_t t = 0; t < spec.tensors.size(); ++t) {
+      const zero::TensorSpec& tensor = spec.tensors[t];
+      values.assign(tensor.numel(), 0.0f);  // lora_B: zero
+      if (tensor.name.ends_with("lora_A.weight")) {
+        fill_lora_a(values, tensor.shape[1], seed, lora_units[l], t);
+      }
+      Status s = engine.set_tensor(lora_units[l], t, values);
+      if (!s.is_ok()) return std::move(s).with_context("init of " + tensor.name);
+    }
+  }
+  return Status::ok();
+}
+
 Status Llama::init_weights(std::uint64_t seed) {
   Impl& m = *impl_;
+  TZ_RETURN_IF_ERROR(m.init_adapters(seed));
   std::vector<float> values;
   for (std::size_t u = 0; u < m.specs.size(); ++u) {
     const zero::UnitSpec& spec = m.specs[u];
@@ -629,13 +908,16 @@ Status Llama::init_weights(std::uint64_t seed) {
 
 Status Llama::load_weights(const std::string& path) {
   Impl& m = *impl_;
-  return load_hf_weights_folder(m.engine, m.specs, m.units, path,
-                                m.config.tie_word_embeddings ? std::vector<std::string>{"lm_head.weight"}
-                                                             : std::vector<std::string>{});
+  TZ_RETURN_IF_ERROR(load_hf_weights_folder(
+      m.engine, m.specs, m.units, path,
+      m.config.tie_word_embeddings ? std::vector<std::string>{"lm_head.weight"}
+                                   : std::vector<std::string>{}));
+  return m.init_adapters(m.engine.options().seed);
 }
 
 Status Llama::save_weights(const std::string& path, DType dtype) {
   Impl& m = *impl_;
+  if (m.lora) return save_adapter(path, dtype);
   // The folder the model came from (its tokenizer files are copied), if it came from one.
   std::error_code ec;
   const std::string source =
@@ -702,11 +984,131 @@ const LlamaConfig& Llama::config() const { return impl_->config; }
 const std::string& Llama::name() const { return impl_->config.name; }
 int Llama::vocab() const { return impl_->config.vocab; }
 const ModelOptions& Llama::options() const { return impl_->options; }
-std::size_t Llama::unit_count() const { return impl_->units.size(); }
+std::size_t Llama::unit_count() const { return impl_->all_units.size(); }
 zero::UnitId Llama::unit(std::size_t index) const {
-  TZ_ASSERT(index < impl_->units.size(), "unit index out of range");
-  return impl_->units[index];
+  TZ_ASSERT(index < impl_->all_units.size(), "unit index out of range");
+  return impl_->all_units[index];
 }
-const std::vector<zero::UnitSpec>& Llama::unit_specs() const { return impl_->specs; }
+const std::vector<zero::UnitSpec>& Llama::unit_specs() const { return impl_->all_specs; }
+
+bool Llama::has_adapter() const { return impl_->lora.has_value(); }
+
+Result<bool> Llama::Impl::load_adapter(const std::string& dir) {
+  if (!lora) return Status::invalid_argument("model " + config.name + " has no adapters (--lora)");
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const std::string file = (fs::path(dir) / kAdapterWeightsFile).string();
+  if (!fs::exists(file, ec)) {
+    if (fs::exists(fs::path(dir) / "adapter_model.bin", ec)) {
+      return Status::invalid_argument(dir + ": holds adapter_model.bin (a pickle), which tierzero "
+                                      "does not read; save the adapter with safe_serialization "
+                                      "(adapter_model.safetensors)");
+    }
+    return false;  // a config-only adapter starts as PEFT initialises it
+  }
+  Status s = load_hf_weights_folder(engine, lora_specs, lora_units, file, {});
+  if (!s.is_ok()) {
+    return std::move(s).with_context("adapter " + dir + " does not fit model " + config.name +
+                                     " (an adapter made for another base shape?)");
+  }
+  return true;
+}
+
+Status Llama::load_adapter(const std::string& dir) { return impl_->load_adapter(dir).status(); }
+
+Status Llama::save_adapter(const std::string& dir, DType dtype) {
+  Impl& m = *impl_;
+  if (!m.lora) return Status::invalid_argument("model " + m.config.name + " has no adapters (--lora)");
+  const bool writes = m.engine.rank() == 0;
+  std::vector<SafetensorsTensorSpec> layout;
+  for (const zero::UnitSpec& u : m.lora_specs) {
+    for (const zero::TensorSpec& t : u.tensors) layout.push_back({t.name, dtype, t.shape});
+  }
+  Status write_error;
+  std::optional<SafetensorsWriter> writer;
+  const std::string file = (std::filesystem::path(dir) / kAdapterWeightsFile).string();
+  if (writes) {
+    write_error = make_folders(dir);
+    if (write_error.is_ok()) {
+      Result<SafetensorsWriter> w = SafetensorsWriter::create(file, layout, {{"format", "pt"}});
+      if (w.is_ok()) {
+        writer.emplace(std::move(w).value());
+      } else {
+        write_error = std::move(w).take_status();
+      }
+    }
+  }
+  // Every rank gathers every tensor (collective) even after a write error, so ranks stay paired.
+  std::vector<float> values;
+  for (std::size_t l = 0; l < m.lora_specs.size(); ++l) {
+    for (std::size_t t = 0; t < m.lora_specs[l].tensors.size(); ++t) {
+      const zero::TensorSpec& spec = m.lora_specs[l].tensors[t];
+      values.resize(spec.numel());
+      TZ_RETURN_IF_ERROR(m.engine.get_tensor(m.lora_units[l], t, values));
+      if (writer && write_error.is_ok()) write_error = writer->write_f32(spec.name, values);
+    }
+  }
+  if (!writes) return Status::ok();
+  TZ_RETURN_IF_ERROR(std::move(write_error));
+  TZ_RETURN_IF_ERROR(writer->finish());
+  return write_output_file(
+      "", (std::filesystem::path(dir) / kAdapterConfigFile).string(),
+      adapter_config_json(*m.lora, m.config.name).dump(2) + "\n");
+}
+
+Status Llama::save_merged(const std::string& dir, DType dtype) {
+  Impl& m = *impl_;
+  if (!m.lora) return Status::invalid_argument("model " + m.config.name + " has no adapters (--lora)");
+  // Which base tensor each module's weight is, per layer: merged as W + (alpha / r) B A.
+  const std::span<const std::string_view> names = llama_lora_modules();
+  std::vector<FolderTensor> tensors;
+  std::vector<std::pair<std::size_t, std::size_t>> where;
+  for (std::size_t u = 0; u < m.specs.size(); ++u) {
+    for (std::size_t t = 0; t < m.specs[u].tensors.size(); ++t) {
+      tensors.push_back({m.specs[u].tensors[t].name, m.specs[u].tensors[t].shape});
+      where.emplace_back(u, t);
+    }
+  }
+  std::vector<float> a_values, b_values;
+  const double scale = m.lora->scale();
+  const auto source = [&](std::size_t i, std::span<float> out) -> Status {
+    const auto [u, t] = where[i];
+    TZ_RETURN_IF_ERROR(m.engine.get_tensor(m.units[u], t, out));
+    if (u == 0 || u + 1 == m.specs.size()) return Status::ok();  // embed, norm
+    const int layer = static_cast<int>(u) - 1;
+    const std::string& name = m.specs[u].tensors[t].name;
+    for (int k = 0; k < kLoraModules; ++k) {
+      if (!m.lora_on(k)) continue;
+      const std::string module = "." + std::string(names[static_cast<std::size_t>(k)]) + ".weight";
+      if (!name.ends_with(module)) continue;
+      const auto [in_dim, out_dim] = lora_dims(m.config, k);
+      const zero::UnitId lu = m.lora_units[static_cast<std::size_t>(layer)];
+      const std::int64_t r = m.lora->r;
+      a_values.resize(static_cast<std::size_t>(r * in_dim));
+      b_values.resize(static_cast<std::size_t>(out_dim * r));
+      TZ_RETURN_IF_ERROR(m.engine.get_tensor(
+          lu, static_cast<std::size_t>(m.lora_a[static_cast<std::size_t>(k)]), a_values));
+      TZ_RETURN_IF_ERROR(m.engine.get_tensor(
+          lu, static_cast<std::size_t>(m.lora_b[static_cast<std::size_t>(k)]), b_values));
+      for (std::int64_t o = 0; o < out_dim; ++o) {
+        for (std::int64_t c = 0; c < in_dim; ++c) {
+          double sum = 0;
+          for (std::int64_t j = 0; j < r; ++j) {
+            sum += static_cast<double>(b_values[static_cast<std::size_t>(o * r + j)]) *
+                   a_values[static_cast<std::size_t>(j * in_dim + c)];
+          }
+          float& w = out[static_cast<std::size_t>(o * in_dim + c)];
+          w = static_cast<float>(w + scale * sum);
+        }
+      }
+    }
+    return Status::ok();
+  };
+  std::error_code ec;
+  const std::string source_dir =
+      std::filesystem::is_directory(m.config.name, ec) ? m.config.name : std::string();
+  return write_hf_folder(m.engine.rank() == 0, tensors, source, dir,
+                         llama_hf_config(m.config, dtype), dtype, source_dir);
+}
 
 }  // namespace tz::model

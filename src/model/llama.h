@@ -14,6 +14,12 @@
 //                k_norm.weight (head_dim)]; post_attention_layernorm.weight; mlp.gate_proj.weight,
 //                up_proj.weight (ffn, hidden) [.bias]; mlp.down_proj.weight (hidden, ffn) [.bias]
 //   "norm"       model.norm.weight (hidden) [, lm_head.weight (vocab, hidden) when untied]
+//
+// With LoRA (model/lora.h, docs/lora.md) every unit above is frozen (zero::UnitSpec::frozen: no
+// gradients, no optimizer state) and each "layers.{i}" is followed by its adapters "layers.{i}.lora":
+// for each target module in layer order, lora_A (r, in) and lora_B (out, r) with PEFT's names
+// (llama_lora_tensor_name). A targeted module computes W x + b + (alpha / r) B A dropout(x);
+// backward through the frozen base computes input gradients only.
 #pragma once
 
 #include <cstdint>
@@ -28,6 +34,7 @@
 
 #include "core/dtype.h"
 #include "core/status.h"
+#include "model/lora.h"
 #include "model/model.h"
 #include "zero/engine.h"
 
@@ -96,8 +103,10 @@ std::vector<std::string> llama_preset_names();
 // theta^(2i/d), then the llama3 scaling when configured.
 std::vector<float> rope_inv_freq(const LlamaConfig& config);
 
-// The units of `config` in registration order (names and shapes as above).
+// The units of `config` in registration order (names and shapes as above); with `lora` the base
+// frozen and the adapter units interleaved after their layers.
 std::vector<zero::UnitSpec> unit_specs(const LlamaConfig& config);
+std::vector<zero::UnitSpec> unit_specs(const LlamaConfig& config, const LoraSpec* lora);
 
 // Whether `options` turn activation checkpointing on (resolves -1: on above GPT-2 small's size).
 bool checkpointing_enabled(const LlamaConfig& config, const ModelOptions& options);
@@ -106,23 +115,34 @@ class Llama final : public Model {
  public:
   // Device bytes the model allocates per micro-batch (activations, logits, backward scratch).
   static std::uint64_t activation_bytes(const LlamaConfig& config, const ModelOptions& options,
-                                        DType compute);
-  // Registers the units with `engine` (before finalize). kInvalidArgument for options that do not
-  // fit (micro_batch < 1, seq outside [0, positions], a sliding window shorter than seq).
+                                        DType compute, const LoraSpec* lora = nullptr);
+  // Registers the units with `engine` (before finalize); with `lora` (its targets checked by
+  // parse_lora_spec / read_adapter_config) the base frozen and the adapters trainable.
+  // kInvalidArgument for options that do not fit (micro_batch < 1, seq outside [0, positions], a
+  // sliding window shorter than seq).
   static Result<std::unique_ptr<Llama>> create(const LlamaConfig& config,
-                                               const ModelOptions& options, zero::Engine& engine);
+                                               const ModelOptions& options, zero::Engine& engine,
+                                               const LoraSpec* lora = nullptr);
   ~Llama() override;
   Llama(const Llama&) = delete;
   Llama& operator=(const Llama&) = delete;
 
   // transformers' _init_weights: every Linear and the embedding normal(0, initializer_range),
-  // biases 0, RMSNorm weights 1.
+  // biases 0, RMSNorm weights 1; adapters as PEFT (lora_A Kaiming-uniform, lora_B 0).
   Status init_weights(std::uint64_t seed) override;
-  // A folder (config.json + model.safetensors or an index and its shards) or one safetensors file.
+  // A folder (config.json + model.safetensors or an index and its shards) or one safetensors file:
+  // the base; adapters then start as PEFT starts them, from the engine's seed.
   Status load_weights(const std::string& path) override;
   // Writes the folder `path`: config.json and the weights (shards with an index above the shard
-  // size), and copies the source folder's tokenizer and generation files.
+  // size), and copies the source folder's tokenizer and generation files. With adapters: the
+  // PEFT adapter folder instead (save_adapter).
   Status save_weights(const std::string& path, DType dtype = DType::kF32) override;
+
+  bool has_adapter() const override;
+  Status load_adapter(const std::string& dir) override;
+  // adapter_config.json and adapter_model.safetensors (tensors as `dtype`, PEFT's names).
+  Status save_adapter(const std::string& dir, DType dtype = DType::kF32);
+  Status save_merged(const std::string& dir, DType dtype) override;
 
   Result<double> train_micro_batch(std::span<const std::int32_t> tokens,
                                    std::span<const std::int32_t> targets) override;

@@ -1,6 +1,7 @@
 // The Llama family's config.json (model/llama.h): parsing with the refusals, the presets (the
 // published config.json of each, parsed by the same code), custom shapes, the rotary frequencies,
 // the parameter count and the unit layout.
+#include <algorithm>
 #include <array>
 #include <charconv>
 #include <cmath>
@@ -489,6 +490,38 @@ std::vector<zero::UnitSpec> unit_specs(const LlamaConfig& c) {
   zero::UnitSpec norm{"norm", {{"model.norm.weight", {h}}}};
   if (!c.tie_word_embeddings) norm.tensors.push_back({"lm_head.weight", {c.vocab, h}});
   units.push_back(std::move(norm));
+  return units;
+}
+
+std::vector<zero::UnitSpec> unit_specs(const LlamaConfig& c, const LoraSpec* lora) {
+  std::vector<zero::UnitSpec> base = unit_specs(c);
+  if (lora == nullptr) return base;
+  const std::int64_t h = c.hidden, q = static_cast<std::int64_t>(c.heads) * c.head_dim;
+  const std::int64_t kv = static_cast<std::int64_t>(c.kv_heads) * c.head_dim, f = c.ffn;
+  const auto dims = [&](std::string_view m) -> std::pair<std::int64_t, std::int64_t> {
+    if (m == "q_proj") return {h, q};
+    if (m == "k_proj" || m == "v_proj") return {h, kv};
+    if (m == "o_proj") return {q, h};
+    if (m == "down_proj") return {f, h};
+    return {h, f};  // gate_proj, up_proj
+  };
+  std::vector<zero::UnitSpec> units;
+  for (zero::UnitSpec& u : base) {
+    u.frozen = true;
+    const bool layer = u.name.starts_with("layers.");
+    const std::string name = u.name;
+    units.push_back(std::move(u));
+    if (!layer) continue;
+    const int i = std::stoi(name.substr(7));
+    zero::UnitSpec adapters{name + ".lora", {}};
+    for (const std::string_view m : llama_lora_modules()) {
+      if (std::find(lora->targets.begin(), lora->targets.end(), m) == lora->targets.end()) continue;
+      const auto [in, out] = dims(m);
+      adapters.tensors.push_back({llama_lora_tensor_name(i, m, false), {lora->r, in}});
+      adapters.tensors.push_back({llama_lora_tensor_name(i, m, true), {out, lora->r}});
+    }
+    units.push_back(std::move(adapters));
+  }
   return units;
 }
 

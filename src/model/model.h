@@ -67,6 +67,24 @@ class Model {
     return Status::unavailable("this model keeps no key/value cache");
   }
 
+  // LoRA (model/lora.h, docs/lora.md): a model created with a LoraSpec trains adapters on a frozen
+  // base; init_weights and load_weights start them from the spec's PEFT folder (LoraSpec::adapter)
+  // or as PEFT initialises them; its save_weights writes the PEFT adapter folder. load_adapter
+  // reads a PEFT folder's adapter_model.safetensors into the adapters (none there: unchanged);
+  // save_merged writes the base with every adapter merged (W + alpha / r B A) as a Hugging Face
+  // folder of `dtype`. Both collective; errors name the file and tensor. Models without adapters
+  // refuse both (kInvalidArgument).
+  virtual bool has_adapter() const { return false; }
+  virtual Status load_adapter(const std::string& dir) {
+    return Status::invalid_argument("model " + name() + " has no adapters (--lora): cannot load " +
+                                    dir);
+  }
+  virtual Status save_merged(const std::string& dir, DType dtype) {
+    (void)dtype;
+    return Status::invalid_argument("model " + name() + " has no adapters (--lora): nothing to "
+                                    "merge into " + dir);
+  }
+
   virtual const std::string& name() const = 0;  // the preset, custom spec or folder
   virtual int vocab() const = 0;
   virtual const ModelOptions& options() const = 0;  // with seq and checkpointing resolved

@@ -340,6 +340,20 @@ class CpuOps final : public Ops {
     });
   }
 
+  Status scale_impl(Tensor out, Accumulate mode, ConstTensor x, const std::uint8_t* keep,
+                    float alpha, std::int64_t n, gpu::Stream& stream) override {
+    return enqueue(stream, [=] {
+      chunks(sz(n), [&](size_t off, size_t len) {
+        float* o = tls_scratch(2, len);
+        load_into(x, off, len, o);
+        for (size_t i = 0; i < len; ++i) {
+          o[i] *= keep != nullptr && keep[off + i] == 0 ? 0.0f : alpha;
+        }
+        store(out, off, o, len, mode == Accumulate::kAdd, tls_scratch(3, len));
+      });
+    });
+  }
+
   Status cross_entropy_forward_impl(float* losses, ConstTensor logits, const std::int32_t* targets,
                                     std::int64_t rows, std::int64_t vocab,
                                     gpu::Stream& stream) override {

@@ -538,6 +538,15 @@ __global__ void accumulate_kernel(T* dst, bool add, const T* src, std::int64_t n
   TZ_GRID_STRIDE(i, n) { st(dst, i, add ? ld(dst, i) + ld(src, i) : ld(src, i)); }
 }
 
+template <typename T>
+__global__ void scale_kernel(T* out, bool add, const T* x, const std::uint8_t* keep, float alpha,
+                             std::int64_t n) {
+  TZ_GRID_STRIDE(i, n) {
+    const float v = keep != nullptr && keep[i] == 0 ? 0.0f : alpha * ld(x, i);
+    st(out, i, add ? ld(out, i) + v : v);
+  }
+}
+
 // ---- cross-entropy: one block per row ----
 
 template <typename T>
@@ -711,6 +720,16 @@ int accumulate(void* dst, bool add, const void* src, std::int64_t n, DType dt, v
     using T = decltype(tag);
     accumulate_kernel<T><<<grid_for(n), kThreads, 0, as_stream(stream)>>>(
         static_cast<T*>(dst), add, static_cast<const T*>(src), n);
+  });
+  return last_error();
+}
+
+int scale(void* out, bool add, const void* x, const std::uint8_t* keep, float alpha,
+          std::int64_t n, DType dt, void* stream) {
+  dispatch(dt, [&](auto tag) {
+    using T = decltype(tag);
+    scale_kernel<T><<<grid_for(n), kThreads, 0, as_stream(stream)>>>(
+        static_cast<T*>(out), add, static_cast<const T*>(x), keep, alpha, n);
   });
   return last_error();
 }

@@ -166,6 +166,14 @@ class CudaOps final : public Ops {
     return launched(op, ck::residual_forward(out.data, a.data, b.data, n, out.dtype, raw(stream)));
   }
 
+  Status scale_impl(Tensor out, Accumulate mode, ConstTensor x, const std::uint8_t* keep,
+                    float alpha, std::int64_t n, gpu::Stream& stream) override {
+    constexpr std::string_view op = "scale";
+    TZ_RETURN_IF_ERROR(prepare(stream));
+    return launched(op, ck::scale(out.data, mode == Accumulate::kAdd, x.data, keep, alpha, n,
+                                  out.dtype, raw(stream)));
+  }
+
   Status residual_backward_impl(Tensor da, Accumulate da_mode, Tensor db, Accumulate db_mode,
                                 ConstTensor dout, std::int64_t n, gpu::Stream& stream) override {
     constexpr std::string_view op = "residual_backward";

@@ -306,6 +306,23 @@ Status Ops::residual_backward(Tensor da, Accumulate da_mode, Tensor db, Accumula
   return residual_backward_impl(da, da_mode, db, db_mode, dout, n, stream);
 }
 
+Status Ops::scale(Tensor out, Accumulate mode, ConstTensor x, const std::uint8_t* keep,
+                  float alpha, std::int64_t n, gpu::Stream& stream) {
+  constexpr std::string_view op = "scale";
+  TZ_RETURN_IF_ERROR(internal::check_positive(op, "n", n));
+  TZ_RETURN_IF_ERROR(check_tensor(op, "out", out));
+  TZ_RETURN_IF_ERROR(check_same(op, {{"x", x}}, out.dtype));
+  if (!std::isfinite(alpha)) {
+    return Status::invalid_argument("ops scale: alpha must be finite, got " +
+                                    std::to_string(alpha));
+  }
+  if (mode == Accumulate::kAdd && out.data == x.data) {
+    return Status::invalid_argument("ops scale: out may not alias x when adding");
+  }
+  TZ_RETURN_IF_ERROR(check_stream(stream));
+  return scale_impl(out, mode, x, keep, alpha, n, stream);
+}
+
 // ---- cross-entropy -----------------------------------------------------------------------------
 
 Status Ops::cross_entropy_forward(float* losses, ConstTensor logits, const std::int32_t* targets,

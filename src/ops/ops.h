@@ -1,6 +1,6 @@
 // The model's kernels behind one interface (DESIGN.md, "ops/"): forward and backward of the token
 // and position embedding, layernorm, matmul with bias, causal self-attention, gelu, residual add
-// and the fused softmax + cross-entropy (GPT-2), and RMSNorm, rotary embedding, SwiGLU and
+// the fused softmax + cross-entropy (GPT-2), a masked scale (LoRA), and RMSNorm, rotary embedding, SwiGLU and
 // grouped-query causal attention with a KV-cache offset (the Llama family). Two backends, chosen
 // by the device's kind: the CPU backend (kHost: BLAS for the matmuls, Highway + oneTBB for the
 // rest) and the CUDA backend (kCuda: cuBLAS, .cu kernels). The per-element math both share is
@@ -163,6 +163,12 @@ class Ops {
   Status residual_backward(Tensor da, Accumulate da_mode, Tensor db, Accumulate db_mode,
                                    ConstTensor dout, std::int64_t n, gpu::Stream& stream);
 
+  // --- Scale with an optional keep mask (LoRA's alpha / r and its dropout) ---------------------
+  // out[i] = alpha * x[i] * keep[i] (overwrite or add), n elements of act; keep: a uint8 device
+  // array of 0/1 (n), or null (all kept). out may alias x when mode is kOverwrite.
+  Status scale(Tensor out, Accumulate mode, ConstTensor x, const std::uint8_t* keep, float alpha,
+               std::int64_t n, gpu::Stream& stream);
+
   // --- Fused softmax + cross-entropy ----------------------------------------------------------
   // losses[i] = logsumexp(logits[i,:]) - logits[i, targets[i]] for i < rows. logits: act
   // (rows, vocab); targets: int32 (rows); losses: fp32 (rows), written. The mean loss is the sum
@@ -304,6 +310,8 @@ class Ops {
   virtual Status residual_backward_impl(Tensor da, Accumulate da_mode, Tensor db,
                                         Accumulate db_mode, ConstTensor dout, std::int64_t n,
                                         gpu::Stream& stream) = 0;
+  virtual Status scale_impl(Tensor out, Accumulate mode, ConstTensor x, const std::uint8_t* keep,
+                            float alpha, std::int64_t n, gpu::Stream& stream) = 0;
   virtual Status cross_entropy_forward_impl(float* losses, ConstTensor logits,
                                             const std::int32_t* targets, std::int64_t rows,
                                             std::int64_t vocab, gpu::Stream& stream) = 0;

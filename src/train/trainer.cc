@@ -170,7 +170,8 @@ Result<double> RankRun::evaluate() {
 Result<int> RankRun::resume() {
   if (spec_.resume.empty()) return 1;
   TZ_ASSIGN_OR_RETURN(std::string dir, zero::resolve_checkpoint(spec_.resume));
-  TZ_ASSIGN_OR_RETURN(zero::CheckpointExtra extra, zero::load_checkpoint(*engine_, dir));
+  TZ_ASSIGN_OR_RETURN(zero::CheckpointExtra extra,
+                      zero::load_checkpoint(*engine_, dir, spec_.base));
   if (extra.model.value("name", "") != spec_.model.name) {
     return Status::invalid_argument("--resume " + dir + ": checkpoint of model '" +
                                     extra.model.value("name", "") + "', not '" +
@@ -193,6 +194,7 @@ Status RankRun::save(int step) {
   zero::CheckpointExtra extra;
   extra.model = {{"name", spec_.model.name}};
   extra.trainer = {{"next_step", step + 1}, {"loader", loader_->state()}};
+  extra.base = spec_.base;
   TZ_ASSIGN_OR_RETURN(std::string dir, zero::save_checkpoint(*engine_, comm_, spec_.save_dir,
                                                              step, extra, spec_.keep));
   if (reporter_) reporter_->line("saved " + dir);
@@ -257,6 +259,9 @@ Status RankRun::train(int first_step) {
 Status RankRun::finish() {
   if (reporter_) reporter_->finish();
   if (!spec_.save_weights.empty()) TZ_RETURN_IF_ERROR(net_->save_weights(spec_.save_weights));
+  if (!spec_.merge_into.empty()) {
+    TZ_RETURN_IF_ERROR(net_->save_merged(spec_.merge_into, engine_->compute_dtype()));
+  }
   TZ_ASSIGN_OR_RETURN(std::uint64_t xxh3, engine_->params_xxh3());
   if (result_ != nullptr) {
     result_->params = engine_->param_count();

@@ -54,6 +54,11 @@ struct TrainSpec {
   int keep = 3;              // checkpoints kept, newest first (0: all)
   std::string resume;        // a checkpoint (or a folder of them) to continue from; empty: none
   std::string save_weights;  // the final weights (model::Model::save_weights); empty: none
+  // LoRA (model.lora): the base with the adapters merged, written in the compute dtype
+  // (model::Model::save_merged); empty: none. `base` names the frozen base for checkpoints
+  // (zero::CheckpointExtra::base, model::base_identity); a resume refuses another base.
+  std::string merge_into;
+  std::string base;
 };
 
 // What rank 0 reports of a run.

@@ -38,6 +38,9 @@ int residual_forward(void* out, const void* a, const void* b, std::int64_t n, DT
                      void* stream);
 // dst = src (add: dst += src).
 int accumulate(void* dst, bool add, const void* src, std::int64_t n, DType dt, void* stream);
+// out = alpha * x * keep (keep null: all kept; add: out += that).
+int scale(void* out, bool add, const void* x, const std::uint8_t* keep, float alpha,
+          std::int64_t n, DType dt, void* stream);
 // dlogits null: losses only.
 int cross_entropy(void* dlogits, float* losses, const void* logits, const std::int32_t* targets,
                   std::int64_t rows, std::int64_t vocab, float grad_scale, DType dt,

@@ -77,6 +77,11 @@ class DeviceArrays {
     copy_in(d, v.data(), v.size() * 4);
     return static_cast<std::int32_t*>(d);
   }
+  std::uint8_t* upload_u8(const std::vector<std::uint8_t>& v) {
+    void* d = alloc(v.size());
+    copy_in(d, v.data(), v.size());
+    return static_cast<std::uint8_t*>(d);
+  }
   Tensor zeros(std::size_t n, DType dt) {
     std::vector<double> z(n, 0.0);
     return upload(z, dt);

@@ -392,6 +392,36 @@ TEST_P(OpsCpuTest, Residual) {
   expect_close(arrays_->download(db, n), r, tolerance_for(act()), "residual db");
 }
 
+// out = alpha * x * keep, overwrite (also in place) and add, with and without a mask.
+TEST_P(OpsCpuTest, Scale) {
+  auto g = rng(13);
+  const int n = 40000;  // more than one element-wise task
+  Vec x = random_vector(g, n, -1, 1);
+  Tensor tx = arrays_->upload(x, act());
+  std::vector<std::uint8_t> keep(n);
+  for (int i = 0; i < n; ++i) keep[i] = static_cast<std::uint8_t>((i * 7919 % 10) < 7);
+  const std::uint8_t* dkeep = arrays_->upload_u8(keep);
+  const double alpha = 1.0 / 0.7;
+  for (const bool masked : {false, true}) {
+    for (Accumulate mode : {Accumulate::kOverwrite, Accumulate::kAdd}) {
+      Vec o0 = mode == Accumulate::kAdd ? random_vector(g, n, -1, 1) : Vec(n, 0.0);
+      Tensor out = arrays_->upload(o0, act());
+      ASSERT_TRUE(ops_->scale(out, mode, tx, masked ? dkeep : nullptr, static_cast<float>(alpha),
+                              n, stream()).is_ok());
+      Vec ref(n);
+      for (int i = 0; i < n; ++i) {
+        ref[i] = o0[i] + (masked && keep[i] == 0 ? 0.0 : static_cast<float>(alpha) * x[i]);
+      }
+      expect_close(arrays_->download(out, n), ref, tolerance_for(act()), "scale");
+    }
+  }
+  Vec ref(n);
+  for (int i = 0; i < n; ++i) ref[i] = 0.5 * x[i];
+  ASSERT_TRUE(ops_->scale(tx, Accumulate::kOverwrite, tx, nullptr, 0.5f, n, stream()).is_ok());
+  expect_close(arrays_->download(tx, n), ref, tolerance_for(act()), "scale in place");
+  EXPECT_FALSE(ops_->scale(tx, Accumulate::kAdd, tx, nullptr, 0.5f, n, stream()).is_ok());
+}
+
 // ---- cross-entropy ---------------------------------------------------------------------------
 
 TEST_P(OpsCpuTest, CrossEntropy) {

@@ -1,0 +1,242 @@
+#!/usr/bin/env bash
+# LoRA against PEFT (issue 28), for correctness (no timing): transformers writes a tiny random
+# LlamaForCausalLM folder and PEFT creates an adapter on q_proj, v_proj and down_proj
+# (LoraConfig r=4, lora_alpha=8, bias none, no dropout) saved with save_pretrained; then
+#   1. `tierzero train --model DIR --adapter A0` and PEFT (PeftModel.from_pretrained(...,
+#      is_trainable=True), torch.optim.AdamW over the trainable parameters, clip_grad_norm_) take K
+#      steps of fp32 AdamW with clipping on the same seeded token file in llm.c's batch order:
+#      every step's loss within 1e-4 relative;
+#   2. the adapter tierzero saved (--save-weights DIR: a PEFT folder) loads with
+#      PeftModel.from_pretrained(base, DIR) and gives the loss tierzero gives on an unseen batch
+#      (through its --merge-into folder, which transformers loads too) within 1e-5;
+#   3. stage 3 with the base (and the optimizer) on NVMe gives stage 0's adapter bits
+#      (params_xxh3 covers trainable units only), and from step 2 on writes to NVMe only adapter
+#      state: bytes written per step (the step report's nvme_write_bytes) against the base's size.
+#      (This tiny base fits the host tier's minimum (two units plus staging), so after loading it
+#      is served from memory and reads are 0 too; the 8B scale run in docs/lora.md measures the
+#      streaming case.)
+# torch (CPU) + transformers + peft + safetensors in the throw-away venv of bench/peers_venv.sh
+# (never CI).
+#
+# usage: bench/lora_vs_peft.sh [--build build/release] [--venv build/peers-venv] [--steps 20]
+#          [--nvme-path DIR] [--keep-work] [--out FILE]
+set -euo pipefail
+
+here="$(cd "$(dirname "$0")" && pwd)"
+root="$(cd "$here/.." && pwd)"
+build="$root/build/release"
+venv="$root/build/peers-venv"
+steps=20
+nvme=""
+keep_work=0
+out=""
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --build) build="$2"; shift 2 ;;
+    --venv) venv="$2"; shift 2 ;;
+    --steps) steps="$2"; shift 2 ;;
+    --nvme-path) nvme="$2"; shift 2 ;;
+    --keep-work) keep_work=1; shift ;;
+    --out) out="$2"; shift 2 ;;
+    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
+    *) echo "lora_vs_peft: unknown argument $1" >&2; exit 2 ;;
+  esac
+done
+if [[ "${CI:-}" == "true" ]]; then
+  echo "lora_vs_peft: peers are never run in CI" >&2
+  exit 0
+fi
+tierzero="$build/src/cli/tierzero"
+[[ -x "$tierzero" ]] || { echo "lora_vs_peft: $tierzero not built (cmake --build $build --target tierzero)" >&2; exit 1; }
+out="${out:-$build/lora_vs_peft.$(date -u +%Y%m%dT%H%M%SZ).jsonl}"
+
+# shellcheck source=bench/peers_venv.sh
+source "$here/peers_venv.sh"
+peers_venv_need "$venv" lora_vs_peft "torch, transformers, peft, safetensors, numpy" \
+  torch transformers peft safetensors numpy || exit 1
+py="$(peers_python "$venv")"
+export OMP_NUM_THREADS=2 MKL_NUM_THREADS=2 OPENBLAS_NUM_THREADS=2
+export HF_HUB_DISABLE_PROGRESS_BARS=1 TRANSFORMERS_VERBOSITY=error HF_HUB_OFFLINE=1
+mkdir -p "$build"
+work="$(mktemp -d "$build/lora_vs_peft.XXXXXX")"
+if [[ "$keep_work" == 1 ]]; then echo "lora_vs_peft: work folder $work (kept)" >&2; else trap 'rm -rf "$work"' EXIT; fi
+nvme="${nvme:-$work/nvme}"
+mkdir -p "$nvme"
+: > "$out"
+
+B=4
+T=32
+optimizer='"optimizer": {"type": "AdamW", "params": {"lr": 0.003, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1}}'
+cat > "$work/stage0.json" <<EOF
+{"train_micro_batch_size_per_gpu": $B, "gradient_accumulation_steps": 1, "gradient_clipping": 1.0,
+ $optimizer, "zero_optimization": {"stage": 0}, "steps_per_print": 1000}
+EOF
+cat > "$work/stage3.json" <<EOF
+{"train_micro_batch_size_per_gpu": $B, "gradient_accumulation_steps": 1, "gradient_clipping": 1.0,
+ $optimizer,
+ "zero_optimization": {"stage": 3, "offload_param": {"device": "nvme"}, "offload_optimizer": {"device": "nvme"}},
+ "steps_per_print": 1000}
+EOF
+
+cat > "$work/peer.py" <<'PY'
+"""PEFT's side of lora_vs_peft.sh: writes the base and the adapter, trains, evaluates."""
+import json, sys
+import numpy as np, torch
+import transformers, peft
+
+def load(path):
+    try:
+        return transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32,
+                                                                 attn_implementation="eager")
+    except TypeError:
+        return transformers.AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32,
+                                                                 attn_implementation="eager")
+
+def write_tokens(path, n, seed):
+    # llm.c's format: 256 int32 header (magic 20240520, version 1, count), then uint16 tokens.
+    toks = np.random.default_rng(int(seed)).integers(0, 256, size=n).astype("<u2")
+    header = np.zeros(256, dtype="<i4"); header[0], header[1], header[2] = 20240520, 1, n
+    with open(path, "wb") as f:
+        f.write(header.tobytes()); f.write(toks.tobytes())
+
+def read_tokens(path):
+    header = np.fromfile(path, dtype="<i4", count=256)
+    return np.fromfile(path, dtype="<u2", offset=1024, count=int(header[2])).astype(np.int64)
+
+def batch(toks, b, B, T):
+    # llm.c's order on one rank (as tierzero's loader): sequences b*B .. b*B+B-1.
+    rounds = ((toks.size - 1) // T) // B
+    first = (b % rounds) * B
+    x = np.stack([toks[(first + r) * T:(first + r) * T + T] for r in range(B)])
+    y = np.stack([toks[(first + r) * T + 1:(first + r) * T + T + 1] for r in range(B)])
+    return torch.from_numpy(x), torch.from_numpy(y)
+
+def ce(m, x, y):
+    logits = m(input_ids=x).logits
+    return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+
+def cmd_init(base, adapter, tokens, seed):
+    torch.manual_seed(int(seed))
+    cfg = transformers.LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=160,
+        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        max_position_embeddings=128, rms_norm_eps=1e-5, rope_theta=10000.0,
+        tie_word_embeddings=False, bos_token_id=1, eos_token_id=2, attention_dropout=0.0)
+    transformers.LlamaForCausalLM(cfg).save_pretrained(base, safe_serialization=True)
+    lc = peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"],
+                         lora_dropout=0.0, bias="none", task_type="CAUSAL_LM")
+    m = peft.get_peft_model(load(base), lc)
+    # B starts at zero (PEFT's init); a few random B make the first step's A gradients non-zero,
+    # so the comparison covers both factors from step 1.
+    with torch.no_grad():
+        for name, p in m.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0.0, 0.02)
+    m.save_pretrained(adapter, safe_serialization=True)
+    write_tokens(tokens, 40000, seed)
+    print(json.dumps(sorted(k for k in __import__("safetensors.torch").torch.load_file(
+        adapter + "/adapter_model.safetensors"))[:2]))
+
+def cmd_train(base, adapter, config, tokens, steps, B, T, out):
+    torch.set_num_threads(2)
+    cfg = json.load(open(config)); o = cfg["optimizer"]["params"]
+    m = peft.PeftModel.from_pretrained(load(base), adapter, is_trainable=True).train()
+    params = [p for p in m.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=o["lr"], betas=tuple(o["betas"]), eps=o["eps"],
+                            weight_decay=o["weight_decay"])
+    toks = read_tokens(tokens)
+    with open(out, "w") as f:
+        for step in range(int(steps)):
+            x, y = batch(toks, step, int(B), int(T))
+            opt.zero_grad(set_to_none=True)
+            loss = ce(m, x, y); loss.backward()
+            norm = torch.nn.utils.clip_grad_norm_(params, cfg["gradient_clipping"])
+            opt.step()
+            f.write(json.dumps({"step": step + 1, "loss": loss.item(), "grad_norm": norm.item()}) + "\n")
+
+def cmd_ids(tokens, b, B, T, out):
+    x, y = batch(read_tokens(tokens), int(b), int(B), int(T))
+    json.dump({"tokens": x.tolist(), "targets": y.tolist()}, open(out, "w"))
+
+def cmd_eval_adapter(base, adapter, ids_file):
+    ids = json.load(open(ids_file))
+    m = peft.PeftModel.from_pretrained(load(base), adapter).eval()
+    with torch.no_grad():
+        print(ce(m, torch.tensor(ids["tokens"]), torch.tensor(ids["targets"])).item())
+
+def cmd_eval(folder, ids_file):
+    ids = json.load(open(ids_file))
+    with torch.no_grad():
+        print(ce(load(folder).eval(), torch.tensor(ids["tokens"]), torch.tensor(ids["targets"])).item())
+
+if __name__ == "__main__":
+    globals()["cmd_" + sys.argv[1]](*sys.argv[2:])
+PY
+
+rel() { "$py" -c "import sys; a, b = float(sys.argv[1]), float(sys.argv[2]); print(abs(a - b) / abs(b))" "$1" "$2"; }
+fail=0
+emit() {  # emit JSON PASS
+  echo "$1" | tee -a "$out"
+  [[ "$2" == 1 ]] || fail=1
+}
+passed() { [[ "$1" == 1 ]] && echo true || echo false; }
+
+"$py" "$work/peer.py" init "$work/base" "$work/adapter0" "$work/tokens.bin" 20261203 > "$work/names.json"
+# 1. training, per-step losses.
+"$tierzero" train --config "$work/stage0.json" --model "$work/base" --adapter "$work/adapter0" \
+  --data "$work/tokens.bin" --steps "$steps" --seq "$T" --cpu-threads 2 --metrics "$work/tz.jsonl" \
+  --save-weights "$work/tz_adapter" --merge-into "$work/tz_merged" --json > "$work/tz_summary.json"
+"$py" "$work/peer.py" train "$work/base" "$work/adapter0" "$work/stage0.json" "$work/tokens.bin" \
+  "$steps" "$B" "$T" "$work/pt.jsonl"
+verdict="$("$py" - "$work/tz.jsonl" "$work/pt.jsonl" <<'PY'
+import json, sys
+tz = [json.loads(l)["loss"] for l in open(sys.argv[1])]
+pt = [json.loads(l)["loss"] for l in open(sys.argv[2])]
+d = [abs(a - b) / abs(b) for a, b in zip(tz, pt)]
+ok = len(tz) == len(pt) and max(d) <= 1e-4
+print(json.dumps({"bench": "lora_vs_peft", "case": "loss_per_step", "steps": len(pt),
+                  "max_rel_diff": max(d), "bound": 1e-4, "tierzero": tz, "peft": pt, "pass": ok}))
+PY
+)"
+emit "$verdict" "$(grep -q '"pass": true' <<< "$verdict" && echo 1 || echo 0)"
+
+# 2. tierzero's adapter in PEFT, and its merged folder in transformers, on an unseen batch.
+"$py" "$work/peer.py" ids "$work/tokens.bin" 997 "$B" "$T" "$work/ids.json"
+tz_loss="$("$tierzero" bench model --model "$work/tz_merged" --batch "$B" --seq "$T" --ids "$work/ids.json" --json |
+           "$py" -c 'import json, sys; print(json.load(sys.stdin)["loss"])')"
+peft_loss="$("$py" "$work/peer.py" eval_adapter "$work/base" "$work/tz_adapter" "$work/ids.json")"
+hf_loss="$("$py" "$work/peer.py" eval "$work/tz_merged" "$work/ids.json")"
+r="$(rel "$tz_loss" "$peft_loss")"
+r2="$(rel "$hf_loss" "$peft_loss")"
+ok="$("$py" -c "print(1 if float('$r') <= 1e-5 and float('$r2') <= 1e-5 else 0)")"
+emit "{\"bench\": \"lora_vs_peft\", \"case\": \"saved_adapter_in_peft\", \"tierzero_loss\": $tz_loss, \"peft_loss\": $peft_loss, \"merged_in_transformers_loss\": $hf_loss, \"rel_diff\": $r, \"merged_rel_diff\": $r2, \"bound\": 1e-5, \"pass\": $(passed "$ok")}" "$ok"
+
+# 3. stage 3 with the base and the optimizer on NVMe against stage 0; NVMe writes per step.
+h0="$("$py" -c 'import json, sys; print(json.load(open(sys.argv[1]))["params_xxh3"])' "$work/tz_summary.json")"
+"$tierzero" train --config "$work/stage3.json" --model "$work/base" --adapter "$work/adapter0" \
+  --data "$work/tokens.bin" --steps "$steps" --seq "$T" --cpu-threads 2 --nvme-path "$nvme" \
+  --metrics "$work/tz3.jsonl" --json > "$work/tz3_summary.json"
+verdict="$("$py" - "$work/tz3_summary.json" "$work/tz3.jsonl" "$h0" "$work/tz_adapter/adapter_model.safetensors" <<'PY'
+import json, os, sys
+s = json.load(open(sys.argv[1]))
+rows = [json.loads(l) for l in open(sys.argv[2])]
+base_params = s["params"]
+adapter_bytes = os.path.getsize(sys.argv[4])  # fp32 adapters: 4 bytes per adapter parameter
+writes = [r.get("nvme_write_bytes", 0) for r in rows]
+reads = [r.get("nvme_read_bytes", 0) for r in rows]
+# From step 2 on only adapter state may be written: its 16-bit (or fp32) parameters, fp32 master,
+# m and v are at most 16 bytes per adapter parameter, i.e. 4x the fp32 adapter file.
+bound = 4 * adapter_bytes
+later = writes[1:]
+ok = s["params_xxh3"] == sys.argv[3] and all(w <= bound for w in later)
+print(json.dumps({"bench": "lora_vs_peft", "case": "stage3_nvme", "stage0_xxh3": sys.argv[3],
+                  "stage3_xxh3": s["params_xxh3"], "params": base_params,
+                  "base_fp32_bytes": 4 * base_params, "adapter_fp32_bytes": adapter_bytes,
+                  "nvme_write_bytes_per_step": writes, "nvme_read_bytes_per_step": reads,
+                  "write_bound_from_step_2": bound,
+                  "max_write_from_step_2_over_base": max(later) / (4 * base_params) if later else 0,
+                  "pass": ok}))
+PY
+)"
+emit "$verdict" "$(grep -q '"pass": true' <<< "$verdict" && echo 1 || echo 0)"
+echo "lora_vs_peft: results in $out" >&2
+exit "$fail"

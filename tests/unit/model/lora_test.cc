@@ -1,0 +1,557 @@
+// LoRA on the Llama family: the --lora spec and PEFT's adapter_config.json with every refusal (one
+// line each); a training step of a tiny Llama with adapters on every linear module against the
+// float64 reference (loss, adapter gradients from its central differences, the base untouched);
+// stage 3 and checkpointing against stage 0; the PEFT folder round trip (bit-equal adapters,
+// the same loss); merge-into against W + (alpha / r) B A computed here; an adapter of another
+// base shape refused with nothing set; PEFT's initialisation.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/config.h"
+#include "core/safetensors.h"
+#include "model/factory.h"
+#include "model/llama.h"
+#include "model/lora.h"
+#include "zero/engine.h"
+
+#include "llama_reference.h"
+
+namespace tz::model {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::Reference;
+using testing::Weights;
+
+constexpr std::uint64_t kSeed = 20261228;
+
+// GQA (2 heads over 1 KV head), q/k/v/o and MLP biases, untied head: every module shape differs.
+nlohmann::json tiny_llama(int hidden = 16) {
+  nlohmann::json j = nlohmann::json::parse(R"({
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu",
+    "hidden_size": 16, "intermediate_size": 24, "num_hidden_layers": 2,
+    "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 8, "vocab_size": 19,
+    "max_position_embeddings": 16, "rms_norm_eps": 1e-5, "rope_theta": 10.0,
+    "attention_bias": true, "mlp_bias": true, "tie_word_embeddings": false})");
+  j["hidden_size"] = hidden;
+  return j;
+}
+
+ModelDesc desc_of(const nlohmann::json& j, const char* name) {
+  Result<LlamaConfig> c = llama_config_from_json(j, name);
+  EXPECT_TRUE(c.is_ok()) << c.status().to_string();
+  ModelDesc d;
+  d.name = name;
+  d.family = "llama";
+  d.vocab = c->vocab;
+  d.seq = c->positions;
+  d.arch = *c;
+  return d;
+}
+
+std::string config_json(const std::string& optimizer, int stage, double clip = 0.0) {
+  return "{\"train_micro_batch_size_per_gpu\": 1, \"gradient_accumulation_steps\": 1, "
+         "\"gradient_clipping\": " + std::to_string(clip) + ", \"optimizer\": " + optimizer +
+         ", \"zero_optimization\": {\"stage\": " + std::to_string(stage) + "}}";
+}
+const char* const kSgd1 = "{\"type\": \"SGD\", \"params\": {\"lr\": 1.0}}";
+const char* const kAdamW =
+    "{\"type\": \"AdamW\", \"params\": {\"lr\": 0.01, \"weight_decay\": 0.1}}";
+
+using NetFn = std::function<Status(zero::Engine&, Model&)>;
+
+Status with_net(const std::string& config, const ModelDesc& desc, const ModelOptions& options,
+                const NetFn& fn, int ranks = 1) {
+  ConfigLoad load = load_config_text(config);
+  if (!load.ok()) return load.status();
+  zero::EngineOptions eo;
+  eo.config = load.config;
+  eo.activation_bytes = activation_bytes(desc, options, DType::kF32);
+  eo.seed = kSeed;
+  return zero::run_local_ranks(ranks, 256u << 20, [&](int, gpu::Device& dev, comm::Comm& comm) {
+    TZ_ASSIGN_OR_RETURN(std::unique_ptr<zero::Engine> engine, zero::Engine::create(eo, dev, comm));
+    ModelOptions o = options;
+    o.cpu_threads = 1;
+    TZ_ASSIGN_OR_RETURN(std::unique_ptr<Model> net, create_model(desc, o, *engine));
+    TZ_RETURN_IF_ERROR(engine->finalize());
+    return fn(*engine, *net);
+  });
+}
+
+// Base weights far from HF's init and adapters with B non-zero, so every adapter tensor carries a
+// sizable gradient: matrices normal(0, 0.3), norms 1 + normal(0, 0.2), biases normal(0, 0.1),
+// lora_A and lora_B normal(0, 0.3).
+Weights random_weights(const std::vector<zero::UnitSpec>& specs, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<double> normal(0.0, 1.0);
+  Weights w(specs.size());
+  for (std::size_t u = 0; u < specs.size(); ++u) {
+    for (const zero::TensorSpec& t : specs[u].tensors) {
+      std::vector<float> v(t.numel());
+      const bool norm = t.name.ends_with("norm.weight");
+      const bool bias = t.name.ends_with(".bias");
+      for (float& x : v) {
+        const double z = normal(rng);
+        x = static_cast<float>(bias ? 0.1 * z : norm ? 1.0 + 0.2 * z : 0.3 * z);
+      }
+      w[u].push_back(std::move(v));
+    }
+  }
+  return w;
+}
+
+Status write_weights(zero::Engine& engine, const Model& net, const Weights& w) {
+  for (std::size_t u = 0; u < w.size(); ++u) {
+    for (std::size_t t = 0; t < w[u].size(); ++t) {
+      TZ_RETURN_IF_ERROR(engine.set_tensor(net.unit(u), t, w[u][t]));
+    }
+  }
+  return Status::ok();
+}
+
+Result<Weights> read_weights(zero::Engine& engine, const Model& net) {
+  const std::vector<zero::UnitSpec>& specs = net.unit_specs();
+  Weights w(specs.size());
+  for (std::size_t u = 0; u < specs.size(); ++u) {
+    for (std::size_t t = 0; t < specs[u].tensors.size(); ++t) {
+      std::vector<float> v(specs[u].tensors[t].numel());
+      TZ_RETURN_IF_ERROR(engine.get_tensor(net.unit(u), t, v));
+      w[u].push_back(std::move(v));
+    }
+  }
+  return w;
+}
+
+std::vector<std::int32_t> random_ids(std::size_t n, int vocab, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_int_distribution<int> id(0, vocab - 1);
+  std::vector<std::int32_t> v(n);
+  for (auto& x : v) x = id(rng);
+  return v;
+}
+
+LoraSpec spec_of(const ModelDesc& desc, const std::string& text) {
+  Result<LoraSpec> s = parse_lora(desc, text);
+  EXPECT_TRUE(s.is_ok()) << s.status().to_string();
+  return *s;
+}
+
+fs::path temp_dir(const std::string& name) {
+  const fs::path dir = fs::temp_directory_path() /
+                       ("tz_lora_" + name + "_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  return dir;
+}
+
+void write_text(const fs::path& path, const std::string& text) {
+  fs::create_directories(path.parent_path());
+  std::ofstream(path) << text;
+}
+
+void expect_one_line(const Status& s, const std::vector<std::string>& want) {
+  ASSERT_FALSE(s.is_ok());
+  const std::string msg = s.message();
+  EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+  for (const std::string& w : want) EXPECT_NE(msg.find(w), std::string::npos) << msg;
+}
+
+// --- The spec and the adapter config ---------------------------------------------------------
+
+TEST(LoraSpecTest, ParsesKeysDefaultsAndTargetOrder) {
+  const ModelDesc desc = desc_of(tiny_llama(), "tiny");
+  const LoraSpec a = spec_of(desc, "r=8,alpha=16,targets=v_proj,q_proj,down_proj,dropout=0.05");
+  EXPECT_EQ(a.r, 8);
+  EXPECT_EQ(a.alpha, 16.0);
+  EXPECT_EQ(a.scale(), 2.0);
+  EXPECT_EQ(a.dropout, 0.05);
+  EXPECT_EQ(a.targets, (std::vector<std::string>{"q_proj", "v_proj", "down_proj"}));
+  const LoraSpec b = spec_of(desc, "r=4");
+  EXPECT_EQ(b.alpha, 4.0);
+  EXPECT_EQ(b.targets, (std::vector<std::string>{"q_proj", "v_proj"}));
+  EXPECT_EQ(b.dropout, 0.0);
+  EXPECT_EQ(spec_of(desc, "targets=all-linear,r=2").targets.size(), 7u);
+}
+
+TEST(LoraSpecTest, RefusesBadSpecsInOneLine) {
+  const ModelDesc desc = desc_of(tiny_llama(), "tiny");
+  const std::vector<std::pair<std::string, std::vector<std::string>>> cases = {
+      {"r=0", {"--lora", "r is 0"}},
+      {"r=-4,targets=q_proj", {"r is -4"}},
+      {"alpha=8", {"'r' is missing"}},
+      {"r=x", {"r is 'x'"}},
+      {"r=4,rank=3", {"unknown key 'rank'"}},
+      {"r=4,targets=q_proj,c_attn", {"target module 'c_attn'", "tiny", "q_proj"}},
+      {"r=4,targets=lm_head", {"target module 'lm_head'"}},
+      {"r=4,dropout=1", {"dropout"}},
+      {"r=4,alpha=0", {"alpha"}},
+      {"r=4,r=5", {"'r' given twice"}},
+      {"r=4,,alpha=2", {"empty item"}},
+      {"r=4,q_proj", {"'q_proj' is not key=value"}},
+  };
+  for (const auto& [text, want] : cases) {
+    SCOPED_TRACE(text);
+    expect_one_line(parse_lora(desc, text).status(), want);
+  }
+  // GPT-2 has no adapters (yet).
+  Result<ModelDesc> gpt2 = resolve_model("gpt2:layers=1,heads=2,embd=16,vocab=32,seq=8");
+  ASSERT_TRUE(gpt2.is_ok());
+  expect_one_line(parse_lora(*gpt2, "r=4").status(), {"Llama family"});
+}
+
+TEST(LoraSpecTest, ReadsPeftConfigsAndRefusesVariantsByName) {
+  const ModelDesc desc = desc_of(tiny_llama(), "tiny");
+  const fs::path dir = temp_dir("config");
+  const nlohmann::json good = nlohmann::json::parse(R"({
+    "peft_type": "LORA", "task_type": "CAUSAL_LM", "r": 4, "lora_alpha": 8,
+    "lora_dropout": 0.1, "target_modules": ["down_proj", "q_proj", "v_proj"], "bias": "none",
+    "modules_to_save": null, "use_dora": false, "use_rslora": false, "fan_in_fan_out": false,
+    "rank_pattern": {}, "alpha_pattern": {}, "layers_to_transform": null,
+    "init_lora_weights": true, "base_model_name_or_path": "x"})");
+  write_text(dir / "adapter_config.json", good.dump());
+  const Result<LoraSpec> s = read_adapter(desc, dir.string());
+  ASSERT_TRUE(s.is_ok()) << s.status().to_string();
+  EXPECT_EQ(s->r, 4);
+  EXPECT_EQ(s->scale(), 2.0);
+  EXPECT_EQ(s->dropout, 0.1);
+  EXPECT_EQ(s->targets, (std::vector<std::string>{"q_proj", "v_proj", "down_proj"}));
+  // Our own writer's JSON reads back as the same spec.
+  write_text(dir / "adapter_config.json", adapter_config_json(*s, "tiny").dump());
+  const Result<LoraSpec> back = read_adapter(desc, dir.string());
+  ASSERT_TRUE(back.is_ok()) << back.status().to_string();
+  EXPECT_EQ(back->targets, s->targets);
+  EXPECT_EQ(back->alpha, s->alpha);
+
+  struct Case {
+    std::function<void(nlohmann::json&)> change;
+    std::vector<std::string> want;
+  };
+  const std::vector<Case> cases = {
+      {[](nlohmann::json& j) { j["bias"] = "all"; }, {"'bias'", "\"all\"", "none"}},
+      {[](nlohmann::json& j) { j["modules_to_save"] = {"lm_head"}; }, {"modules_to_save"}},
+      {[](nlohmann::json& j) { j["use_dora"] = true; }, {"DoRA"}},
+      {[](nlohmann::json& j) { j["use_rslora"] = true; }, {"rsLoRA"}},
+      {[](nlohmann::json& j) { j["peft_type"] = "ADALORA"; }, {"ADALORA", "not supported"}},
+      {[](nlohmann::json& j) { j["peft_type"] = "IA3"; }, {"IA3"}},
+      {[](nlohmann::json& j) { j["rank_pattern"] = {{"q_proj", 8}}; }, {"rank_pattern"}},
+      {[](nlohmann::json& j) { j["init_lora_weights"] = "pissa"; }, {"init_lora_weights"}},
+      {[](nlohmann::json& j) { j["r"] = 0; }, {"r is 0"}},
+      {[](nlohmann::json& j) { j["target_modules"] = {"q_proj", "c_fc"}; },
+       {"target module 'c_fc'"}},
+      {[](nlohmann::json& j) { j["target_modules"] = ".*proj"; }, {"regular expression"}},
+  };
+  for (const Case& c : cases) {
+    nlohmann::json j = good;
+    c.change(j);
+    SCOPED_TRACE(j.dump());
+    write_text(dir / "adapter_config.json", j.dump());
+    const Status st = read_adapter(desc, dir.string()).status();
+    expect_one_line(st, c.want);
+    EXPECT_NE(st.message().find("adapter_config.json"), std::string::npos) << st.message();
+  }
+  fs::remove(dir / "adapter_config.json");
+  expect_one_line(read_adapter(desc, dir.string()).status(), {"no such file"});
+  fs::remove_all(dir);
+}
+
+// --- Training through the engine -------------------------------------------------------------
+
+// The loss of B=2 sequences of T=5 with adapters on every linear module against the float64
+// reference; the adapters' d(loss)/d(w) from one SGD lr-1 step against its central differences;
+// the frozen base unchanged by the step.
+TEST(LoraTest, StepMatchesAFloat64Reference) {
+  std::printf("seed %llu\n", static_cast<unsigned long long>(kSeed));
+  ModelDesc desc = desc_of(tiny_llama(), "tiny");
+  desc.lora = spec_of(desc, "r=3,alpha=4.5,targets=all-linear");
+  const LlamaConfig& c = std::get<LlamaConfig>(desc.arch);
+  const std::vector<zero::UnitSpec> specs = unit_specs(desc);
+  const Weights w0 = random_weights(specs, kSeed);
+  constexpr int kB = 2, kT = 5;
+  const std::vector<std::int32_t> tokens = random_ids(kB * kT, c.vocab, kSeed + 1);
+  const std::vector<std::int32_t> targets = random_ids(kB * kT, c.vocab, kSeed + 2);
+  Reference ref(c, specs, w0);
+  ref.lora = &*desc.lora;
+  const double ref_loss = ref.loss(tokens, targets, kB, kT);
+  for (const int ckpt : {0, 1}) {
+    SCOPED_TRACE(ckpt);
+    ModelOptions o;
+    o.micro_batch = kB;
+    o.seq = kT;
+    o.checkpointing = ckpt;
+    int checked = 0;
+    const Status s = with_net(config_json(kSgd1, 0), desc, o, [&](zero::Engine& engine, Model& net) -> Status {
+      EXPECT_TRUE(net.has_adapter());
+      TZ_RETURN_IF_ERROR(write_weights(engine, net, w0));
+      TZ_ASSIGN_OR_RETURN(const double eval, net.eval_loss(tokens, targets));
+      EXPECT_NEAR(eval, ref_loss, 2e-6 * ref_loss);
+      TZ_ASSIGN_OR_RETURN(const double loss, net.train_micro_batch(tokens, targets));
+      EXPECT_NEAR(loss, ref_loss, 2e-6 * ref_loss);
+      TZ_RETURN_IF_ERROR(engine.step().status());
+      TZ_ASSIGN_OR_RETURN(const Weights w1, read_weights(engine, net));
+      double worst = 0;
+      for (std::size_t u = 0; u < specs.size(); ++u) {
+        if (specs[u].frozen) {
+          EXPECT_EQ(w1[u], w0[u]) << specs[u].name << ": a frozen unit changed";
+          continue;
+        }
+        for (std::size_t t = 0; t < specs[u].tensors.size(); ++t) {
+          const std::string& tn = specs[u].tensors[t].name;
+          std::vector<double>& values = ref.p[tn];
+          for (std::size_t i = 0; i < values.size(); i += 5) {
+            constexpr double kH = 1e-5;
+            const double orig = values[i];
+            values[i] = orig + kH;
+            const double plus = ref.loss(tokens, targets, kB, kT);
+            values[i] = orig - kH;
+            const double minus = ref.loss(tokens, targets, kB, kT);
+            values[i] = orig;
+            const double fd = (plus - minus) / (2 * kH);
+            const double g = static_cast<double>(w0[u][t][i]) - static_cast<double>(w1[u][t][i]);
+            const double tol = 1e-5 + 2e-3 * std::abs(fd);
+            worst = std::max(worst, std::abs(g - fd) / tol);
+            EXPECT_LE(std::abs(g - fd), tol) << tn << "[" << i << "]: gradient " << g
+                                             << ", reference " << fd;
+            ++checked;
+          }
+        }
+      }
+      std::printf("checkpointing %d: loss %.9f (reference %.9f), %d adapter gradients, worst "
+                  "error/tolerance %.3f\n", ckpt, loss, ref_loss, checked, worst);
+      return Status::ok();
+    });
+    ASSERT_TRUE(s.is_ok()) << s.to_string();
+    EXPECT_GT(checked, 150);
+  }
+}
+
+// Stage 0 on one rank, stage 3 on two and checkpointing: identical losses and adapter bits over
+// three AdamW steps with clipping (with dropout, whose masks the recompute draws again).
+TEST(LoraTest, Stage3AndCheckpointingGiveStage0sAdapters) {
+  for (const char* text : {"r=2,alpha=4,targets=q_proj,v_proj,down_proj",
+                           "r=2,targets=o_proj,gate_proj,up_proj,dropout=0.25"}) {
+    SCOPED_TRACE(text);
+    ModelDesc desc = desc_of(tiny_llama(), "tiny");
+    desc.lora = spec_of(desc, text);
+    const std::vector<std::int32_t> tokens = random_ids(3 * 2 * 6, desc.vocab, kSeed + 4);
+    const std::vector<std::int32_t> targets = random_ids(3 * 2 * 6, desc.vocab, kSeed + 5);
+    const auto run = [&](int stage, int ranks, int ckpt, std::vector<double>& losses) {
+      ModelOptions o;
+      o.micro_batch = 2;
+      o.seq = 6;
+      o.checkpointing = ckpt;
+      std::uint64_t hash = 0;
+      const Status s = with_net(config_json(kAdamW, stage, 0.5), desc, o,
+                                [&](zero::Engine& engine, Model& net) -> Status {
+        TZ_RETURN_IF_ERROR(net.init_weights(kSeed));
+        std::vector<double> mine;
+        for (int step = 0; step < 3; ++step) {
+          const std::span<const std::int32_t> tok(tokens.data() + step * 12, 12);
+          const std::span<const std::int32_t> tgt(targets.data() + step * 12, 12);
+          TZ_ASSIGN_OR_RETURN(const double l, net.train_micro_batch(tok, tgt));
+          mine.push_back(l);
+          TZ_RETURN_IF_ERROR(engine.step().status());
+        }
+        TZ_ASSIGN_OR_RETURN(const std::uint64_t h, engine.params_xxh3());
+        if (engine.rank() == 0) {
+          losses = mine;
+          hash = h;
+        }
+        return Status::ok();
+      }, ranks);
+      EXPECT_TRUE(s.is_ok()) << s.to_string();
+      return hash;
+    };
+    std::vector<double> l0, l3, lc;
+    const std::uint64_t h0 = run(0, 1, 0, l0);
+    const std::uint64_t h3 = run(3, 2, 0, l3);
+    const std::uint64_t hc = run(0, 1, 1, lc);
+    ASSERT_EQ(l0.size(), 3u);
+    EXPECT_EQ(l0, l3);
+    EXPECT_EQ(l0, lc);
+    EXPECT_EQ(h0, h3);
+    EXPECT_EQ(h0, hc);
+    EXPECT_NE(l0[1], l0[0]) << "the adapters train";
+  }
+}
+
+// PEFT's init: lora_A uniform in [-1/sqrt(in), 1/sqrt(in)) (kaiming_uniform_, a = sqrt(5)) with
+// the uniform's spread, lora_B zero; so a fresh adapter leaves the base's loss unchanged.
+TEST(LoraTest, InitIsPefts) {
+  nlohmann::json j = tiny_llama(64);
+  ModelDesc desc = desc_of(j, "wide");
+  desc.lora = spec_of(desc, "r=8,targets=all-linear");
+  ModelOptions o;
+  o.micro_batch = 1;
+  o.seq = 4;
+  const Status s = with_net(config_json(kSgd1, 0), desc, o, [&](zero::Engine& engine, Model& net) -> Status {
+    TZ_RETURN_IF_ERROR(net.init_weights(7));
+    TZ_ASSIGN_OR_RETURN(const Weights w, read_weights(engine, net));
+    const std::vector<zero::UnitSpec>& specs = net.unit_specs();
+    int adapters = 0;
+    for (std::size_t u = 0; u < specs.size(); ++u) {
+      for (std::size_t t = 0; t < specs[u].tensors.size(); ++t) {
+        const zero::TensorSpec& ts = specs[u].tensors[t];
+        const std::vector<float>& v = w[u][t];
+        if (ts.name.ends_with("lora_B.weight")) {
+          EXPECT_TRUE(std::all_of(v.begin(), v.end(), [](float x) { return x == 0.0f; })) << ts.name;
+        } else if (ts.name.ends_with("lora_A.weight")) {
+          ++adapters;
+          const double bound = 1.0 / std::sqrt(static_cast<double>(ts.shape[1]));
+          double sq = 0;
+          for (const float x : v) {
+            EXPECT_LT(std::abs(x), bound) << ts.name;
+            sq += static_cast<double>(x) * x;
+          }
+          // A uniform's standard deviation is bound / sqrt(3).
+          EXPECT_NEAR(std::sqrt(sq / static_cast<double>(v.size())), bound / std::sqrt(3.0),
+                      0.1 * bound / std::sqrt(3.0)) << ts.name;
+        }
+      }
+    }
+    EXPECT_EQ(adapters, 14);
+    return Status::ok();
+  });
+  ASSERT_TRUE(s.is_ok()) << s.to_string();
+}
+
+// --- PEFT folders in and out ------------------------------------------------------------------
+
+// A trained adapter saved as a PEFT folder loads bit-equal into a fresh model (config and tensors)
+// with the same loss; merge-into writes W + (alpha / r) B A for the targets and the base elsewhere.
+TEST(LoraTest, AdapterRoundTripAndMerge) {
+  ModelDesc desc = desc_of(tiny_llama(), "tiny");
+  desc.lora = spec_of(desc, "r=2,alpha=3,targets=q_proj,v_proj,down_proj");
+  const std::vector<zero::UnitSpec> specs = unit_specs(desc);
+  const Weights w0 = random_weights(specs, kSeed + 9);
+  const std::vector<std::int32_t> tokens = random_ids(12, desc.vocab, kSeed + 10);
+  const std::vector<std::int32_t> targets = random_ids(12, desc.vocab, kSeed + 11);
+  const fs::path dir = temp_dir("roundtrip");
+  const fs::path adapter = dir / "adapter", merged = dir / "merged";
+  ModelOptions o;
+  o.micro_batch = 2;
+  o.seq = 6;
+  Weights trained;
+  double trained_loss = 0;
+  Status s = with_net(config_json(kAdamW, 0), desc, o, [&](zero::Engine& engine, Model& net) -> Status {
+    TZ_RETURN_IF_ERROR(write_weights(engine, net, w0));
+    TZ_RETURN_IF_ERROR(net.train_micro_batch(tokens, targets).status());
+    TZ_RETURN_IF_ERROR(engine.step().status());
+    TZ_ASSIGN_OR_RETURN(trained, read_weights(engine, net));
+    TZ_ASSIGN_OR_RETURN(trained_loss, net.eval_loss(tokens, targets));
+    TZ_RETURN_IF_ERROR(net.save_weights(adapter.string()));
+    return net.save_merged(merged.string(), DType::kF32);
+  });
+  ASSERT_TRUE(s.is_ok()) << s.to_string();
+  ASSERT_TRUE(fs::exists(adapter / "adapter_config.json"));
+  ASSERT_TRUE(fs::exists(adapter / "adapter_model.safetensors"));
+  EXPECT_FALSE(fs::exists(adapter / "model.safetensors")) << "the base is not copied";
+
+  // PEFT's names and shapes in the file.
+  {
+    Result<SafetensorsReader> r = SafetensorsReader::open((adapter / "adapter_model.safetensors").string());
+    ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+    const SafetensorsEntry* e =
+        r->find("base_model.model.model.layers.1.mlp.down_proj.lora_B.weight");
+    ASSERT_NE(e, nullptr);
+    EXPECT_EQ(e->shape, (std::vector<std::int64_t>{16, 2}));
+    EXPECT_NE(r->find("base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"), nullptr);
+    EXPECT_EQ(r->entries().size(), 12u);
+  }
+
+  // Load: the spec from the folder, the base as before, the adapters from the file.
+  ModelDesc loaded = desc_of(tiny_llama(), "tiny");
+  Result<LoraSpec> read = read_adapter(loaded, adapter.string());
+  ASSERT_TRUE(read.is_ok()) << read.status().to_string();
+  loaded.lora = *read;
+  s = with_net(config_json(kAdamW, 0), loaded, o, [&](zero::Engine& engine, Model& net) -> Status {
+    TZ_RETURN_IF_ERROR(write_weights(engine, net, w0));
+    TZ_RETURN_IF_ERROR(net.load_adapter(adapter.string()));
+    TZ_ASSIGN_OR_RETURN(const Weights w, read_weights(engine, net));
+    for (std::size_t u = 0; u < specs.size(); ++u) {
+      if (specs[u].frozen) continue;
+      EXPECT_EQ(w[u], trained[u]) << specs[u].name << ": not bit-equal";
+    }
+    TZ_ASSIGN_OR_RETURN(const double loss, net.eval_loss(tokens, targets));
+    EXPECT_EQ(loss, trained_loss);
+    // The spec read from the folder names it: init_weights starts the adapters from its file.
+    TZ_RETURN_IF_ERROR(net.init_weights(99));
+    TZ_ASSIGN_OR_RETURN(const Weights again, read_weights(engine, net));
+    for (std::size_t u = 0; u < specs.size(); ++u) {
+      if (specs[u].frozen) continue;
+      EXPECT_EQ(again[u], trained[u]) << specs[u].name << ": not from the file";
+    }
+    return Status::ok();
+  });
+  ASSERT_TRUE(s.is_ok()) << s.to_string();
+
+  // The merged folder: a base model of the same config (no adapters) whose targeted weights are
+  // W + 1.5 B A, computed here in double from the trained tensors.
+  Result<SafetensorsReader> m = SafetensorsReader::open((merged / "model.safetensors").string());
+  ASSERT_TRUE(m.is_ok()) << m.status().to_string();
+  ASSERT_TRUE(fs::exists(merged / "config.json"));
+  std::map<std::string, std::vector<float>> by_name;
+  for (std::size_t u = 0; u < specs.size(); ++u) {
+    for (std::size_t t = 0; t < specs[u].tensors.size(); ++t) {
+      by_name[specs[u].tensors[t].name] = trained[u][t];
+    }
+  }
+  int merged_checked = 0;
+  for (std::size_t u = 0; u < specs.size(); ++u) {
+    if (!specs[u].frozen) continue;
+    for (const zero::TensorSpec& ts : specs[u].tensors) {
+      const SafetensorsEntry* e = m->find(ts.name);
+      ASSERT_NE(e, nullptr) << ts.name;
+      std::vector<float> got(ts.numel());
+      ASSERT_TRUE(m->read_f32(*e, got).is_ok());
+      std::vector<double> want(by_name[ts.name].begin(), by_name[ts.name].end());
+      for (const char* module : {"q_proj", "v_proj", "down_proj"}) {
+        if (!ts.name.ends_with(std::string(".") + module + ".weight")) continue;
+        const int layer = ts.name.find("layers.1.") != std::string::npos ? 1 : 0;
+        const std::vector<float>& a = by_name[llama_lora_tensor_name(layer, module, false)];
+        const std::vector<float>& b = by_name[llama_lora_tensor_name(layer, module, true)];
+        const std::int64_t out = ts.shape[0], in = ts.shape[1];
+        for (std::int64_t r = 0; r < out; ++r) {
+          for (std::int64_t col = 0; col < in; ++col) {
+            double sum = 0;
+            for (int k = 0; k < 2; ++k) sum += double(b[r * 2 + k]) * a[k * in + col];
+            want[r * in + col] += 1.5 * sum;
+          }
+        }
+        ++merged_checked;
+      }
+      for (std::size_t i = 0; i < got.size(); ++i) {
+        ASSERT_NEAR(got[i], want[i], 1e-6 * (1 + std::abs(want[i]))) << ts.name << "[" << i << "]";
+      }
+    }
+  }
+  EXPECT_EQ(merged_checked, 6);
+  EXPECT_EQ(m->find("base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"), nullptr);
+
+  // An adapter made for another base shape (hidden 24): refused in one line, nothing set.
+  ModelDesc other = desc_of(tiny_llama(24), "wider");
+  other.lora = *read;
+  other.lora->adapter.clear();  // start as PEFT does, then load the folder explicitly
+  s = with_net(config_json(kAdamW, 0), other, o, [&](zero::Engine& engine, Model& net) -> Status {
+    TZ_RETURN_IF_ERROR(net.init_weights(5));
+    TZ_ASSIGN_OR_RETURN(const Weights before, read_weights(engine, net));
+    const Status bad = net.load_adapter(adapter.string());
+    expect_one_line(bad, {"adapter_model.safetensors", "wrong shape", "another base shape"});
+    TZ_ASSIGN_OR_RETURN(const Weights after, read_weights(engine, net));
+    EXPECT_EQ(before, after) << "nothing set";
+    return Status::ok();
+  });
+  ASSERT_TRUE(s.is_ok()) << s.to_string();
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace tz::model
