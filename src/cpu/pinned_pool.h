@@ -116,7 +116,7 @@ class PinnedPool {
  public:
   // Maps, pre-faults and locks all slabs now. Errors: kOutOfMemory when mmap fails,
   // kPermission when options.lock is kRequired and mlock is refused (the message names
-  // RLIMIT_MEMLOCK and `ulimit -l`), kInvalidArgument for a zero budget or slab over 1 GiB.
+  // RLIMIT_MEMLOCK and `ulimit -l`), kInvalidArgument for a zero budget or slab over 64 GiB.
   static Result<PinnedPool> create(const PinnedPoolOptions& options);
 
   PinnedPool(PinnedPool&&) noexcept;

@@ -461,11 +461,15 @@ void size_pool(const PlanContext& c, MemoryPlan& plan) {
   }
   const std::uint64_t host_plan = plan.tier_bytes(Tier::kHost) + (2u << 20);
   const std::uint64_t block_slack = round_up(max_block, 4096);
+  // Slabs of 1 GiB, or of 8 blocks when a block is over half of that (a 394 M-element
+  // embedding's fp32 state is 1.6 GB): the slack of one block per slab then stays an eighth of
+  // the pool, and the loop below converges (a slab no larger than its slack never does).
+  const std::uint64_t slab_cap =
+      2 * block_slack <= (1ull << 30) ? 1ull << 30 : round_up(8 * block_slack, 2u << 20);
   std::uint64_t slabs = 1;
   for (;;) {
     plan.pool.budget_bytes = host_plan + slabs * block_slack;
-    plan.pool.slab_bytes =
-        std::min<std::uint64_t>(1ull << 30, round_up(plan.pool.budget_bytes, 2u << 20));
+    plan.pool.slab_bytes = std::min(slab_cap, round_up(plan.pool.budget_bytes, 2u << 20));
     const std::uint64_t need =
         (plan.pool.budget_bytes + plan.pool.slab_bytes - 1) / plan.pool.slab_bytes;
     if (need <= slabs) break;

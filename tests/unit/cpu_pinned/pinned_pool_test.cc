@@ -239,7 +239,7 @@ TEST(PinnedPool, ConcurrentAllocationsNeverOverlap) {
 TEST(PinnedPool, RejectsBadOptions) {
   EXPECT_EQ(PinnedPool::create(small_options(0, 2 << 20)).status().code(),
             ErrorCode::kInvalidArgument);
-  EXPECT_EQ(PinnedPool::create(small_options(1 << 20, 2ull << 30)).status().code(),
+  EXPECT_EQ(PinnedPool::create(small_options(1 << 20, 128ull << 30)).status().code(),
             ErrorCode::kInvalidArgument);
 }
 

@@ -220,6 +220,31 @@ TEST(ZeroPlan, ScratchIsWhatTheFp32UnitNeedsBeyondTheBuffers) {
 // A host tier over 1 GiB is several slabs (a buffer never spans two), so the pool keeps one
 // largest block of slack per slab: one unit of 80,001,024 elements (padded), stage 1, optimizer
 // on the CPU, fp32, one rank: master + m + v + gradient = 16 B per element on the host.
+// A block over half a GiB (a large vocabulary's embedding: 400 M elements, 1.6 GB of fp32 state)
+// gets slabs of 8 blocks, so the pool is finite and one block of slack per slab is an eighth of
+// it (with 1 GiB slabs each slab would need more slack than it holds, and the sizing never ended).
+TEST(ZeroPlan, BlocksOverHalfAGibGetSlabsOfEightBlocks) {
+  PlanInputs in;
+  in.stage = 1;
+  in.compute_dtype = DType::kF32;
+  in.optimizer = Placement::kHost;
+  in.grad = Placement::kHost;
+  in.world_size = 1;
+  in.device_budget_bytes = 64ull << 30;
+  Config config;
+  std::vector<UnitLayout> units{plan_unit_layout(unit("wte", {400000000}), 1)};
+  auto got = plan_memory(in, config, units);
+  ASSERT_TRUE(got.is_ok()) << got.status().to_string();
+  const std::uint64_t block = units[0].padded * 4;
+  auto round_2m = [](std::uint64_t v) { return (v + (2u << 20) - 1) / (2u << 20) * (2u << 20); };
+  // 16 bytes per element: 6.4 GB of state plus one block is under 8 blocks, so one slab holds
+  // the pool: the host tier, 2 MiB and one block of slack.
+  EXPECT_EQ(got->pool.budget_bytes, got->bytes().host + (2u << 20) + block);
+  EXPECT_EQ(got->pool.slab_bytes, round_2m(got->pool.budget_bytes));
+  EXPECT_LE(got->pool.slab_bytes, round_2m(8 * block));
+  EXPECT_GT(got->pool.slab_bytes, 1ull << 30);
+}
+
 TEST(ZeroPlan, PoolSlackIsOneLargestBlockPerSlab) {
   PlanInputs in;
   in.stage = 1;
