@@ -180,10 +180,40 @@ std::uint64_t LlamaConfig::param_count() const {
   return embed + static_cast<std::uint64_t>(layers) * block + h + (tie_word_embeddings ? 0 : embed);
 }
 
-Result<LlamaConfig> llama_config_from_json(const nlohmann::json& config, std::string_view origin) {
-  if (!config.is_object()) return key_error(origin, "not a JSON object");
-  LlamaConfig c;
-  c.name = std::string(origin);
+namespace {
+
+// Reads config.json's keys for llama_config_from_json, each error naming the key and its value.
+struct ConfigReader {
+  const nlohmann::json& config;
+  std::string_view origin;
+
+  Status positive_int(const char* key, int& out, bool required) const {
+    const auto it = config.find(key);
+    if (it == config.end() || it->is_null()) {
+      if (!required) return Status::ok();
+      return key_error(origin, std::string("key '") + key + "' is missing");
+    }
+    if (!it->is_number_integer() || it->get<std::int64_t>() <= 0 ||
+        it->get<std::int64_t>() > (std::int64_t{1} << 30)) {
+      return key_error(origin, std::string("key '") + key + "' is " + it->dump() +
+                                   ", not a positive integer");
+    }
+    out = static_cast<int>(it->get<std::int64_t>());
+    return Status::ok();
+  }
+  Result<bool> flag(const char* key, bool fallback) const {
+    const auto it = config.find(key);
+    if (it == config.end() || it->is_null()) return fallback;
+    if (!it->is_boolean()) {
+      return key_error(origin, std::string("key '") + key + "' is " + it->dump() +
+                                   ", not a boolean");
+    }
+    return it->get<bool>();
+  }
+};
+
+// 'architectures' and 'model_type': one of the four, and the two agreeing.
+Status parse_architecture(const nlohmann::json& config, std::string_view origin, LlamaConfig& c) {
   std::string architecture;
   if (const auto it = config.find("architectures"); it != config.end() && !it->is_null()) {
     if (!it->is_array() || it->size() != 1 || !(*it)[0].is_string() ||
@@ -214,30 +244,21 @@ Result<LlamaConfig> llama_config_from_json(const nlohmann::json& config, std::st
   c.architecture = architecture;
   c.model_type = type;
 
-  const auto positive_int = [&](const char* key, int& out, bool required) -> Status {
-    const auto it = config.find(key);
-    if (it == config.end() || it->is_null()) {
-      if (!required) return Status::ok();
-      return key_error(origin, std::string("key '") + key + "' is missing");
-    }
-    if (!it->is_number_integer() || it->get<std::int64_t>() <= 0 ||
-        it->get<std::int64_t>() > (std::int64_t{1} << 30)) {
-      return key_error(origin, std::string("key '") + key + "' is " + it->dump() +
-                                   ", not a positive integer");
-    }
-    out = static_cast<int>(it->get<std::int64_t>());
-    return Status::ok();
-  };
-  TZ_RETURN_IF_ERROR(positive_int("num_hidden_layers", c.layers, true));
-  TZ_RETURN_IF_ERROR(positive_int("num_attention_heads", c.heads, true));
-  TZ_RETURN_IF_ERROR(positive_int("hidden_size", c.hidden, true));
-  TZ_RETURN_IF_ERROR(positive_int("intermediate_size", c.ffn, true));
-  TZ_RETURN_IF_ERROR(positive_int("vocab_size", c.vocab, true));
-  TZ_RETURN_IF_ERROR(positive_int("max_position_embeddings", c.positions, true));
+  return Status::ok();
+}
+
+// The shape: layers, heads, sizes, positions, kv heads and head_dim.
+Status parse_shape(const ConfigReader& r, std::string_view origin, LlamaConfig& c) {
+  TZ_RETURN_IF_ERROR(r.positive_int("num_hidden_layers", c.layers, true));
+  TZ_RETURN_IF_ERROR(r.positive_int("num_attention_heads", c.heads, true));
+  TZ_RETURN_IF_ERROR(r.positive_int("hidden_size", c.hidden, true));
+  TZ_RETURN_IF_ERROR(r.positive_int("intermediate_size", c.ffn, true));
+  TZ_RETURN_IF_ERROR(r.positive_int("vocab_size", c.vocab, true));
+  TZ_RETURN_IF_ERROR(r.positive_int("max_position_embeddings", c.positions, true));
   c.kv_heads = c.heads;
-  TZ_RETURN_IF_ERROR(positive_int("num_key_value_heads", c.kv_heads, false));
+  TZ_RETURN_IF_ERROR(r.positive_int("num_key_value_heads", c.kv_heads, false));
   c.head_dim = 0;
-  TZ_RETURN_IF_ERROR(positive_int("head_dim", c.head_dim, false));
+  TZ_RETURN_IF_ERROR(r.positive_int("head_dim", c.head_dim, false));
   if (c.head_dim == 0) {
     if (c.hidden % c.heads != 0) {
       return key_error(origin, "key 'hidden_size' (" + std::to_string(c.hidden) +
@@ -255,6 +276,13 @@ Result<LlamaConfig> llama_config_from_json(const nlohmann::json& config, std::st
                                  ", not a divisor of 'num_attention_heads' (" +
                                  std::to_string(c.heads) + ")");
   }
+  return Status::ok();
+}
+
+// Activation, norm epsilon, rope, biases, tying, dropout, sliding window and init range.
+Status parse_options(const ConfigReader& r, const nlohmann::json& config, std::string_view origin,
+                     LlamaConfig& c) {
+  const std::string& type = c.model_type;
   for (const char* key : {"hidden_act", "hidden_activation"}) {
     if (const auto it = config.find(key); it != config.end() && !it->is_null() && *it != "silu") {
       return key_error(origin, std::string("key '") + key + "' is " + it->dump() +
@@ -268,15 +296,9 @@ Result<LlamaConfig> llama_config_from_json(const nlohmann::json& config, std::st
     c.rms_norm_eps = it->get<double>();
   }
   TZ_RETURN_IF_ERROR(parse_rope(config, origin, c));
-  const auto flag = [&](const char* key, bool fallback) -> Result<bool> {
-    const auto it = config.find(key);
-    if (it == config.end() || it->is_null()) return fallback;
-    if (!it->is_boolean()) return key_error(origin, std::string("key '") + key + "' is " + it->dump() + ", not a boolean");
-    return it->get<bool>();
-  };
-  TZ_ASSIGN_OR_RETURN(const bool attention_bias, flag("attention_bias", false));
-  TZ_ASSIGN_OR_RETURN(const bool mlp_bias, flag("mlp_bias", false));
-  TZ_ASSIGN_OR_RETURN(c.tie_word_embeddings, flag("tie_word_embeddings", false));
+  TZ_ASSIGN_OR_RETURN(const bool attention_bias, r.flag("attention_bias", false));
+  TZ_ASSIGN_OR_RETURN(const bool mlp_bias, r.flag("mlp_bias", false));
+  TZ_ASSIGN_OR_RETURN(c.tie_word_embeddings, r.flag("tie_word_embeddings", false));
   // Which projections carry biases, as each family's modeling file builds its Linear layers.
   if (type == "llama") {
     c.qkv_bias = c.o_bias = attention_bias;
@@ -299,11 +321,11 @@ Result<LlamaConfig> llama_config_from_json(const nlohmann::json& config, std::st
   // Sliding-window attention: Mistral's whenever set, Qwen's only with use_sliding_window.
   bool window_applies = type == "mistral";
   if (type == "qwen2" || type == "qwen3") {
-    TZ_ASSIGN_OR_RETURN(window_applies, flag("use_sliding_window", false));
+    TZ_ASSIGN_OR_RETURN(window_applies, r.flag("use_sliding_window", false));
   }
   if (window_applies) {
     int window = 0;
-    TZ_RETURN_IF_ERROR(positive_int("sliding_window", window, false));
+    TZ_RETURN_IF_ERROR(r.positive_int("sliding_window", window, false));
     if (window > 0) c.sliding_window = window;
   }
   if (const auto it = config.find("initializer_range"); it != config.end() && !it->is_null()) {
@@ -312,6 +334,19 @@ Result<LlamaConfig> llama_config_from_json(const nlohmann::json& config, std::st
     }
     c.initializer_range = it->get<double>();
   }
+  return Status::ok();
+}
+
+}  // namespace
+
+Result<LlamaConfig> llama_config_from_json(const nlohmann::json& config, std::string_view origin) {
+  if (!config.is_object()) return key_error(origin, "not a JSON object");
+  LlamaConfig c;
+  c.name = std::string(origin);
+  TZ_RETURN_IF_ERROR(parse_architecture(config, origin, c));
+  const ConfigReader reader{config, origin};
+  TZ_RETURN_IF_ERROR(parse_shape(reader, origin, c));
+  TZ_RETURN_IF_ERROR(parse_options(reader, config, origin, c));
   c.source = config;
   return c;
 }
