@@ -484,37 +484,32 @@ Status EngineImpl::sync(gpu::Stream& st, const std::string& what) {
 
 // Host bytes into a block at `offset`, in its home tier (device blocks through a copy).
 Status EngineImpl::write_block(BlockId block, std::size_t offset, const void* src, std::size_t bytes) {
-  const Tier tier = home_tier(block);
-  const Tier pin_tier = tier == Tier::kDevice ? Tier::kDevice : Tier::kHost;
-  TZ_ASSIGN_OR_RETURN(Lease l, store_->pin(block, pin_tier, Access::kReadWrite));
-  TZ_RETURN_IF_ERROR(l.wait());
-  auto* dst = static_cast<std::byte*>(l.data()) + offset;
-  if (pin_tier == Tier::kHost) {
-    std::memcpy(dst, src, bytes);
-    l.release();
-    return Status::ok();
-  }
-  gpu::Stream& st = device_.compute_stream();
-  TZ_RETURN_IF_ERROR(device_.copy_async(dst, src, bytes, gpu::CopyKind::kHostToDevice, st));
-  TZ_RETURN_IF_ERROR(sync(st, "write_block"));
-  l.release();
-  return Status::ok();
+  return host_block_copy(block, offset, src, nullptr, bytes);
 }
 
 Status EngineImpl::read_block(BlockId block, std::size_t offset, void* dst, std::size_t bytes) {
-  const Tier tier = home_tier(block);
-  const Tier pin_tier = tier == Tier::kDevice ? Tier::kDevice : Tier::kHost;
-  TZ_ASSIGN_OR_RETURN(Lease l, store_->pin(block, pin_tier, Access::kRead));
+  return host_block_copy(block, offset, nullptr, dst, bytes);
+}
+
+// One copy between host memory and a block in its home tier: from `src` into the block when it
+// is set, else out of the block into `dst`. Synchronous.
+Status EngineImpl::host_block_copy(BlockId block, std::size_t offset, const void* src, void* dst,
+                                   std::size_t bytes) {
+  const bool into = src != nullptr;
+  const Tier pin_tier = home_tier(block) == Tier::kDevice ? Tier::kDevice : Tier::kHost;
+  TZ_ASSIGN_OR_RETURN(Lease l,
+                      store_->pin(block, pin_tier, into ? Access::kReadWrite : Access::kRead));
   TZ_RETURN_IF_ERROR(l.wait());
-  const auto* src = static_cast<const std::byte*>(l.data()) + offset;
+  std::byte* at = static_cast<std::byte*>(l.data()) + offset;
   if (pin_tier == Tier::kHost) {
-    std::memcpy(dst, src, bytes);
-    l.release();
-    return Status::ok();
+    std::memcpy(into ? at : dst, into ? src : at, bytes);
+  } else {
+    gpu::Stream& st = device_.compute_stream();
+    TZ_RETURN_IF_ERROR(device_.copy_async(
+        into ? at : dst, into ? src : at, bytes,
+        into ? gpu::CopyKind::kHostToDevice : gpu::CopyKind::kDeviceToHost, st));
+    TZ_RETURN_IF_ERROR(sync(st, into ? "write_block" : "read_block"));
   }
-  gpu::Stream& st = device_.compute_stream();
-  TZ_RETURN_IF_ERROR(device_.copy_async(dst, src, bytes, gpu::CopyKind::kDeviceToHost, st));
-  TZ_RETURN_IF_ERROR(sync(st, "read_block"));
   l.release();
   return Status::ok();
 }

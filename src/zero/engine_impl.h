@@ -396,6 +396,8 @@ class EngineImpl final : public Engine {
   Status write_block(BlockId block, std::size_t offset, const void* src, std::size_t bytes);
 
   Status read_block(BlockId block, std::size_t offset, void* dst, std::size_t bytes);
+  Status host_block_copy(BlockId block, std::size_t offset, const void* src, void* dst,
+                         std::size_t bytes);
 
   // A block's bytes into device memory (synchronously complete on return).
   Status read_block_to_device(BlockId block, std::size_t offset, void* dst, std::size_t bytes);

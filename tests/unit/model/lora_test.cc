@@ -24,10 +24,13 @@
 #include "model/lora.h"
 #include "zero/engine.h"
 
+#include "llama_harness.h"
 #include "llama_reference.h"
 
 namespace tz::model {
 namespace {
+
+using namespace testing;  // NOLINT(google-build-using-namespace): the shared harness
 
 namespace fs = std::filesystem;
 using testing::Reference;
@@ -47,97 +50,10 @@ nlohmann::json tiny_llama(int hidden = 16) {
   return j;
 }
 
-ModelDesc desc_of(const nlohmann::json& j, const char* name) {
-  Result<LlamaConfig> c = llama_config_from_json(j, name);
-  EXPECT_TRUE(c.is_ok()) << c.status().to_string();
-  ModelDesc d;
-  d.name = name;
-  d.family = "llama";
-  d.vocab = c->vocab;
-  d.seq = c->positions;
-  d.arch = *c;
-  return d;
-}
-
-std::string config_json(const std::string& optimizer, int stage, double clip = 0.0) {
-  return "{\"train_micro_batch_size_per_gpu\": 1, \"gradient_accumulation_steps\": 1, "
-         "\"gradient_clipping\": " + std::to_string(clip) + ", \"optimizer\": " + optimizer +
-         ", \"zero_optimization\": {\"stage\": " + std::to_string(stage) + "}}";
-}
-const char* const kSgd1 = "{\"type\": \"SGD\", \"params\": {\"lr\": 1.0}}";
-const char* const kAdamW =
-    "{\"type\": \"AdamW\", \"params\": {\"lr\": 0.01, \"weight_decay\": 0.1}}";
-
-using NetFn = std::function<Status(zero::Engine&, Model&)>;
-
-Status with_net(const std::string& config, const ModelDesc& desc, const ModelOptions& options,
-                const NetFn& fn, int ranks = 1) {
-  ConfigLoad load = load_config_text(config);
-  if (!load.ok()) return load.status();
-  zero::EngineOptions eo;
-  eo.config = load.config;
-  eo.activation_bytes = activation_bytes(desc, options, DType::kF32);
-  eo.seed = kSeed;
-  return zero::run_local_ranks(ranks, 256u << 20, [&](int, gpu::Device& dev, comm::Comm& comm) {
-    TZ_ASSIGN_OR_RETURN(std::unique_ptr<zero::Engine> engine, zero::Engine::create(eo, dev, comm));
-    ModelOptions o = options;
-    o.cpu_threads = 1;
-    TZ_ASSIGN_OR_RETURN(std::unique_ptr<Model> net, create_model(desc, o, *engine));
-    TZ_RETURN_IF_ERROR(engine->finalize());
-    return fn(*engine, *net);
-  });
-}
-
-// Base weights far from HF's init and adapters with B non-zero, so every adapter tensor carries a
-// sizable gradient: matrices normal(0, 0.3), norms 1 + normal(0, 0.2), biases normal(0, 0.1),
-// lora_A and lora_B normal(0, 0.3).
-Weights random_weights(const std::vector<zero::UnitSpec>& specs, std::uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<double> normal(0.0, 1.0);
-  Weights w(specs.size());
-  for (std::size_t u = 0; u < specs.size(); ++u) {
-    for (const zero::TensorSpec& t : specs[u].tensors) {
-      std::vector<float> v(t.numel());
-      const bool norm = t.name.ends_with("norm.weight");
-      const bool bias = t.name.ends_with(".bias");
-      for (float& x : v) {
-        const double z = normal(rng);
-        x = static_cast<float>(bias ? 0.1 * z : norm ? 1.0 + 0.2 * z : 0.3 * z);
-      }
-      w[u].push_back(std::move(v));
-    }
-  }
-  return w;
-}
-
-Status write_weights(zero::Engine& engine, const Model& net, const Weights& w) {
-  for (std::size_t u = 0; u < w.size(); ++u) {
-    for (std::size_t t = 0; t < w[u].size(); ++t) {
-      TZ_RETURN_IF_ERROR(engine.set_tensor(net.unit(u), t, w[u][t]));
-    }
-  }
-  return Status::ok();
-}
-
-Result<Weights> read_weights(zero::Engine& engine, const Model& net) {
-  const std::vector<zero::UnitSpec>& specs = net.unit_specs();
-  Weights w(specs.size());
-  for (std::size_t u = 0; u < specs.size(); ++u) {
-    for (std::size_t t = 0; t < specs[u].tensors.size(); ++t) {
-      std::vector<float> v(specs[u].tensors[t].numel());
-      TZ_RETURN_IF_ERROR(engine.get_tensor(net.unit(u), t, v));
-      w[u].push_back(std::move(v));
-    }
-  }
-  return w;
-}
-
-std::vector<std::int32_t> random_ids(std::size_t n, int vocab, std::uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::uniform_int_distribution<int> id(0, vocab - 1);
-  std::vector<std::int32_t> v(n);
-  for (auto& x : v) x = id(rng);
-  return v;
+// The harness's with_net with this file's engine seed (the adapters' init and dropout draw on it).
+Status with_net_seeded(const std::string& config, const ModelDesc& desc,
+                       const ModelOptions& options, const NetFn& fn, int ranks = 1) {
+  return with_net(config, desc, options, fn, ranks, kSeed);
 }
 
 LoraSpec spec_of(const ModelDesc& desc, const std::string& text) {
@@ -288,7 +204,7 @@ TEST(LoraTest, StepMatchesAFloat64Reference) {
     o.seq = kT;
     o.checkpointing = ckpt;
     int checked = 0;
-    const Status s = with_net(config_json(kSgd1, 0), desc, o, [&](zero::Engine& engine, Model& net) -> Status {
+    const Status s = with_net_seeded(config_json(kSgd1, 0), desc, o, [&](zero::Engine& engine, Model& net) -> Status {
       EXPECT_TRUE(net.has_adapter());
       TZ_RETURN_IF_ERROR(write_weights(engine, net, w0));
       TZ_ASSIGN_OR_RETURN(const double eval, net.eval_loss(tokens, targets));
@@ -349,7 +265,7 @@ TEST(LoraTest, Stage3AndCheckpointingGiveStage0sAdapters) {
       o.seq = 6;
       o.checkpointing = ckpt;
       std::uint64_t hash = 0;
-      const Status s = with_net(config_json(kAdamW, stage, 0.5), desc, o,
+      const Status s = with_net_seeded(config_json(kAdamW, stage, 0.5), desc, o,
                                 [&](zero::Engine& engine, Model& net) -> Status {
         TZ_RETURN_IF_ERROR(net.init_weights(kSeed));
         std::vector<double> mine;
@@ -392,7 +308,7 @@ TEST(LoraTest, InitIsPefts) {
   ModelOptions o;
   o.micro_batch = 1;
   o.seq = 4;
-  const Status s = with_net(config_json(kSgd1, 0), desc, o, [&](zero::Engine& engine, Model& net) -> Status {
+  const Status s = with_net_seeded(config_json(kSgd1, 0), desc, o, [&](zero::Engine& engine, Model& net) -> Status {
     TZ_RETURN_IF_ERROR(net.init_weights(7));
     TZ_ASSIGN_OR_RETURN(const Weights w, read_weights(engine, net));
     const std::vector<zero::UnitSpec>& specs = net.unit_specs();
@@ -441,7 +357,7 @@ TEST(LoraTest, AdapterRoundTripAndMerge) {
   o.seq = 6;
   Weights trained;
   double trained_loss = 0;
-  Status s = with_net(config_json(kAdamW, 0), desc, o, [&](zero::Engine& engine, Model& net) -> Status {
+  Status s = with_net_seeded(config_json(kAdamW, 0), desc, o, [&](zero::Engine& engine, Model& net) -> Status {
     TZ_RETURN_IF_ERROR(write_weights(engine, net, w0));
     TZ_RETURN_IF_ERROR(net.train_micro_batch(tokens, targets).status());
     TZ_RETURN_IF_ERROR(engine.step().status());
@@ -472,7 +388,7 @@ TEST(LoraTest, AdapterRoundTripAndMerge) {
   Result<LoraSpec> read = read_adapter(loaded, adapter.string());
   ASSERT_TRUE(read.is_ok()) << read.status().to_string();
   loaded.lora = *read;
-  s = with_net(config_json(kAdamW, 0), loaded, o, [&](zero::Engine& engine, Model& net) -> Status {
+  s = with_net_seeded(config_json(kAdamW, 0), loaded, o, [&](zero::Engine& engine, Model& net) -> Status {
     TZ_RETURN_IF_ERROR(write_weights(engine, net, w0));
     TZ_RETURN_IF_ERROR(net.load_adapter(adapter.string()));
     TZ_ASSIGN_OR_RETURN(const Weights w, read_weights(engine, net));
@@ -540,7 +456,7 @@ TEST(LoraTest, AdapterRoundTripAndMerge) {
   ModelDesc other = desc_of(tiny_llama(24), "wider");
   other.lora = *read;
   other.lora->adapter.clear();  // start as PEFT does, then load the folder explicitly
-  s = with_net(config_json(kAdamW, 0), other, o, [&](zero::Engine& engine, Model& net) -> Status {
+  s = with_net_seeded(config_json(kAdamW, 0), other, o, [&](zero::Engine& engine, Model& net) -> Status {
     TZ_RETURN_IF_ERROR(net.init_weights(5));
     TZ_ASSIGN_OR_RETURN(const Weights before, read_weights(engine, net));
     const Status bad = net.load_adapter(adapter.string());
