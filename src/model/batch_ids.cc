@@ -36,4 +36,29 @@ Status upload_token_ids(gpu::Device& device, gpu::Stream& stream, std::string_vi
   return Status::ok();
 }
 
+Status check_micro_batch(const char* call, std::string_view model_name, int micro_batch, int seq,
+                         std::span<const std::int32_t> tokens,
+                         std::span<const std::int32_t> targets) {
+  const std::size_t bt = static_cast<std::size_t>(micro_batch) * static_cast<std::size_t>(seq);
+  if (tokens.size() != bt || targets.size() != bt) {
+    return Status::invalid_argument(
+        std::string(call) + ": model " + std::string(model_name) +
+        " takes micro-batches of B*T = " + std::to_string(micro_batch) + "*" +
+        std::to_string(seq) + " = " + std::to_string(bt) + " tokens and targets, not " +
+        std::to_string(tokens.size()) + " and " + std::to_string(targets.size()));
+  }
+  return Status::ok();
+}
+
+Result<double> mean_loss(gpu::Device& device, gpu::Stream& stream, const float* losses,
+                         std::size_t rows, std::vector<float>& staging) {
+  staging.resize(rows);
+  TZ_RETURN_IF_ERROR(device.copy_async(staging.data(), losses, rows * sizeof(float),
+                                       gpu::CopyKind::kDeviceToHost, stream));
+  TZ_RETURN_IF_ERROR(stream.synchronize());
+  double sum = 0;
+  for (const float l : staging) sum += l;
+  return sum / static_cast<double>(rows);
+}
+
 }  // namespace tz::model

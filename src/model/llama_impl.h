@@ -602,28 +602,12 @@ struct Llama::Impl {
   }
 
   Result<double> mean_loss(std::size_t rows) {
-    host_losses.resize(rows);
-    TZ_RETURN_IF_ERROR(engine.device().copy_async(host_losses.data(), f(layout.losses),
-                                                  rows * sizeof(float),
-                                                  gpu::CopyKind::kDeviceToHost, stream()));
-    TZ_RETURN_IF_ERROR(stream().synchronize());
-    double sum = 0;
-    for (const float l : host_losses) sum += l;
-    return sum / static_cast<double>(rows);
+    return model::mean_loss(engine.device(), stream(), f(layout.losses), rows, host_losses);
   }
 
   Status check_batch(std::span<const std::int32_t> tokens, std::span<const std::int32_t> targets,
                      const char* call) const {
-    const std::size_t bt = static_cast<std::size_t>(options.micro_batch) *
-                           static_cast<std::size_t>(options.seq);
-    if (tokens.size() != bt || targets.size() != bt) {
-      return Status::invalid_argument(
-          std::string(call) + ": model " + config.name + " takes micro-batches of B*T = " +
-          std::to_string(options.micro_batch) + "*" + std::to_string(options.seq) + " = " +
-          std::to_string(bt) + " tokens and targets, not " + std::to_string(tokens.size()) +
-          " and " + std::to_string(targets.size()));
-    }
-    return Status::ok();
+    return check_micro_batch(call, config.name, options.micro_batch, options.seq, tokens, targets);
   }
 
   Result<double> train(std::span<const std::int32_t> tokens, std::span<const std::int32_t> targets) {
