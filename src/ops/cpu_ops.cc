@@ -2,10 +2,7 @@
 // primitives of cpu_kernels.cc, parallel with one oneTBB arena. Each op is one host_callback on
 // the caller's HostDevice stream; it takes the backend's run lock (ops of one backend run one at
 // a time, each using every thread) and converts 16-bit tensors to fp32 on the way in and out.
-#include <tbb/blocked_range.h>
-#include <tbb/info.h>
-#include <tbb/parallel_for.h>
-#include <tbb/task_arena.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <chrono>
@@ -87,7 +84,7 @@ size_t sz(std::int64_t v) { return static_cast<size_t>(v); }
 
 class CpuOps final : public Ops {
  public:
-  CpuOps(gpu::Device& device, int threads) : device_(device), threads_(threads), arena_(threads) {
+  CpuOps(gpu::Device& device, int threads) : device_(device), threads_(threads) {
     const GemmReport gemm = cpu_gemm_report(threads, /*measure=*/false);
     name_ = "cpu (" + gemm.library + " sgemm " + gemm.kernel_target + "; " +
             std::to_string(threads) + " threads; " + cpu::simd_dispatch_target() + ")";
@@ -104,7 +101,7 @@ class CpuOps final : public Ops {
                                 ConstTensor wpe, std::int64_t batch, std::int64_t seq,
                                 std::int64_t embd, std::int64_t vocab,
                                 gpu::Stream& stream) override {
-    return enqueue(stream, [=] {
+    return enqueue(stream, [=, this] {
       const size_t rows = sz(batch * seq);
       const size_t c = sz(embd);
       parallel(rows, 1, [&](size_t r) {
@@ -128,7 +125,7 @@ class CpuOps final : public Ops {
                                  const std::int32_t* tokens, std::int64_t batch, std::int64_t seq,
                                  std::int64_t embd, std::int64_t vocab,
                                  gpu::Stream& stream) override {
-    return enqueue(stream, [=] {
+    return enqueue(stream, [=, this] {
       const size_t rows = sz(batch * seq);
       const size_t c = sz(embd);
       if (dwte.data != nullptr) {
@@ -287,7 +284,7 @@ class CpuOps final : public Ops {
 
   Status gelu_forward_impl(Tensor out, ConstTensor x, std::int64_t n,
                            gpu::Stream& stream) override {
-    return enqueue(stream, [=] {
+    return enqueue(stream, [=, this] {
       chunks(sz(n), [&](size_t off, size_t len) {
         const float* xi = load(x, off, len, tls_scratch(0, len));
         float* o =
@@ -300,7 +297,7 @@ class CpuOps final : public Ops {
 
   Status gelu_backward_impl(Tensor dx, Accumulate dx_mode, ConstTensor dout, ConstTensor x,
                             std::int64_t n, gpu::Stream& stream) override {
-    return enqueue(stream, [=] {
+    return enqueue(stream, [=, this] {
       const bool add = dx_mode == Accumulate::kAdd;
       chunks(sz(n), [&](size_t off, size_t len) {
         const float* xi = load(x, off, len, tls_scratch(0, len));
@@ -315,7 +312,7 @@ class CpuOps final : public Ops {
 
   Status residual_forward_impl(Tensor out, ConstTensor a, ConstTensor b, std::int64_t n,
                                gpu::Stream& stream) override {
-    return enqueue(stream, [=] {
+    return enqueue(stream, [=, this] {
       chunks(sz(n), [&](size_t off, size_t len) {
         const float* ai = load(a, off, len, tls_scratch(0, len));
         const float* bi = load(b, off, len, tls_scratch(1, len));
@@ -329,7 +326,7 @@ class CpuOps final : public Ops {
 
   Status residual_backward_impl(Tensor da, Accumulate da_mode, Tensor db, Accumulate db_mode,
                                 ConstTensor dout, std::int64_t n, gpu::Stream& stream) override {
-    return enqueue(stream, [=] {
+    return enqueue(stream, [=, this] {
       chunks(sz(n), [&](size_t off, size_t len) {
         const float* g = load(dout, off, len, tls_scratch(0, len));
         if (da.data != nullptr)
@@ -342,7 +339,7 @@ class CpuOps final : public Ops {
 
   Status scale_impl(Tensor out, Accumulate mode, ConstTensor x, const std::uint8_t* keep,
                     float alpha, std::int64_t n, gpu::Stream& stream) override {
-    return enqueue(stream, [=] {
+    return enqueue(stream, [=, this] {
       chunks(sz(n), [&](size_t off, size_t len) {
         float* o = tls_scratch(2, len);
         load_into(x, off, len, o);
@@ -435,7 +432,7 @@ class CpuOps final : public Ops {
   Status rope_impl(Tensor x, const float* inv_freq, std::int64_t batch, std::int64_t seq,
                    std::int64_t heads, std::int64_t head_dim, std::int64_t row_stride,
                    std::int64_t pos_offset, bool inverse, gpu::Stream& stream) override {
-    return enqueue(stream, [=] {
+    return enqueue(stream, [=, this] {
       const size_t hd = sz(head_dim);
       const size_t half = hd / 2;
       parallel(sz(batch * seq), 4, [&](size_t r) {
@@ -462,7 +459,7 @@ class CpuOps final : public Ops {
   Status swiglu_forward_impl(Tensor out, ConstTensor gate, ConstTensor up, std::int64_t rows,
                              std::int64_t dim, std::int64_t in_stride,
                              gpu::Stream& stream) override {
-    return enqueue(stream, [=] {
+    return enqueue(stream, [=, this] {
       const size_t c = sz(dim);
       const size_t stride = sz(in_stride);
       parallel(sz(rows), 4, [&](size_t r) {
@@ -479,7 +476,7 @@ class CpuOps final : public Ops {
   Status swiglu_backward_impl(Tensor dgate, Tensor dup, ConstTensor dout, ConstTensor gate,
                               ConstTensor up, std::int64_t rows, std::int64_t dim,
                               std::int64_t in_stride, gpu::Stream& stream) override {
-    return enqueue(stream, [=] {
+    return enqueue(stream, [=, this] {
       const size_t c = sz(dim);
       const size_t stride = sz(in_stride);
       parallel(sz(rows), 4, [&](size_t r) {
@@ -504,7 +501,7 @@ class CpuOps final : public Ops {
                                     std::int64_t kv_heads, std::int64_t head_dim,
                                     std::int64_t q_stride, std::int64_t kv_stride, float scale,
                                     gpu::Stream& stream) override {
-    return enqueue(stream, [=] {
+    return enqueue(stream, [=, this] {
       const size_t tq = sz(q_len);
       const size_t tk = sz(kv_len);
       const size_t off = tk - tq;  // absolute position of query 0
@@ -571,7 +568,7 @@ class CpuOps final : public Ops {
                                      std::int64_t head_dim, std::int64_t q_stride,
                                      std::int64_t kv_stride, float scale,
                                      gpu::Stream& stream) override {
-    return enqueue(stream, [=] {
+    return enqueue(stream, [=, this] {
       const size_t t_len = sz(seq);
       const size_t hd = sz(head_dim);
       const size_t group = sz(q_heads / kv_heads);
@@ -661,26 +658,37 @@ class CpuOps final : public Ops {
   // Backend-owned whole-tensor fp32 buffers, used under run_mu_ only.
   enum Slot { kSlotX, kSlotW, kSlotB, kSlotY, kSlotCount };
 
-  // Enqueues `fn` on `stream`: it runs on the stream's worker, under the run lock, inside the
-  // arena (so its parallel loops use this backend's threads).
+  // Enqueues `fn` on `stream`: it runs on the stream's worker, under the run lock.
   Status enqueue(gpu::Stream& stream, std::function<void()> fn) {
     return device_.host_callback(stream, [this, fn = std::move(fn)] {
       std::lock_guard<std::mutex> lock(run_mu_);
-      arena_.execute(fn);
+      fn();
     });
   }
 
-  // fn(i) for i < n, in parallel with grain `grain`.
+  // fn(i) for i < n, in parallel in pieces of `grain`. The loops run on the same OpenMP team as
+  // oneDNN's matmuls (the stream worker's, threads_ wide): one pool of threads for every op, so no
+  // second pool's threads spin on the cores while the other pool works (with a oneTBB arena beside
+  // OpenMP, libgomp's spinning workers slowed the element-wise ops and attention; issue 29). Every
+  // fn(i) writes only its own outputs, so the bits do not depend on which thread runs it.
   template <typename Fn>
-  static void parallel(size_t n, size_t grain, const Fn& fn) {
-    tbb::parallel_for(tbb::blocked_range<size_t>(0, n, grain),
-                      [&](const tbb::blocked_range<size_t>& r) {
-                        for (size_t i = r.begin(); i != r.end(); ++i) fn(i);
-                      });
+  void parallel(size_t n, size_t grain, const Fn& fn) const {
+    const size_t tasks = (n + grain - 1) / grain;
+    if (tasks <= 1 || threads_ <= 1) {
+      for (size_t i = 0; i < n; ++i) fn(i);
+      return;
+    }
+    const std::int64_t count = static_cast<std::int64_t>(tasks);
+#pragma omp parallel for num_threads(threads_) schedule(dynamic, 1)
+    for (std::int64_t t = 0; t < count; ++t) {
+      const size_t first = static_cast<size_t>(t) * grain;
+      const size_t last = std::min(n, first + grain);
+      for (size_t i = first; i < last; ++i) fn(i);
+    }
   }
   // fn(offset, length) over [0, n) in pieces of kElemsPerTask.
   template <typename Fn>
-  static void chunks(size_t n, const Fn& fn) {
+  void chunks(size_t n, const Fn& fn) const {
     parallel((n + kElemsPerTask - 1) / kElemsPerTask, 1, [&](size_t k) {
       const size_t off = k * kElemsPerTask;
       fn(off, std::min(kElemsPerTask, n - off));
@@ -742,7 +750,7 @@ class CpuOps final : public Ops {
                        const std::int32_t* targets, std::int64_t rows, std::int64_t vocab,
                        float grad_scale, gpu::Stream& stream) {
     const bool grad = dlogits.data != nullptr;
-    return enqueue(stream, [=] {
+    return enqueue(stream, [=, this] {
       const size_t v = sz(vocab);
       parallel(sz(rows), 1, [&](size_t r) {
         const std::int32_t tgt = targets[r];
@@ -762,7 +770,6 @@ class CpuOps final : public Ops {
 
   gpu::Device& device_;
   int threads_;
-  tbb::task_arena arena_;
   std::string name_;
   std::mutex run_mu_;  // held while an op runs: ops of this backend run one at a time
   std::vector<float> scratch_[kSlotCount];  // guarded by run_mu_
@@ -771,7 +778,7 @@ class CpuOps final : public Ops {
 }  // namespace
 
 Result<std::unique_ptr<Ops>> create_cpu_ops(gpu::Device& device, const OpsOptions& options) {
-  const int threads = options.cpu_threads > 0 ? options.cpu_threads : tbb::info::default_concurrency();
+  const int threads = options.cpu_threads > 0 ? options.cpu_threads : omp_get_num_procs();
   return std::unique_ptr<Ops>(new CpuOps(device, threads));
 }
 
