@@ -85,46 +85,65 @@ void AxpyImpl(float alpha, const float* x, float* y, std::size_t n) {
   for (; i < n; ++i) y[i] += alpha * x[i];
 }
 
+// Rows [i, i + kRows) of C = [C +] A B over the columns [0, nb) the register blocks cover: blocks
+// of kRows rows x 2 vectors of C stay in registers while p runs (2 kRows FMAs per 2 loads of B and
+// kRows broadcasts of A, instead of a load and a store of C per FMA).
+template <std::size_t kRows>
+HWY_INLINE void MatmulRowBlock(const float* a, std::size_t lda, const float* b, std::size_t ldb,
+                               float* c, std::size_t ldc, std::size_t i, std::size_t k,
+                               std::size_t nb, float beta) {
+  const D d;
+  const std::size_t lanes = hn::Lanes(d);
+  for (std::size_t j = 0; j < nb; j += 2 * lanes) {
+    V acc[kRows][2];
+    for (std::size_t r = 0; r < kRows; ++r) {
+      for (std::size_t h = 0; h < 2; ++h) {
+        acc[r][h] = beta == 0.0f ? hn::Zero(d) : hn::LoadU(d, c + (i + r) * ldc + j + h * lanes);
+      }
+    }
+    for (std::size_t p = 0; p < k; ++p) {
+      const V b0 = hn::LoadU(d, b + p * ldb + j);
+      const V b1 = hn::LoadU(d, b + p * ldb + j + lanes);
+      for (std::size_t r = 0; r < kRows; ++r) {
+        const V ar = hn::Set(d, a[(i + r) * lda + p]);
+        acc[r][0] = hn::MulAdd(ar, b0, acc[r][0]);
+        acc[r][1] = hn::MulAdd(ar, b1, acc[r][1]);
+      }
+    }
+    for (std::size_t r = 0; r < kRows; ++r) {
+      for (std::size_t h = 0; h < 2; ++h) {
+        hn::StoreU(acc[r][h], d, c + (i + r) * ldc + j + h * lanes);
+      }
+    }
+  }
+}
+
 // C (m x n, row stride ldc) = [C +] A (m x k) B (k x n): every element is summed over p in order
-// with one fused multiply-add per term. Blocks of 4 rows x 2 vectors of C stay in registers while
-// p runs (8 FMAs per 2 loads of B and 4 broadcasts of A, instead of a load and a store of C per
-// FMA); the columns past the last block go row by row through AxpyImpl, whose vector/scalar split
-// they share with a row-at-a-time product, so every path gives the same bits.
+// with one fused multiply-add per term. Blocks of 6 rows (12 accumulators: 16 vector registers on
+// AVX2 hold them with both B vectors and the broadcast), then of 4, go through MatmulRowBlock; the
+// rows and columns past the blocks go row by row through AxpyImpl, whose vector/scalar split they
+// share with a row-at-a-time product, so every path gives the same bits.
 void MatmulAccImpl(const float* a, std::size_t lda, const float* b, std::size_t ldb, float* c,
                    std::size_t ldc, std::size_t m, std::size_t k, std::size_t n, float beta) {
   const D d;
   const std::size_t lanes = hn::Lanes(d);
-  constexpr std::size_t kRows = 4;
   const std::size_t nb = n / (2 * lanes) * (2 * lanes);  // columns the register blocks cover
+  auto tail_columns = [&](std::size_t row) {
+    float* ci = c + row * ldc + nb;
+    if (beta == 0.0f) std::fill(ci, ci + (n - nb), 0.0f);
+    for (std::size_t p = 0; p < k; ++p) AxpyImpl(a[row * lda + p], b + p * ldb + nb, ci, n - nb);
+  };
   std::size_t i = 0;
-  for (; i + kRows <= m; i += kRows) {
-    for (std::size_t j = 0; j < nb; j += 2 * lanes) {
-      V acc[kRows][2];
-      for (std::size_t r = 0; r < kRows; ++r) {
-        for (std::size_t h = 0; h < 2; ++h) {
-          acc[r][h] = beta == 0.0f ? hn::Zero(d) : hn::LoadU(d, c + (i + r) * ldc + j + h * lanes);
-        }
-      }
-      for (std::size_t p = 0; p < k; ++p) {
-        const V b0 = hn::LoadU(d, b + p * ldb + j);
-        const V b1 = hn::LoadU(d, b + p * ldb + j + lanes);
-        for (std::size_t r = 0; r < kRows; ++r) {
-          const V ar = hn::Set(d, a[(i + r) * lda + p]);
-          acc[r][0] = hn::MulAdd(ar, b0, acc[r][0]);
-          acc[r][1] = hn::MulAdd(ar, b1, acc[r][1]);
-        }
-      }
-      for (std::size_t r = 0; r < kRows; ++r) {
-        for (std::size_t h = 0; h < 2; ++h) {
-          hn::StoreU(acc[r][h], d, c + (i + r) * ldc + j + h * lanes);
-        }
-      }
+  for (; i + 6 <= m; i += 6) {
+    MatmulRowBlock<6>(a, lda, b, ldb, c, ldc, i, k, nb, beta);
+    if (nb != n) {
+      for (std::size_t r = 0; r < 6; ++r) tail_columns(i + r);
     }
-    if (nb == n) continue;
-    for (std::size_t r = 0; r < kRows; ++r) {
-      float* ci = c + (i + r) * ldc + nb;
-      if (beta == 0.0f) std::fill(ci, ci + (n - nb), 0.0f);
-      for (std::size_t p = 0; p < k; ++p) AxpyImpl(a[(i + r) * lda + p], b + p * ldb + nb, ci, n - nb);
+  }
+  for (; i + 4 <= m; i += 4) {
+    MatmulRowBlock<4>(a, lda, b, ldb, c, ldc, i, k, nb, beta);
+    if (nb != n) {
+      for (std::size_t r = 0; r < 4; ++r) tail_columns(i + r);
     }
   }
   for (; i < m; ++i) {
