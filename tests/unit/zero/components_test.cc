@@ -70,8 +70,8 @@ struct Rank {
     TZ_ASSIGN_OR_RETURN(ctx.stage16, pool->allocate(u.layout.padded * 4));
     TZ_ASSIGN_OR_RETURN(ctx.stage32, pool->allocate(u.layout.padded * 4));
     TZ_ASSIGN_OR_RETURN(u.param, store->create_block(u.layout.shard * 4, Tier::kDevice, "u.param"));
-    TZ_ASSIGN_OR_RETURN(u.grad_acc, store->create_block(u.layout.shard * 4,
-                                                        tier_of(ctx.grad_place), "u.grad"));
+    TZ_ASSIGN_OR_RETURN(u.grad_acc,
+                        store->create_block(u.layout.shard * 4, tier_of(ctx.grad_place), "u.grad"));
     ctx.counters.update_gathers.assign(1, 0);
     return Status::ok();
   }
@@ -189,11 +189,11 @@ void expect_reduces(Placement grads) {
       const Tier tier = grads == Placement::kDevice ? Tier::kDevice : Tier::kHost;
       TZ_ASSIGN_OR_RETURN(Lease acc, r.store->pin(u.grad_acc, tier, Access::kRead));
       TZ_RETURN_IF_ERROR(acc.wait());
-      const std::vector<float> got = tier == Tier::kDevice
-                                         ? r.to_host(acc.data(), u.layout.shard)
-                                         : std::vector<float>(static_cast<const float*>(acc.data()),
-                                                              static_cast<const float*>(acc.data()) +
-                                                                  u.layout.shard);
+      const std::vector<float> got =
+          tier == Tier::kDevice
+              ? r.to_host(acc.data(), u.layout.shard)
+              : std::vector<float>(static_cast<const float*>(acc.data()),
+                                   static_cast<const float*>(acc.data()) + u.layout.shard);
       for (std::size_t i = 0; i < u.layout.shard; ++i) {
         const std::size_t e = static_cast<std::size_t>(rank) * u.layout.shard + i;
         double want = 0;

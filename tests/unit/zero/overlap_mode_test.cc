@@ -37,8 +37,8 @@ struct ModeRow {
   Placement optimizer;
   int stage;
   bool ok;
-  Overlap kind;           // when ok
-  std::string mentions;   // in the error otherwise
+  Overlap kind;          // when ok
+  std::string mentions;  // in the error otherwise
 };
 
 TEST(OverlapModeConfig, TheModeEachConfigSelects) {
@@ -187,9 +187,9 @@ TEST(OverlapModeDeathTest, EachModeRefusesAnotherModesDecision) {
                "no update or every unit's");
   EXPECT_DEATH(b.mode(Overlap::kExact)->apply(decision(StepUpdate::kBackground), 1, 1),
                "no update or every unit's");
-  EXPECT_DEATH(b.mode(Overlap::kExact)->apply(decision(StepUpdate::kAllUnitsNow, false, true), 1,
-                                              1),
-               "no early updates to roll back");
+  EXPECT_DEATH(
+      b.mode(Overlap::kExact)->apply(decision(StepUpdate::kAllUnitsNow, false, true), 1, 1),
+      "no early updates to roll back");
   EXPECT_DEATH(b.mode(Overlap::kEager)->apply(decision(StepUpdate::kBackground), 1, 1),
                "never in the background");
   EXPECT_DEATH(b.mode(Overlap::kEager)->apply(decision(StepUpdate::kEarlyKept, false, true), 1, 1),
