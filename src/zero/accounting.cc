@@ -1,21 +1,40 @@
-// Accounting (engine_impl.h): the memory plan and DESIGN.md's formula per tier, bytes in use and
-// peaks, the step's lower bound, the comm formula per collective and params_xxh3.
-#include <xxhash.h>
-
-#include "zero/engine_impl.h"
+// Accounting (accounting.h): the memory plan and DESIGN.md's formula per tier, bytes in use and
+// peaks, the step's lower bound and the comm formula per collective.
+#include "zero/accounting.h"
 
 namespace tz::zero::impl {
 
-// --- Accounting ---------------------------------------------------------------------------------
-nlohmann::ordered_json EngineImpl::plan_json() const {
+void Accounting::set_plan(const MemoryPlan& plan) {
+  TZ_ASSERT(plan_.empty() && !plan.terms.empty(), "one plan, set once");
+  plan_ = plan.terms;
+  process_plan_ = plan.process;
+  for (const Unit& u : ctx_.units) {
+    param_count_ += u.layout.numel;
+    if (!u.frozen()) trainable_param_count_ += u.layout.numel;
+  }
+  ctx_.counters.update_gathers.assign(ctx_.units.size(), 0);
+}
+
+void Accounting::set_pools(const PinnedPool* pool, const PinnedPool* overlap_pool) {
+  TZ_ASSERT(pool != nullptr && ctx_.store != nullptr, "the engine's pool comes with the store");
+  pool_ = pool;
+  overlap_pool_ = overlap_pool;
+}
+
+std::uint64_t Accounting::copy_link_bytes(const store::StoreStats& ss) const {
+  return ss.link(store::Link::kHostToDevice).bytes + ss.link(store::Link::kDeviceToHost).bytes +
+         ss.link(store::Link::kNvmeToDevice).bytes + ss.link(store::Link::kDeviceToNvme).bytes;
+}
+
+nlohmann::ordered_json Accounting::plan_json() const {
   nlohmann::ordered_json j;
-  j["stage"] = stage_;
-  j["world_size"] = world_;
+  j["stage"] = ctx_.stage;
+  j["world_size"] = ctx_.world;
   j["params"] = param_count_;
   j["trainable_params"] = trainable_param_count_;
-  j["compute_dtype"] = std::string(dtype_name(compute_dtype_));
-  j["offload_optimizer"] = std::string(placement_name(opt_place_));
-  j["offload_param"] = std::string(placement_name(param_place_));
+  j["compute_dtype"] = std::string(dtype_name(ctx_.compute_dtype));
+  j["offload_optimizer"] = std::string(placement_name(ctx_.opt_place));
+  j["offload_param"] = std::string(placement_name(ctx_.param_place));
   j["plan_bytes"] = plan_bytes().to_json();
   for (const PlanTerm& t : plan_) {
     j["terms"][store::tier_name(t.tier)][t.name] = t.bytes;
@@ -28,11 +47,11 @@ nlohmann::ordered_json EngineImpl::plan_json() const {
     process += t.bytes;
   }
   j["process_bytes"] = process;
-  j["device_is_host_memory"] = device_.host_accessible();
+  j["device_is_host_memory"] = ctx_.device.host_accessible();
   j["formula_bytes"] = formula_bytes().to_json();
-  j["formula"] = "DESIGN.md: params " + std::to_string(dtype_size(compute_dtype_)) +
-                 "P, grads " + std::to_string(dtype_size(compute_dtype_)) + "P, optimizer " +
-                 std::to_string(4 * (1 + states_)) +
+  j["formula"] = "DESIGN.md: params " + std::to_string(dtype_size(ctx_.compute_dtype)) +
+                 "P, grads " + std::to_string(dtype_size(ctx_.compute_dtype)) + "P, optimizer " +
+                 std::to_string(4 * (1 + ctx_.states)) +
                  "P (fp32 master + states); stage 1 shards the optimizer, stage 2 + grads, "
                  "stage 3 + params, by N; offload moves a term to its tier";
   return j;
@@ -40,18 +59,18 @@ nlohmann::ordered_json EngineImpl::plan_json() const {
 
 // DESIGN.md's memory table for this config: what each tier would hold by the formula. Frozen
 // parameters count in the parameter term only (no gradients, masters or states).
-TierBytes EngineImpl::formula_bytes() const {
+TierBytes Accounting::formula_bytes() const {
   const double all = static_cast<double>(param_count_);
   const double phi = static_cast<double>(trainable_param_count_);
-  const double n = world_;
-  const double es = static_cast<double>(dtype_size(compute_dtype_));
-  const double params = stage_ == 3 ? es * all / n : es * all;
-  const double grads = stage_ >= 2 ? es * phi / n : es * phi;
-  const double opt = 4.0 * (1 + states_) * phi / (stage_ >= 1 ? n : 1.0);
+  const double n = ctx_.world;
+  const double es = static_cast<double>(dtype_size(ctx_.compute_dtype));
+  const double params = ctx_.stage == 3 ? es * all / n : es * all;
+  const double grads = ctx_.stage >= 2 ? es * phi / n : es * phi;
+  const double opt = 4.0 * (1 + ctx_.states) * phi / (ctx_.stage >= 1 ? n : 1.0);
   double tiers[3] = {0, 0, 0};
-  tiers[static_cast<int>(tier_of(param_place_))] += params;
-  tiers[static_cast<int>(tier_of(grad_place_))] += grads;
-  tiers[static_cast<int>(tier_of(opt_place_))] += opt;
+  tiers[static_cast<int>(tier_of(ctx_.param_place))] += params;
+  tiers[static_cast<int>(tier_of(ctx_.grad_place))] += grads;
+  tiers[static_cast<int>(tier_of(ctx_.opt_place))] += opt;
   TierBytes b;
   b.device = static_cast<std::uint64_t>(tiers[0]);
   b.host = static_cast<std::uint64_t>(tiers[1]);
@@ -59,7 +78,7 @@ TierBytes EngineImpl::formula_bytes() const {
   return b;
 }
 
-std::uint64_t EngineImpl::tier_plan(Tier t) const {
+std::uint64_t Accounting::tier_plan(Tier t) const {
   std::uint64_t sum = 0;
   for (const PlanTerm& p : plan_) {
     if (p.tier == t) sum += p.bytes;
@@ -67,7 +86,7 @@ std::uint64_t EngineImpl::tier_plan(Tier t) const {
   return sum;
 }
 
-TierBytes EngineImpl::plan_bytes() const {
+TierBytes Accounting::plan_bytes() const {
   TierBytes b;
   b.device = tier_plan(Tier::kDevice);
   b.host = tier_plan(Tier::kHost);
@@ -75,83 +94,54 @@ TierBytes EngineImpl::plan_bytes() const {
   return b;
 }
 
-TierBytes EngineImpl::peak_bytes() const {
+TierBytes Accounting::peak_bytes() const {
   TierBytes b;
-  b.device = device_.memory_stats().peak_bytes;
-  if (pool_) b.host = pool_->stats().peak_bytes;
-  if (overlap_pool_) b.host += overlap_pool_->stats().peak_bytes;
-  if (store_) b.nvme = store_->stats().tier(Tier::kNvme).peak_bytes;
+  b.device = ctx_.device.memory_stats().peak_bytes;
+  if (pool_ != nullptr) b.host = pool_->stats().peak_bytes;
+  if (overlap_pool_ != nullptr) b.host += overlap_pool_->stats().peak_bytes;
+  if (ctx_.store != nullptr) b.nvme = ctx_.store->stats().tier(Tier::kNvme).peak_bytes;
   return b;
 }
 
-Result<std::uint64_t> EngineImpl::params_xxh3() {
-  XXH3_state_t* state = XXH3_createState();
-  if (state == nullptr) return Status::out_of_memory("params_xxh3: XXH3_createState");
-  XXH3_64bits_reset(state);
-  Status status = Status::ok();
-  std::vector<float> values;
-  for (UnitId id = 0; id < units_.size() && status.is_ok(); ++id) {
-    if (units_[id].frozen()) continue;  // engine.h: trainable units only
-    for (std::size_t t = 0; t < units_[id].spec.tensors.size(); ++t) {
-      values.resize(units_[id].spec.tensors[t].numel());
-      status = get_tensor(id, t, values, TensorState::kMaster);
-      if (!status.is_ok()) break;
-      XXH3_64bits_update(state, values.data(), values.size() * sizeof(float));
-    }
-  }
-  const std::uint64_t h = XXH3_64bits_digest(state);
-  XXH3_freeState(state);
-  if (!status.is_ok()) return status;
-  return h;
-}
-
-std::pair<std::uint64_t, std::uint64_t> EngineImpl::home_write_bytes() const {
+std::pair<std::uint64_t, std::uint64_t> Accounting::home_write_bytes() const {
   std::uint64_t frozen = 0, trainable = 0;
-  for (const Unit& u : units_) {
+  for (const Unit& u : ctx_.units) {
     if (u.frozen()) {
-      frozen += store_->home_write_bytes(u.param);
+      frozen += ctx_.store->home_write_bytes(u.param);
       continue;
     }
-    trainable += store_->home_write_bytes(u.param) + store_->home_write_bytes(u.master) +
-                 store_->home_write_bytes(u.grad_acc);
-    for (int s = 0; s < states_; ++s) trainable += store_->home_write_bytes(u.state[s]);
+    trainable += ctx_.store->home_write_bytes(u.param) + ctx_.store->home_write_bytes(u.master) +
+                 ctx_.store->home_write_bytes(u.grad_acc);
+    for (int s = 0; s < ctx_.states; ++s) trainable += ctx_.store->home_write_bytes(u.state[s]);
   }
   return {frozen, trainable};
 }
 
-Status EngineImpl::flush_frozen_loads() {
-  if (!frozen_unflushed_) return Status::ok();
-  frozen_unflushed_ = false;
-  return store_->flush();
-}
-
-TierBytes EngineImpl::bytes_in_use() const {
+TierBytes Accounting::bytes_in_use() const {
   TierBytes b;
-  b.device = device_.memory_stats().in_use_bytes;
-  if (pool_) b.host = pool_->stats().in_use_bytes;
-  if (overlap_pool_) b.host += overlap_pool_->stats().in_use_bytes;
-  if (store_) b.nvme = store_->used_bytes(Tier::kNvme);
+  b.device = ctx_.device.memory_stats().in_use_bytes;
+  if (pool_ != nullptr) b.host = pool_->stats().in_use_bytes;
+  if (overlap_pool_ != nullptr) b.host += overlap_pool_->stats().in_use_bytes;
+  if (ctx_.store != nullptr) b.nvme = ctx_.store->used_bytes(Tier::kNvme);
   return b;
 }
 
 // The step's accounting window opens at its first gather or grad (set_tensor and checkpoint
 // traffic between steps is not the step's).
-void EngineImpl::open_step() {
+void Accounting::open_step() {
+  TZ_ASSERT(ctx_.store != nullptr, "a step opened before finalize");
   if (step_open_) return;
   step_open_ = true;
   step_start_ = Clock::now();
-  comm_base_ = comm_.counters();
-  const store::StoreStats ss = store_->stats();
+  comm_base_ = ctx_.comm.counters();
+  const store::StoreStats ss = ctx_.store->stats();
   nvme_read_base_ = ss.nvme_read_bytes();
   nvme_write_base_ = ss.nvme_write_bytes();
   home_write_base_ = home_write_bytes();
-  copy_link_base_ = ss.link(store::Link::kHostToDevice).bytes +
-                    ss.link(store::Link::kDeviceToHost).bytes +
-                    ss.link(store::Link::kNvmeToDevice).bytes +
-                    ss.link(store::Link::kDeviceToNvme).bytes;
-  optimizer_s_ = 0;
-  copy_bytes_ = 0;
-  compute_busy_base_ = device_.compute_stream().busy_seconds();
+  copy_link_base_ = copy_link_bytes(ss);
+  ctx_.counters.optimizer_s = 0;
+  ctx_.counters.copy_bytes = 0;
+  compute_busy_base_ = ctx_.device.compute_stream().busy_seconds();
 }
 
 // The step's lower bound (DESIGN.md): max(compute, NVMe bytes / NVMe bandwidth, host<->device
@@ -161,12 +151,13 @@ void EngineImpl::open_step() {
 // calls, so the time outside them is only the enqueueing). On a host-accessible device compute
 // and the CPU optimizer run on the same cores, so those two add. A bandwidth of 0 (unknown)
 // drops its term.
-double EngineImpl::step_bound(const StepReport& r, std::uint64_t copy_bytes) const {
+double Accounting::step_bound(const StepReport& r, std::uint64_t copy_bytes) const {
   const double engine_s = r.stall_gather_s + r.stall_reduce_s + r.stall_optimizer_s;
   double compute_s = std::max(0.0, r.step_s - engine_s);
-  const double busy = device_.compute_stream().busy_seconds();
+  const double busy = ctx_.device.compute_stream().busy_seconds();
   if (busy >= 0 && compute_busy_base_ >= 0) compute_s = std::max(compute_s, busy - compute_busy_base_);
-  double bound = device_.host_accessible() ? compute_s + optimizer_s_ : std::max(compute_s, optimizer_s_);
+  double bound = ctx_.device.host_accessible() ? compute_s + ctx_.counters.optimizer_s
+                                               : std::max(compute_s, ctx_.counters.optimizer_s);
   if (options_.nvme_read_bytes_per_s > 0 && options_.nvme_write_bytes_per_s > 0) {
     bound = std::max(bound, static_cast<double>(r.nvme_read_bytes) / options_.nvme_read_bytes_per_s +
                                 static_cast<double>(r.nvme_write_bytes) / options_.nvme_write_bytes_per_s);
@@ -185,69 +176,67 @@ double EngineImpl::step_bound(const StepReport& r, std::uint64_t copy_bytes) con
 // (fp32 when k > 1), once per pass of updates over the unit (Unit::update_gathers: exact one,
 // none when the step is skipped; eager one more after a rollback; delayed one when the
 // previous step's update is published). all_reduce: the norm's scalars.
-nlohmann::ordered_json EngineImpl::comm_formula() const {
-  const auto k = static_cast<std::uint64_t>(gradient_accumulation_steps());
-  const std::size_t es = dtype_size(compute_dtype_);
+nlohmann::ordered_json Accounting::comm_formula() const {
+  const auto k = static_cast<std::uint64_t>(ctx_.accumulation_steps());
+  const std::size_t es = dtype_size(ctx_.compute_dtype);
   std::uint64_t ag = 0, rs = 0;
   auto ring = [this](comm::CollectiveOp op, std::size_t count, std::size_t elem) {
-    return comm::ring_bytes(op, world_, rank_, count, elem).bytes_sent;
+    return comm::ring_bytes(op, ctx_.world, ctx_.rank, count, elem).bytes_sent;
   };
-  for (const Unit& u : units_) {
+  for (const Unit& u : ctx_.units) {
     const std::size_t sh = u.layout.shard;
     if (!u.frozen()) rs += k * ring(comm::CollectiveOp::kReduceScatter, sh, es);
-    if (stage_ == 3) {
+    if (ctx_.stage == 3) {
       ag += (u.persistent ? 1 : 2 * k) * ring(comm::CollectiveOp::kAllGather, sh, es);
     } else {
-      const std::size_t e = stage_ == 0 && k > 1 ? 4 : es;
-      ag += u.update_gathers * ring(comm::CollectiveOp::kAllGather, sh, e);
+      const std::size_t e = ctx_.stage == 0 && k > 1 ? 4 : es;
+      ag += ctx_.counters.update_gathers[u.id] * ring(comm::CollectiveOp::kAllGather, sh, e);
     }
   }
   nlohmann::ordered_json j;
   j[std::string(comm::collective_op_name(comm::CollectiveOp::kAllGather))] = ag;
   j[std::string(comm::collective_op_name(comm::CollectiveOp::kReduceScatter))] = rs;
-  j[std::string(comm::collective_op_name(comm::CollectiveOp::kAllReduce))] =
-      ring(comm::CollectiveOp::kAllReduce, static_cast<std::size_t>(world_) * 2 * kScalarPieces, 4);
+  j[std::string(comm::collective_op_name(comm::CollectiveOp::kAllReduce))] = ring(
+      comm::CollectiveOp::kAllReduce, static_cast<std::size_t>(ctx_.world) * 2 * kScalarPieces, 4);
   return j;
 }
 
 // The step report's accounting once the update is done: the step count, stalls by cause, time,
 // bytes in use and peaks, comm bytes against the formula, NVMe bytes and the step's bound; the
 // per-step counters start again.
-void EngineImpl::close_step_report(StepReport& report, Clock::time_point t_opt) {
-  TZ_ASSERT(finalized_ && store_ != nullptr, "close_step_report before finalize");
-  report.step = steps_done_;
-  report.stall_optimizer_s = seconds_since(t_opt) + early_update_s_;
-  early_update_s_ = 0;
-  report.stall_gather_s = stall_gather_s_;
-  report.stall_reduce_s = stall_reduce_s_;
+void Accounting::close_step_report(StepReport& report, Clock::time_point t_opt, std::int64_t step) {
+  TZ_ASSERT(ctx_.store != nullptr && !plan_.empty(), "close_step_report before finalize");
+  TZ_ASSERT(step >= 1, "steps are 1-based");
+  report.step = step;
+  report.stall_optimizer_s = seconds_since(t_opt) + ctx_.counters.early_update_s;
+  ctx_.counters.early_update_s = 0;
+  report.stall_gather_s = ctx_.counters.stall_gather_s;
+  report.stall_reduce_s = ctx_.counters.stall_reduce_s;
   report.stall_s = report.stall_gather_s + report.stall_reduce_s + report.stall_optimizer_s;
-  stall_gather_s_ = stall_reduce_s_ = 0;
+  ctx_.counters.stall_gather_s = ctx_.counters.stall_reduce_s = 0;
   open_step();
   report.step_s = seconds_since(step_start_);
   step_open_ = false;
   report.bytes_in_use = bytes_in_use();
   report.peak_bytes = peak_bytes();
-  const comm::CommCounters now = comm_.counters();
+  const comm::CommCounters now = ctx_.comm.counters();
   for (std::size_t op = 0; op < comm::kCollectiveOpCount; ++op) {
     const auto o = static_cast<comm::CollectiveOp>(op);
     report.comm_bytes[std::string(comm::collective_op_name(o))] =
         now.ops[op].bytes_sent - comm_base_.ops[op].bytes_sent;
   }
   report.comm_formula_bytes = comm_formula();
-  for (Unit& u : units_) u.update_gathers = 0;
-  const store::StoreStats ss = store_->stats();
+  std::fill(ctx_.counters.update_gathers.begin(), ctx_.counters.update_gathers.end(), 0);
+  const store::StoreStats ss = ctx_.store->stats();
   report.nvme_read_bytes = ss.nvme_read_bytes() - nvme_read_base_;
   report.nvme_write_bytes = ss.nvme_write_bytes() - nvme_write_base_;
   const auto [frozen_writes, trainable_writes] = home_write_bytes();
   report.frozen_home_write_bytes = frozen_writes - home_write_base_.first;
   report.trainable_home_write_bytes = trainable_writes - home_write_base_.second;
-  const std::uint64_t link_bytes = ss.link(store::Link::kHostToDevice).bytes +
-                                   ss.link(store::Link::kDeviceToHost).bytes +
-                                   ss.link(store::Link::kNvmeToDevice).bytes +
-                                   ss.link(store::Link::kDeviceToNvme).bytes;
-  report.bound_s = step_bound(report, link_bytes - copy_link_base_ + copy_bytes_);
-  optimizer_s_ = 0;
-  copy_bytes_ = 0;
+  const std::uint64_t link_bytes = copy_link_bytes(ss);
+  report.bound_s = step_bound(report, link_bytes - copy_link_base_ + ctx_.counters.copy_bytes);
+  ctx_.counters.optimizer_s = 0;
+  ctx_.counters.copy_bytes = 0;
 }
 
 }  // namespace tz::zero::impl

@@ -1,100 +1,121 @@
-// The gradient reducer (engine_impl.h): a unit's gradient buffer, its reduce-scatter into this
+// The gradient reducer (reducer.h): a unit's gradient buffer, its reduce-scatter into this
 // rank's shard and the fp32 accumulation over micro-batches (on the device or the host), the
 // global norm and overflow count over every rank's shards, and the gradients zeroed for a step.
-#include "zero/engine_impl.h"
+#include "zero/reducer.h"
 
-#include "gpu/elementwise.h"
+#include "zero/optimizer_args.h"
 
 namespace tz::zero::impl {
 
-Result<UnitViews> EngineImpl::grad(UnitId id) {
-  TZ_RETURN_IF_ERROR(check_unit(id, "grad"));
-  Unit& u = units_[id];
-  TZ_RETURN_IF_ERROR(check_trainable(u, "grad"));
-  if (!u.grad_buffer.empty()) return u.grad_views;
-  TZ_RETURN_IF_ERROR(flush_frozen_loads());
-  open_step();
-  const std::size_t bytes = u.layout.padded * dtype_size(compute_dtype_);
-  TZ_ASSIGN_OR_RETURN(u.grad_buffer, allocate_device(bytes));
-  TZ_RETURN_IF_ERROR(
-      device_.memset_async(u.grad_buffer.data(), 0, bytes, device_.compute_stream()));
-  u.grad_views = make_views(u, u.grad_buffer.data(), compute_dtype_);
-  return u.grad_views;
-}
-
-Status EngineImpl::reduce(UnitId id) {
-  TZ_RETURN_IF_ERROR(check_unit(id, "reduce"));
-  Unit& u = units_[id];
-  TZ_RETURN_IF_ERROR(check_trainable(u, "reduce"));
-  if (u.grad_buffer.empty()) {
-    return Status::invalid_argument("reduce '" + u.spec.name + "': no grad() buffer handed out");
-  }
-  const auto t0 = Clock::now();
-  gpu::Stream& st = device_.compute_stream();
-  const std::size_t es = dtype_size(compute_dtype_);
-  const std::size_t s = u.layout.shard;
-  auto* full = u.grad_buffer.as<std::byte>();
-  std::byte* mine = full + static_cast<std::size_t>(rank_) * s * es;
-  // In place: rank r's reduced shard lands where its part of the full gradient was.
-  TZ_RETURN_IF_ERROR(with_unit(u, "reduce: reduce_scatter",
-                               comm_.reduce_scatter(full, mine, s, compute_dtype_,
-                                                    comm::ReduceOp::kSum, st)));
-  if (grad_place_ == Placement::kDevice) {
-    TZ_ASSIGN_OR_RETURN(Lease acc, pin_for(u, "reduce", u.grad_acc, Tier::kDevice, Access::kReadWrite));
-    TZ_RETURN_IF_ERROR(with_unit(u, "reduce", acc.wait()));
-    gpu::OptimizerStepArgs a = device_accumulate_coeffs();
-    a.param = static_cast<float*>(acc.data());
-    a.grad = mine;
-    a.grad_dtype = compute_dtype_;
-    a.n = s;
-    TZ_RETURN_IF_ERROR(with_unit(u, "reduce: accumulate", device_.optimizer_step(a, st)));
-    acc.release(&st);
-    TZ_RETURN_IF_ERROR(defer_free(std::move(u.grad_buffer)));
-  } else {
-    TZ_RETURN_IF_ERROR(with_unit(u, "reduce: copy to host",
-                                 device_.copy_async(stage16_.data(), mine, s * es,
-                                                    gpu::CopyKind::kDeviceToHost, st)));
-    TZ_RETURN_IF_ERROR(sync(st, "reduce '" + u.spec.name + "'"));
-    copy_bytes_ += s * es;
-    u.grad_buffer.reset();
-    TZ_ASSIGN_OR_RETURN(Lease acc, pin_for(u, "reduce", u.grad_acc, Tier::kHost, Access::kReadWrite));
-    TZ_RETURN_IF_ERROR(with_unit(u, "reduce", acc.wait()));
-    const auto t_acc = Clock::now();
-    host_accumulate(static_cast<float*>(acc.data()), stage16_.data(), compute_dtype_, s);
-    optimizer_s_ += seconds_since(t_acc);
-    acc.release();
-  }
-  u.grad_views = UnitViews{};
-  ++u.reduces;
-  stall_reduce_s_ += seconds_since(t0);
-  if (overlap_ == Overlap::kEager && u.reduces == gradient_accumulation_steps()) {
-    return update_early(u);
-  }
+Status GradientReducer::finalize() {
+  TZ_ASSERT(states_.empty() && ctx_.store != nullptr, "reducer finalized twice or early");
+  states_.resize(ctx_.units.size());
+  TZ_ASSIGN_OR_RETURN(norm_acc_, ctx_.device.allocate(sizeof(gpu::NormAccumulator)));
+  TZ_ASSIGN_OR_RETURN(scalars_, ctx_.device.allocate(static_cast<std::size_t>(ctx_.world) * 2 *
+                                                     kScalarPieces * sizeof(float)));
   return Status::ok();
 }
 
-Result<gpu::NormAccumulator> EngineImpl::local_norm() {
-  gpu::Stream& st = device_.compute_stream();
+Result<gpu::NormAccumulator> GradientReducer::global_norm() {
+  TZ_ASSIGN_OR_RETURN(gpu::NormAccumulator local, local_norm());
+  return all_reduce_norm(local);
+}
+
+void GradientReducer::finish_step() {
+  const int k = ctx_.accumulation_steps();
+  for (const Unit& u : ctx_.units) {
+    GradState& g = state(u.id);
+    TZ_ASSERT(g.reduces == (u.frozen() ? 0 : k), "step with a unit not reduced k times");
+    TZ_ASSERT(g.buffer.empty(), "step with a gradient buffer handed out");
+    g.reduces = 0;
+  }
+}
+
+void GradientReducer::clear() {
+  for (GradState& g : states_) g.buffer.reset();
+}
+
+Result<UnitViews> GradientReducer::grad(Unit& u) {
+  GradState& g = state(u.id);
+  TZ_ASSERT(!u.frozen(), "grad of a frozen unit");
+  TZ_ASSERT(g.buffer.empty(), "grad of a unit that holds a buffer");
+  const std::size_t bytes = u.layout.padded * dtype_size(ctx_.compute_dtype);
+  TZ_ASSIGN_OR_RETURN(g.buffer, ctx_.buffers.allocate(bytes));
+  TZ_RETURN_IF_ERROR(ctx_.device.memset_async(g.buffer.data(), 0, bytes, ctx_.stream()));
+  g.views = ctx_.make_views(u, g.buffer.data(), ctx_.compute_dtype);
+  return g.views;
+}
+
+Result<bool> GradientReducer::reduce(Unit& u) {
+  GradState& g = state(u.id);
+  TZ_ASSERT(!u.frozen(), "reduce of a frozen unit");
+  TZ_ASSERT(!g.buffer.empty(), "reduce of a unit that holds no gradient buffer");
+  const auto t0 = Clock::now();
+  gpu::Stream& st = ctx_.stream();
+  const std::size_t es = dtype_size(ctx_.compute_dtype);
+  const std::size_t s = u.layout.shard;
+  auto* full = g.buffer.as<std::byte>();
+  std::byte* mine = full + static_cast<std::size_t>(ctx_.rank) * s * es;
+  // In place: rank r's reduced shard lands where its part of the full gradient was.
+  TZ_RETURN_IF_ERROR(ctx_.with_unit(
+      u, "reduce: reduce_scatter",
+      ctx_.comm.reduce_scatter(full, mine, s, ctx_.compute_dtype, comm::ReduceOp::kSum, st)));
+  if (ctx_.grad_place == Placement::kDevice) {
+    TZ_ASSIGN_OR_RETURN(Lease acc,
+                        ctx_.pin_for(u, "reduce", u.grad_acc, Tier::kDevice, Access::kReadWrite));
+    TZ_RETURN_IF_ERROR(ctx_.with_unit(u, "reduce", acc.wait()));
+    gpu::OptimizerStepArgs a = device_accumulate_coeffs();
+    a.param = static_cast<float*>(acc.data());
+    a.grad = mine;
+    a.grad_dtype = ctx_.compute_dtype;
+    a.n = s;
+    TZ_RETURN_IF_ERROR(ctx_.with_unit(u, "reduce: accumulate", ctx_.device.optimizer_step(a, st)));
+    acc.release(&st);
+    TZ_RETURN_IF_ERROR(ctx_.buffers.defer_free(std::move(g.buffer)));
+  } else {
+    TZ_RETURN_IF_ERROR(ctx_.with_unit(u, "reduce: copy to host",
+                                      ctx_.device.copy_async(ctx_.stage16.data(), mine, s * es,
+                                                             gpu::CopyKind::kDeviceToHost, st)));
+    TZ_RETURN_IF_ERROR(ctx_.sync(st, "reduce '" + u.spec.name + "'"));
+    ctx_.counters.copy_bytes += s * es;
+    g.buffer.reset();
+    TZ_ASSIGN_OR_RETURN(Lease acc,
+                        ctx_.pin_for(u, "reduce", u.grad_acc, Tier::kHost, Access::kReadWrite));
+    TZ_RETURN_IF_ERROR(ctx_.with_unit(u, "reduce", acc.wait()));
+    const auto t_acc = Clock::now();
+    host_accumulate(static_cast<float*>(acc.data()), ctx_.stage16.data(), ctx_.compute_dtype, s);
+    ctx_.counters.optimizer_s += seconds_since(t_acc);
+    acc.release();
+  }
+  g.views = UnitViews{};
+  ++g.reduces;
+  ctx_.counters.stall_reduce_s += seconds_since(t0);
+  return g.reduces == ctx_.accumulation_steps();
+}
+
+Result<gpu::NormAccumulator> GradientReducer::local_norm() {
+  gpu::Stream& st = ctx_.stream();
   gpu::NormAccumulator host_acc;
-  TZ_RETURN_IF_ERROR(device_.memset_async(norm_acc_.data(), 0, sizeof(gpu::NormAccumulator), st));
+  TZ_RETURN_IF_ERROR(
+      ctx_.device.memset_async(norm_acc_.data(), 0, sizeof(gpu::NormAccumulator), st));
   auto* dev_acc = norm_acc_.as<gpu::NormAccumulator>();
   // A device that can read host memory sums host shards with the same kernel as device ones,
   // so the sum (and so the clip coefficient) does not depend on where the shards live.
-  const bool device_sums = grad_place_ == Placement::kDevice || device_.host_accessible();
+  const bool device_sums = ctx_.grad_place == Placement::kDevice || ctx_.device.host_accessible();
   std::vector<Lease> leases;
-  for (const Unit& u : units_) {
+  for (const Unit& u : ctx_.units) {
     if (u.frozen()) continue;
-    const Tier pin_tier = grad_place_ == Placement::kDevice ? Tier::kDevice : Tier::kHost;
-    TZ_ASSIGN_OR_RETURN(Lease l, store_->pin(u.grad_acc, pin_tier, Access::kRead));
-    TZ_RETURN_IF_ERROR(with_unit(u, "norm", l.wait()));
+    const Tier pin_tier = ctx_.grad_place == Placement::kDevice ? Tier::kDevice : Tier::kHost;
+    TZ_ASSIGN_OR_RETURN(Lease l, ctx_.store->pin(u.grad_acc, pin_tier, Access::kRead));
+    TZ_RETURN_IF_ERROR(ctx_.with_unit(u, "norm", l.wait()));
     if (device_sums) {
       TZ_RETURN_IF_ERROR(
-          device_.sum_squares(l.data(), DType::kF32, u.layout.shard, dev_acc, st));
+          ctx_.device.sum_squares(l.data(), DType::kF32, u.layout.shard, dev_acc, st));
       leases.push_back(std::move(l));
       // NVMe-homed shards pass through the host cache, which holds a few units, not all: each
       // is summed and released before the next is loaded (the same sums in the same order).
-      if (grad_place_ == Placement::kNvme) {
-        TZ_RETURN_IF_ERROR(sync(st, "norm"));
+      if (ctx_.grad_place == Placement::kNvme) {
+        TZ_RETURN_IF_ERROR(ctx_.sync(st, "norm"));
         for (Lease& done : leases) done.release();
         leases.clear();
       }
@@ -103,33 +124,33 @@ Result<gpu::NormAccumulator> EngineImpl::local_norm() {
     }
   }
   if (device_sums) {
-    TZ_RETURN_IF_ERROR(device_.copy_async(&host_acc, dev_acc, sizeof(host_acc),
-                                          gpu::CopyKind::kDeviceToHost, st));
-    TZ_RETURN_IF_ERROR(sync(st, "norm"));
+    TZ_RETURN_IF_ERROR(ctx_.device.copy_async(&host_acc, dev_acc, sizeof(host_acc),
+                                              gpu::CopyKind::kDeviceToHost, st));
+    TZ_RETURN_IF_ERROR(ctx_.sync(st, "norm"));
     for (Lease& l : leases) l.release();
   }
   return host_acc;
 }
 
-Result<gpu::NormAccumulator> EngineImpl::all_reduce_norm(const gpu::NormAccumulator& local) {
+Result<gpu::NormAccumulator> GradientReducer::all_reduce_norm(const gpu::NormAccumulator& local) {
   const std::size_t per_rank = 2 * kScalarPieces;
-  std::vector<float> buf(static_cast<std::size_t>(world_) * per_rank, 0.0f);
+  std::vector<float> buf(static_cast<std::size_t>(ctx_.world) * per_rank, 0.0f);
   std::uint64_t bits = 0;
   std::memcpy(&bits, &local.sum_squares, sizeof(bits));
-  encode_u64(bits, buf.data() + static_cast<std::size_t>(rank_) * per_rank);
+  encode_u64(bits, buf.data() + static_cast<std::size_t>(ctx_.rank) * per_rank);
   encode_u64(local.nonfinite_count,
-             buf.data() + static_cast<std::size_t>(rank_) * per_rank + kScalarPieces);
-  gpu::Stream& st = device_.compute_stream();
+             buf.data() + static_cast<std::size_t>(ctx_.rank) * per_rank + kScalarPieces);
+  gpu::Stream& st = ctx_.stream();
   const std::size_t bytes = buf.size() * sizeof(float);
-  TZ_RETURN_IF_ERROR(device_.copy_async(scalars_.data(), buf.data(), bytes,
-                                        gpu::CopyKind::kHostToDevice, st));
-  TZ_RETURN_IF_ERROR(comm_.all_reduce(scalars_.data(), scalars_.data(), buf.size(), DType::kF32,
-                                      comm::ReduceOp::kSum, st));
-  TZ_RETURN_IF_ERROR(device_.copy_async(buf.data(), scalars_.data(), bytes,
-                                        gpu::CopyKind::kDeviceToHost, st));
-  TZ_RETURN_IF_ERROR(sync(st, "norm all_reduce"));
+  TZ_RETURN_IF_ERROR(
+      ctx_.device.copy_async(scalars_.data(), buf.data(), bytes, gpu::CopyKind::kHostToDevice, st));
+  TZ_RETURN_IF_ERROR(ctx_.comm.all_reduce(scalars_.data(), scalars_.data(), buf.size(), DType::kF32,
+                                          comm::ReduceOp::kSum, st));
+  TZ_RETURN_IF_ERROR(
+      ctx_.device.copy_async(buf.data(), scalars_.data(), bytes, gpu::CopyKind::kDeviceToHost, st));
+  TZ_RETURN_IF_ERROR(ctx_.sync(st, "norm all_reduce"));
   gpu::NormAccumulator total;
-  for (int r = 0; r < world_; ++r) {
+  for (int r = 0; r < ctx_.world; ++r) {
     const float* slot = buf.data() + static_cast<std::size_t>(r) * per_rank;
     const std::uint64_t s = decode_u64(slot);
     double v = 0;
@@ -140,46 +161,17 @@ Result<gpu::NormAccumulator> EngineImpl::all_reduce_norm(const gpu::NormAccumula
   return total;
 }
 
-// Stage 0: every rank's reduced shard gathered into the full fp32-exact gradient of the unit,
-// in 16-bit when the shard holds one micro-batch (its fp32 values are exact 16-bit values, so
-// the bits match stage 1's) and in fp32 otherwise. Returns the dtype; data in `dev_full`.
-Result<DType> EngineImpl::gather_full_gradient(Unit& u, const Lease& acc, gpu::DeviceBuffer& dev_full) {
-  gpu::Stream& st = device_.compute_stream();
-  const std::size_t s = u.layout.shard;
-  const DType dt = gradient_accumulation_steps() == 1 ? compute_dtype_ : DType::kF32;
-  const std::size_t es = dtype_size(dt);
-  TZ_ASSIGN_OR_RETURN(dev_full, allocate_device(u.layout.padded * es));
-  auto* mine = dev_full.as<std::byte>() + static_cast<std::size_t>(rank_) * s * es;
-  const bool acc_on_device = grad_place_ == Placement::kDevice;
-  if (dt == DType::kF32) {
-    TZ_RETURN_IF_ERROR(device_.copy_async(mine, acc.data(), s * 4,
-                                          acc_on_device ? gpu::CopyKind::kDeviceToDevice
-                                                        : gpu::CopyKind::kHostToDevice,
-                                          st));
-  } else if (acc_on_device) {
-    TZ_RETURN_IF_ERROR(device_.cast(acc.data(), DType::kF32, mine, dt, s, st));
-  } else {
-    host_cast_from_f32(static_cast<const float*>(acc.data()), stage16_.data(), dt, s);
-    TZ_RETURN_IF_ERROR(
-        device_.copy_async(mine, stage16_.data(), s * es, gpu::CopyKind::kHostToDevice, st));
-  }
-  TZ_RETURN_IF_ERROR(with_unit(u, "step: gradient all_gather",
-                               comm_.all_gather(mine, dev_full.data(), s, dt, st)));
-  ++u.update_gathers;
-  return dt;
-}
-
-Status EngineImpl::zero_gradients() {
-  gpu::Stream& st = device_.compute_stream();
-  for (const Unit& u : units_) {
+Status GradientReducer::zero_gradients() {
+  gpu::Stream& st = ctx_.stream();
+  for (const Unit& u : ctx_.units) {
     if (u.frozen()) continue;
-    if (grad_place_ == Placement::kDevice) {
-      TZ_ASSIGN_OR_RETURN(Lease l, store_->pin(u.grad_acc, Tier::kDevice, Access::kWrite));
+    if (ctx_.grad_place == Placement::kDevice) {
+      TZ_ASSIGN_OR_RETURN(Lease l, ctx_.store->pin(u.grad_acc, Tier::kDevice, Access::kWrite));
       TZ_RETURN_IF_ERROR(l.wait());
-      TZ_RETURN_IF_ERROR(device_.memset_async(l.data(), 0, u.layout.shard * 4, st));
+      TZ_RETURN_IF_ERROR(ctx_.device.memset_async(l.data(), 0, u.layout.shard * 4, st));
       l.release(&st);
     } else {
-      TZ_ASSIGN_OR_RETURN(Lease l, store_->pin(u.grad_acc, Tier::kHost, Access::kWrite));
+      TZ_ASSIGN_OR_RETURN(Lease l, ctx_.store->pin(u.grad_acc, Tier::kHost, Access::kWrite));
       TZ_RETURN_IF_ERROR(l.wait());
       std::memset(l.data(), 0, u.layout.shard * 4);
       l.release();

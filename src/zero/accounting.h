@@ -1,0 +1,93 @@
+// Accounting (DESIGN.md, zero/: memory estimator, comm accounting): the memory plan the engine was
+// built from and DESIGN.md's formula per tier, bytes in use and peaks, and the step report's
+// measured side: its window (opened at the step's first gather or grad), stalls by cause, comm
+// bytes next to the formula per collective, NVMe and home-write bytes, and the step's lower bound.
+// It owns the plan and the step's baselines; the components add to EngineContext::counters.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <utility>
+#include <vector>
+
+#include "zero/engine_context.h"
+
+namespace tz::zero::impl {
+
+class Accounting {
+ public:
+  Accounting(EngineContext& ctx, const EngineOptions& options) : ctx_(ctx), options_(options) {}
+  Accounting(const Accounting&) = delete;
+  Accounting& operator=(const Accounting&) = delete;
+
+  // The plan (finalize, before anything is allocated from it) and the units' parameter counts.
+  void set_plan(const MemoryPlan& plan);
+  // The host pools whose bytes count in the host tier (the engine's, the overlap mode's or null);
+  // once the store exists.
+  void set_pools(const PinnedPool* pool, const PinnedPool* overlap_pool);
+
+  std::uint64_t param_count() const { return param_count_; }
+  std::uint64_t trainable_param_count() const { return trainable_param_count_; }
+
+  nlohmann::ordered_json plan_json() const;
+  // DESIGN.md's memory table for this config: what each tier would hold by the formula.
+  TierBytes formula_bytes() const;
+  std::uint64_t tier_plan(Tier t) const;
+  TierBytes plan_bytes() const;
+  TierBytes peak_bytes() const;
+
+  // The step's accounting window opens at its first gather or grad (set_tensor and checkpoint
+  // traffic between steps is not the step's); later calls in the step do nothing.
+  void open_step();
+
+  // The step report's accounting once the update is done (`t_opt`: when step() began, `step`: the
+  // step's 1-based number): stalls by cause, time, bytes in use and peaks, comm bytes against the
+  // formula, NVMe and home-write bytes and the step's bound; the per-step counters start again.
+  void close_step_report(StepReport& report, Clock::time_point t_opt, std::int64_t step);
+
+ private:
+  TierBytes bytes_in_use() const;
+
+  // Store::home_write_bytes summed over frozen units' blocks (first) and trainable units'.
+  std::pair<std::uint64_t, std::uint64_t> home_write_bytes() const;
+
+  // The step's lower bound (DESIGN.md): max(compute, NVMe bytes / NVMe bandwidth, host<->device
+  // bytes / copy bandwidth, CPU optimizer time). Compute is the step's time outside the engine's
+  // calls (the model's own work), or the compute stream's busy time where the device can tell
+  // (HostDevice: the model's kernels run on the stream's thread while the engine waits in its
+  // calls, so the time outside them is only the enqueueing). On a host-accessible device compute
+  // and the CPU optimizer run on the same cores, so those two add. A bandwidth of 0 (unknown)
+  // drops its term.
+  double step_bound(const StepReport& r, std::uint64_t copy_bytes) const;
+
+  // DESIGN.md's communication per rank per step for this config and model, in the ring's byte
+  // counts (comm::ring_bytes): every micro-batch reduce-scatters each trainable unit (the 16-bit
+  // gradient; a frozen unit has none); stage 3 all-gathers each unit in forward and again in
+  // backward (a persistent unit once per step); stages 1-2 all-gather the updated 16-bit
+  // parameters, stage 0 the reduced gradient (fp32 when k > 1), once per pass of updates over the
+  // unit (StepCounters::update_gathers: exact one, none when the step is skipped; eager one more
+  // after a rollback; delayed one when the previous step's update is published). all_reduce: the
+  // norm's scalars.
+  nlohmann::ordered_json comm_formula() const;
+
+  std::uint64_t copy_link_bytes(const store::StoreStats& ss) const;
+
+  EngineContext& ctx_;
+  const EngineOptions& options_;
+  std::vector<PlanTerm> plan_;
+  std::vector<PlanTerm> process_plan_;  // MemoryPlan::process: host memory outside the tiers
+  std::uint64_t param_count_ = 0;
+  std::uint64_t trainable_param_count_ = 0;
+  const PinnedPool* pool_ = nullptr;
+  const PinnedPool* overlap_pool_ = nullptr;
+  // The step's window and its baselines.
+  bool step_open_ = false;
+  Clock::time_point step_start_;
+  double compute_busy_base_ = -1;  // the compute stream's busy_seconds() when the step opened
+  comm::CommCounters comm_base_;
+  std::uint64_t nvme_read_base_ = 0;
+  std::uint64_t nvme_write_base_ = 0;
+  std::uint64_t copy_link_base_ = 0;
+  std::pair<std::uint64_t, std::uint64_t> home_write_base_{0, 0};
+};
+
+}  // namespace tz::zero::impl

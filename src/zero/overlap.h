@@ -1,0 +1,193 @@
+// The optimizer's overlap modes (tierzero.overlap; docs/zero.md, "Overlap modes") behind one
+// interface. step() asks the pure step decision (step_decision.h) what the step does, then the
+// mode carries it out; the mode's hooks mark when it may act:
+//   exact    updates every unit in step(), after the global norm is known;
+//   eager    updates a unit as soon as its last micro-batch's gradient is reduced (on_reduced),
+//            keeping a snapshot of master and states when clipping or loss scaling may undo it,
+//            and rolls the early updates back in apply() when the decision says so;
+//   delayed  hands step t's update to a background worker in apply() and publishes its
+//            parameters at step t+1 (publish), so the update runs during step t+1's passes.
+// Each mode owns its state: eager its snapshots and the units it updated early, delayed its
+// worker, the gradient copies and parameters of the pending update, and their pinned pool.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "cpu/optimizer.h"
+#include "zero/engine_context.h"
+#include "zero/step_decision.h"
+
+namespace tz::zero::impl {
+
+class OptimizerDriver;
+class ParameterCoordinator;
+
+// What a mode needs from the engine besides the context, passed explicitly.
+struct OverlapDeps {
+  EngineContext& ctx;
+  OptimizerDriver& driver;
+  ParameterCoordinator& coordinator;
+};
+
+// tierzero.overlap's mode from the config, checked against the optimizer's placement and the
+// stage (no device; a test calls it on configs alone). Errors: kInvalidArgument naming
+// tierzero.overlap and what the mode needs.
+Result<Overlap> overlap_from_config(const Config& config, Placement optimizer, int stage);
+
+// eager: whether the early updates may have to be undone, so a snapshot is kept: only clipping
+// and loss scaling (with its overflow skips) can change a step's multiplier after them.
+bool eager_needs_snapshot(const Config& config);
+
+class OverlapMode {
+ public:
+  // The mode object for `overlap` (overlap_from_config's answer).
+  static std::unique_ptr<OverlapMode> create(Overlap overlap, const OverlapDeps& deps);
+
+  virtual ~OverlapMode() = default;
+  virtual Overlap kind() const = 0;
+
+  // The mode's buffers (plan_memory's overlap_bytes, 0 when it keeps none), once the units and
+  // the store exist.
+  virtual Status finalize(std::uint64_t overlap_bytes);
+
+  // The unit's last micro-batch of the step was reduced. `loss_scale` is the scale of the step's
+  // backward, `next_update` the update number the step gets if it is not skipped.
+  virtual Status on_reduced(Unit& u, double loss_scale, std::int64_t next_update);
+
+  // Waits for an update still running (before get_tensor reads masters and states).
+  virtual Status wait();
+
+  // The pending update's parameters become the ones the next forward sees (at step(), and before
+  // set_tensor writes parameters the pending update would overwrite).
+  virtual Status publish();
+
+  // Carries out `decision` (made with this mode's kind): `step` is the step's 1-based number,
+  // `update` the optimizer's update number when the decision counts one.
+  virtual Status apply(const StepDecision& decision, std::int64_t step, std::int64_t update) = 0;
+
+  // The step is over: per-step state starts again.
+  virtual void finish_step();
+
+  // The host pool the mode's buffers live in (accounting's bytes in use and peaks), or null.
+  virtual const PinnedPool* pool() const;
+
+ protected:
+  explicit OverlapMode(const OverlapDeps& deps) : deps_(deps) {}
+  // Runs `decision.update` kNone or kAllUnitsNow (asserts it is one of them).
+  Status update_now(const StepDecision& decision, std::int64_t update);
+
+  OverlapDeps deps_;
+};
+
+// delayed mode's background update: one job at a time on a thread the mode owns. The job only
+// pins store blocks and runs the CPU optimizer (the store and the optimizer are safe to call from
+// another thread); it never touches a stream or a collective, so the rank's calls still pair up
+// across ranks in the same order.
+class UpdateWorker {
+ public:
+  UpdateWorker() : thread_([this] { loop(); }) {}
+  ~UpdateWorker();
+  UpdateWorker(const UpdateWorker&) = delete;
+  UpdateWorker& operator=(const UpdateWorker&) = delete;
+
+  // Starts `job`; the previous one must have been waited for.
+  void submit(std::function<Status()> job);
+
+  // Blocks until the submitted job (if any) has finished; returns its status once.
+  Status wait();
+
+  // A job was submitted and not yet waited for.
+  bool busy() const;
+
+ private:
+  void loop();
+
+  mutable std::mutex mu_;  // guards every member below; never held while a job runs
+  std::condition_variable wake_;
+  std::condition_variable done_;
+  std::function<Status()> job_;
+  bool busy_ = false;
+  bool stop_ = false;
+  Status result_ = Status::ok();
+  std::thread thread_;  // last: started after the members it reads
+};
+
+// exact: every unit's update in step(), once the global norm is known; results equal a
+// non-offloaded run.
+class ExactOverlap final : public OverlapMode {
+ public:
+  explicit ExactOverlap(const OverlapDeps& deps) : OverlapMode(deps) {}
+  Overlap kind() const override { return Overlap::kExact; }
+  Status apply(const StepDecision& decision, std::int64_t step, std::int64_t update) override;
+};
+
+// eager: a unit's update as soon as its last micro-batch's gradient is reduced, with the
+// multiplier the step has when it neither clips nor overflows (1 / (scale N k)); apply() rolls the
+// early updates back when the decision says the step clipped or overflowed.
+class EagerOverlap final : public OverlapMode {
+ public:
+  EagerOverlap(const OverlapDeps& deps, bool snapshot);
+  ~EagerOverlap() override;
+  Overlap kind() const override { return Overlap::kEager; }
+  Status finalize(std::uint64_t overlap_bytes) override;
+  Status on_reduced(Unit& u, double loss_scale, std::int64_t next_update) override;
+  Status apply(const StepDecision& decision, std::int64_t step, std::int64_t update) override;
+  void finish_step() override;
+  const PinnedPool* pool() const override { return pool_.get(); }
+
+ private:
+  // The unit's master and optimizer states into its snapshot, or back from it.
+  Status copy_snapshot(Unit& u, bool to_snapshot);
+  // Every unit updated early gets its master and states back; on overflow its parameters are
+  // re-derived from the restored master (the cast the optimizer's copy makes, so they get the
+  // bits they had before the early update).
+  Status roll_back(bool overflow, std::int64_t step);
+
+  const bool snapshot_;                             // keep master and states to roll back
+  std::optional<cpu::StepArgs> args_;               // the step's speculative update arguments
+  std::vector<bool> updated_early_;                 // per unit, this step
+  std::unique_ptr<PinnedPool> pool_;                // host snapshots (the optimizer on the CPU)
+  std::vector<PinnedBuffer> snapshot_host_;         // per unit: master then states
+  std::vector<gpu::DeviceBuffer> snapshot_device_;  // the optimizer on the device
+};
+
+// delayed: step t's update runs on the worker during step t+1's forward and backward (parameters
+// one step stale, as ZeRO-Offload's DPU). apply() copies the reduced gradients out (the
+// accumulators are zeroed for the next step right after) and starts the job; publish() waits for
+// it and writes its parameters home.
+class DelayedOverlap final : public OverlapMode {
+ public:
+  explicit DelayedOverlap(const OverlapDeps& deps) : OverlapMode(deps) {}
+  ~DelayedOverlap() override;
+  Overlap kind() const override { return Overlap::kDelayed; }
+  Status finalize(std::uint64_t overlap_bytes) override;
+  Status wait() override;
+  Status publish() override;
+  Status apply(const StepDecision& decision, std::int64_t step, std::int64_t update) override;
+  const PinnedPool* pool() const override { return pool_.get(); }
+
+ private:
+  // The worker's job: every unit's update in registration order (NVMe state read ahead one unit,
+  // as in exact mode). Touches only the store (thread-safe), the CPU optimizer (the rank's
+  // thread does not call it while a job runs), the pending buffers and worker_optimizer_s_ (read
+  // by the rank's thread after wait()).
+  Status run_update(const cpu::StepArgs& args);
+
+  std::unique_ptr<PinnedPool> pool_;      // host buffers below
+  std::vector<PinnedBuffer> grad_;        // per unit: the step's reduced fp32 gradient shard
+  std::vector<PinnedBuffer> params_;      // per unit: the 16-bit parameters the update writes
+  bool running_ = false;                  // a job was submitted, not waited for
+  bool unpublished_ = false;              // finished, parameters not yet published
+  double worker_optimizer_s_ = 0;         // the worker's CPU optimizer time
+  std::unique_ptr<UpdateWorker> worker_;  // last: its job reads the members above
+};
+
+}  // namespace tz::zero::impl

@@ -1,0 +1,130 @@
+// delayed overlap (overlap.h): step t's update on the UpdateWorker during step t+1's forward and
+// backward, its parameters published at the next step().
+#include "gpu/pinned_registration.h"
+#include "zero/coordinator.h"
+#include "zero/optimizer_driver.h"
+#include "zero/overlap.h"
+
+namespace tz::zero::impl {
+
+DelayedOverlap::~DelayedOverlap() {
+  // A pending update's status has nowhere to go; it must finish before its buffers do.
+  if (worker_) worker_->wait().ignore();
+  worker_.reset();
+}
+
+// The pending update's fp32 gradient shards and 16-bit parameters, from the mode's own pinned
+// pool (plan_memory's overlap_bytes), and the worker.
+Status DelayedOverlap::finalize(std::uint64_t overlap_bytes) {
+  EngineContext& ctx = deps_.ctx;
+  TZ_ASSERT(worker_ == nullptr && ctx.store != nullptr, "delayed finalized twice or early");
+  TZ_ASSERT(overlap_bytes > 0 && deps_.driver.cpu_optimizer() != nullptr,
+            "delayed needs its buffers in the plan and the CPU optimizer");
+  PinnedPoolOptions po;
+  po.budget_bytes = overlap_bytes;
+  const std::uint64_t slab_unit = 2u << 20;
+  po.slab_bytes =
+      std::min<std::uint64_t>(1ull << 30, (overlap_bytes + slab_unit - 1) / slab_unit * slab_unit);
+  po.prefault = false;
+  TZ_ASSIGN_OR_RETURN(PinnedPool pool, PinnedPool::create(po));
+  pool_ = std::make_unique<PinnedPool>(std::move(pool));
+  TZ_RETURN_IF_ERROR(gpu::register_pinned_pool(ctx.device, *pool_));
+  const std::size_t es = dtype_size(ctx.compute_dtype);
+  grad_.resize(ctx.units.size());
+  params_.resize(ctx.units.size());
+  for (const Unit& u : ctx.units) {
+    if (u.frozen()) continue;
+    TZ_ASSIGN_OR_RETURN(grad_[u.id], pool_->allocate(u.layout.shard * 4));
+    TZ_ASSIGN_OR_RETURN(params_[u.id], pool_->allocate(u.opt_elems * es));
+  }
+  worker_ = std::make_unique<UpdateWorker>();
+  return Status::ok();
+}
+
+Status DelayedOverlap::apply(const StepDecision& decision, std::int64_t step, std::int64_t update) {
+  TZ_ASSERT(step >= 1 && !decision.roll_back, "delayed has no early updates to roll back");
+  TZ_ASSERT(decision.update == StepUpdate::kNone || decision.update == StepUpdate::kBackground,
+            "delayed updates in the background or not at all");
+  TZ_ASSERT(!running_ && !unpublished_, "delayed update started while one is pending");
+  TZ_ASSERT(worker_ != nullptr, "delayed apply before finalize");
+  if (decision.update == StepUpdate::kNone) return Status::ok();
+  EngineContext& ctx = deps_.ctx;
+  const cpu::StepArgs args = deps_.driver.update_args(decision.multiplier, update);
+  for (Unit& u : ctx.units) {
+    if (u.frozen()) continue;
+    TZ_ASSIGN_OR_RETURN(
+        Lease acc, ctx.pin_for(u, "delayed: gradient", u.grad_acc, Tier::kHost, Access::kRead));
+    TZ_RETURN_IF_ERROR(ctx.with_unit(u, "delayed: gradient", acc.wait()));
+    std::memcpy(grad_[u.id].data(), acc.data(), u.layout.shard * 4);
+    acc.release();
+  }
+  running_ = true;
+  worker_->submit([this, args] { return run_update(args); });
+  return Status::ok();
+}
+
+Status DelayedOverlap::run_update(const cpu::StepArgs& args) {
+  EngineContext& ctx = deps_.ctx;
+  cpu::CpuOptimizer& opt = *deps_.driver.cpu_optimizer();
+  const bool copy16 = ctx.compute_dtype != DType::kF32;
+  for (std::size_t i = 0; i < ctx.units.size(); ++i) {
+    Unit& u = ctx.units[i];
+    if (u.frozen()) continue;
+    if (ctx.opt_place == Placement::kNvme) {
+      if (const Unit* next = ctx.next_trainable(i)) deps_.driver.prefetch_states(*next);
+    }
+    TZ_ASSIGN_OR_RETURN(Lease master, ctx.pin_for(u, "delayed update: master", u.master,
+                                                  Tier::kHost, Access::kReadWrite));
+    Lease states[2];
+    for (int s = 0; s < ctx.states; ++s) {
+      TZ_ASSIGN_OR_RETURN(states[s], ctx.pin_for(u, "delayed update: optimizer state", u.state[s],
+                                                 Tier::kHost, Access::kReadWrite));
+    }
+    TZ_RETURN_IF_ERROR(ctx.with_unit(u, "delayed update: master", master.wait()));
+    for (int s = 0; s < ctx.states; ++s) {
+      TZ_RETURN_IF_ERROR(ctx.with_unit(u, "delayed update: optimizer state", states[s].wait()));
+    }
+    cpu::Shard shard;
+    shard.param = static_cast<float*>(master.data());
+    shard.grad = grad_[u.id].data();
+    for (int s = 0; s < ctx.states; ++s) shard.state[s] = states[s].data();
+    shard.param_copy = copy16 ? params_[u.id].data() : nullptr;
+    shard.n = u.opt_elems;
+    const auto t0 = Clock::now();
+    TZ_RETURN_IF_ERROR(ctx.with_unit(u, "delayed update: cpu optimizer",
+                                     opt.step(std::span<const cpu::Shard>(&shard, 1), args)));
+    if (!copy16) std::memcpy(params_[u.id].data(), master.data(), u.opt_elems * 4);
+    worker_optimizer_s_ += seconds_since(t0);
+    for (int s = 0; s < ctx.states; ++s) states[s].release();
+    master.release();
+  }
+  return Status::ok();
+}
+
+// The rank's thread stalls on the optimizer; the job's error, if any, comes back here.
+Status DelayedOverlap::wait() {
+  if (!running_) return Status::ok();
+  TZ_ASSERT(!unpublished_, "delayed: an update finished and another ran before publishing");
+  Status s = worker_->wait();
+  running_ = false;
+  unpublished_ = s.is_ok();
+  deps_.ctx.counters.optimizer_s += worker_optimizer_s_;
+  worker_optimizer_s_ = 0;
+  return s;
+}
+
+// The next forward sees the update's parameters; persistent stage-3 units are gathered again.
+Status DelayedOverlap::publish() {
+  TZ_RETURN_IF_ERROR(wait());
+  if (!unpublished_) return Status::ok();
+  TZ_ASSERT(!running_, "delayed: publish while the update runs");
+  unpublished_ = false;
+  for (Unit& u : deps_.ctx.units) {
+    if (u.frozen()) continue;
+    TZ_RETURN_IF_ERROR(deps_.driver.write_params(u, params_[u.id].data()));
+    deps_.coordinator.invalidate(u.id);
+  }
+  return Status::ok();
+}
+
+}  // namespace tz::zero::impl
