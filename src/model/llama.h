@@ -105,7 +105,8 @@ nlohmann::ordered_json llama_hf_config(const LlamaConfig& config, DType dtype);
 
 // "llama-3.2-1b" | "llama-3.2-3b" | "llama-3.1-8b" | "qwen3-0.6b" | "qwen3-4b" | "mistral-7b" (the
 // published config.json of each), or "llama:layers=L,heads=H,kv_heads=K,embd=C,ffn=F,vocab=V,
-// seq=T" (every key once; Llama 3 defaults otherwise: rope_theta 500000, eps 1e-5, untied).
+// seq=T[,vocab_chunks=N]" (every key once, vocab_chunks optional: LlamaConfig::vocab_chunks;
+// Llama 3 defaults otherwise: rope_theta 500000, eps 1e-5, untied).
 // kNotFound when `name` is neither (so the caller may try another family); kInvalidArgument
 // naming the field for a bad custom spec.
 Result<LlamaConfig> parse_llama_model(std::string_view name);

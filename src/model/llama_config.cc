@@ -423,8 +423,9 @@ Result<LlamaConfig> parse_llama_model(std::string_view name) {
     std::string_view key;
     int value = 0;
   };
-  std::array<Field, 7> fields = {{{"layers"}, {"heads"}, {"kv_heads"}, {"embd"}, {"ffn"},
-                                  {"vocab"}, {"seq"}}};
+  // The last, vocab_chunks, is optional (LlamaConfig::vocab_chunks: the chunk count forced).
+  std::array<Field, 8> fields = {{{"layers"}, {"heads"}, {"kv_heads"}, {"embd"}, {"ffn"},
+                                  {"vocab"}, {"seq"}, {"vocab_chunks"}}};
   std::string_view rest = name.substr(kCustomPrefix.size());
   while (!rest.empty()) {
     const std::size_t comma = rest.find(',');
@@ -439,7 +440,7 @@ Result<LlamaConfig> parse_llama_model(std::string_view name) {
     }
     if (field == nullptr) {
       return error("unknown field '" + std::string(key) +
-                   "' (fields: layers, heads, kv_heads, embd, ffn, vocab, seq)");
+                   "' (fields: layers, heads, kv_heads, embd, ffn, vocab, seq, vocab_chunks)");
     }
     if (field->value != 0) return error("field '" + std::string(key) + "' given twice");
     long long parsed = 0;
@@ -452,7 +453,9 @@ Result<LlamaConfig> parse_llama_model(std::string_view name) {
     field->value = static_cast<int>(parsed);
   }
   for (const Field& f : fields) {
-    if (f.value == 0) return error("field '" + std::string(f.key) + "' is missing");
+    if (f.value == 0 && f.key != "vocab_chunks") {
+      return error("field '" + std::string(f.key) + "' is missing");
+    }
   }
   nlohmann::json j = {{"architectures", {"LlamaForCausalLM"}},
                       {"model_type", "llama"},
@@ -469,6 +472,7 @@ Result<LlamaConfig> parse_llama_model(std::string_view name) {
   TZ_ASSIGN_OR_RETURN(LlamaConfig c, llama_config_from_json(j, "model '" + std::string(name) + "'"));
   c.name = std::string(name);
   c.source = nullptr;
+  c.vocab_chunks = fields[7].value;
   return c;
 }
 
