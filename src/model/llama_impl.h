@@ -599,7 +599,8 @@ struct Llama::Impl {
     return Status::ok();
   }
 
-  // Chunk c's columns of layout.logits (rows, vocab) and layout.head_tmp (rows, its size).
+  // Where chunk c's columns start in layout.logits (rows, vocab); columns_to_tmp copies them into
+  // layout.head_tmp (rows, the chunk's size).
   ops::Tensor logit_columns(int c) const {
     return {base() + layout.logits + static_cast<std::size_t>(chunk_first(c)) * dtype_size(act),
             act};
