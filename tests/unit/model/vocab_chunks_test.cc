@@ -3,7 +3,8 @@
 // vocabulary 3 does not divide, tied and untied, against the same models as one unit: the same
 // initial weights, the same losses and updated weights over 3 AdamW steps on stage 0 and on stage 3
 // with 2 ranks, the same logits and cached decoding, the same Hugging Face folder byte for byte,
-// a folder loaded across the chunks read back bit for bit, and LoRA on a chunked frozen base.
+// a folder loaded across the chunks read back bit for bit, and LoRA on a chunked frozen base (its
+// losses, and its merged folder byte for byte).
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -309,6 +310,39 @@ TEST(VocabChunksTest, LoraOnAChunkedFrozenBase) {
     ASSERT_EQ(one.size(), 2u);
     ASSERT_EQ(three.size(), 2u);
     for (int i = 0; i < 2; ++i) EXPECT_NEAR(three[i], one[i], 1e-5 * one[i]) << "step " << i;
+
+    // The merged folder (--merge-into) of the same base and adapters, byte for byte.
+    const std::filesystem::path dir = std::filesystem::temp_directory_path() /
+                                      ("tz_vocab_chunks_merge_" + std::to_string(::getpid()));
+    std::map<std::string, std::vector<float>> weights;
+    const auto merged = [&](int chunks) {
+      ModelDesc desc = with_chunks(desc_of(json, name), chunks);
+      desc.lora = parse_lora(desc, "r=2,alpha=4,targets=all-linear").value();
+      if (weights.empty()) {
+        const std::vector<zero::UnitSpec> specs = unit_specs(desc);
+        const Weights w = random_weights(specs, kSeed + 9);
+        for (std::size_t u = 0; u < specs.size(); ++u) {
+          for (std::size_t t = 0; t < specs[u].tensors.size(); ++t) {
+            weights[specs[u].tensors[t].name] = w[u][t];
+          }
+        }
+      }
+      ModelOptions o;
+      o.micro_batch = 1;
+      o.seq = 4;
+      const std::string out = (dir / std::to_string(chunks)).string();
+      const Status s = with_net(config_json(kAdamW, 3), desc, o,
+                                [&](zero::Engine& engine, Model& net) -> Status {
+        TZ_RETURN_IF_ERROR(set_whole_weights(engine, net, weights));
+        return net.save_merged(out, DType::kF32);
+      }, 2);
+      EXPECT_TRUE(s.is_ok()) << s.to_string();
+      return file_bytes(out + "/model.safetensors");
+    };
+    const std::string want = merged(1);
+    EXPECT_FALSE(want.empty());
+    EXPECT_EQ(merged(3), want);
+    std::filesystem::remove_all(dir);
   }
 }
 
