@@ -790,7 +790,8 @@ struct Llama::Impl {
     TZ_RETURN_IF_ERROR(ops->cross_entropy_backward(a(layout.logits), f(layout.losses),
                                                    a(layout.logits), ids(layout.targets), rows, v,
                                                    grad_scale, st));
-    for (int c = 0; c < chunk_count(); ++c) {
+    // Last chunk first: the one the forward gathered last is the likeliest still near.
+    for (int c = chunk_count() - 1; c >= 0; --c) {
       const zero::UnitId unit = head_unit(c);
       TZ_ASSIGN_OR_RETURN(const zero::UnitViews w, engine.gather(unit));
       zero::UnitViews g;
@@ -799,7 +800,8 @@ struct Llama::Impl {
       }
       TZ_RETURN_IF_ERROR(columns_to_tmp(c, rows));
       TZ_RETURN_IF_ERROR(ops->matmul_backward(
-          a(layout.dc), c == 0 ? ops::Accumulate::kOverwrite : ops::Accumulate::kAdd, out(g, 0),
+          a(layout.dc),
+          c == chunk_count() - 1 ? ops::Accumulate::kOverwrite : ops::Accumulate::kAdd, out(g, 0),
           {}, a(layout.head_tmp), a(layout.lnf), in(w, 0), ops::WeightLayout::kOutIn, rows, h,
           chunk_size(c), st));
       TZ_RETURN_IF_ERROR(engine.release(unit));
