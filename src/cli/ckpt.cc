@@ -4,7 +4,9 @@
 // DeepSpeed's zero_to_fp32.py), one tensor in memory at a time; for the Llama family `--out` is a
 // folder transformers loads (config.json, shards above 5 GB with an index, the source folder's
 // tokenizer files).
+#include <algorithm>
 #include <cstdio>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -73,22 +75,47 @@ Status export_weights(const std::string& path, const std::string& out, DType dty
                       SafetensorsReader::open(dir + "/master.safetensors"));
   if (const auto* llama = std::get_if<model::LlamaConfig>(&desc.arch)) {
     // The Llama family's tensors carry their HF names: a folder, as Llama::save_weights writes.
+    // A tensor split into vocabulary chunks is its units' same-named tensors in unit order
+    // (model::hf_tensors): their rows joined.
     std::vector<model::FolderTensor> tensors;
-    std::vector<std::pair<const SafetensorsEntry*, std::string>> items;
+    struct Part {
+      const SafetensorsEntry* entry;
+      std::string checksum;
+    };
+    std::vector<std::vector<Part>> parts;
+    std::map<std::string, std::size_t> index;
     for (const nlohmann::json& t : manifest["tensors"]) {
       const std::string key = t.value("name", "");
       const SafetensorsEntry* e = master.find(key);
       if (e == nullptr) return Status::not_found(master.path() + ": tensor '" + key + "' is missing");
-      tensors.push_back({t.value("tensor", ""), e->shape});
-      items.emplace_back(e, t["xxh3"].value("master.safetensors", ""));
+      const std::string hf = t.value("tensor", "");
+      const auto [it, added] = index.emplace(hf, tensors.size());
+      if (added) {
+        tensors.push_back({hf, e->shape});
+        parts.emplace_back();
+      } else {
+        std::vector<std::int64_t>& shape = tensors[it->second].shape;
+        if (e->shape.empty() || shape.size() != e->shape.size() ||
+            !std::equal(shape.begin() + 1, shape.end(), e->shape.begin() + 1)) {
+          return Status::corrupt(master.path() + ": tensor '" + key + "' is a part of '" + hf +
+                                 "' whose shape does not match the others'");
+        }
+        shape[0] += e->shape[0];
+      }
+      parts[it->second].push_back({e, t["xxh3"].value("master.safetensors", "")});
     }
     Status written = model::write_hf_folder(
         true, tensors,
         [&](std::size_t i, std::span<float> values) -> Status {
-          TZ_RETURN_IF_ERROR(master.read_f32(*items[i].first, values));
-          if (zero::tensor_checksum(values) != items[i].second) {
-            return Status::corrupt(master.path() + ": tensor '" + items[i].first->name +
-                                   "' does not match its checksum");
+          std::size_t at = 0;
+          for (const Part& p : parts[i]) {
+            const std::span<float> part = values.subspan(at, p.entry->numel());
+            TZ_RETURN_IF_ERROR(master.read_f32(*p.entry, part));
+            if (zero::tensor_checksum(part) != p.checksum) {
+              return Status::corrupt(master.path() + ": tensor '" + p.entry->name +
+                                     "' does not match its checksum");
+            }
+            at += part.size();
           }
           return Status::ok();
         },

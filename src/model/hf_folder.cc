@@ -82,7 +82,7 @@ Result<Files> locate(const std::string& path) {
 }
 
 struct Wanted {
-  std::size_t unit = 0, tensor = 0;
+  const HfTensor* tensor = nullptr;
   const SafetensorsReader* reader = nullptr;
   const SafetensorsEntry* entry = nullptr;
 };
@@ -93,16 +93,36 @@ std::string tensor_ctx(const std::string& path, std::string_view name) {
 
 }  // namespace
 
+std::vector<HfTensor> hf_tensors(const std::vector<zero::UnitSpec>& specs) {
+  std::vector<HfTensor> out;
+  std::map<std::string, std::size_t, std::less<>> index;
+  for (std::size_t u = 0; u < specs.size(); ++u) {
+    for (std::size_t t = 0; t < specs[u].tensors.size(); ++t) {
+      const zero::TensorSpec& spec = specs[u].tensors[t];
+      const auto [it, added] = index.emplace(spec.name, out.size());
+      if (added) {
+        out.push_back({spec.name, spec.shape, {{u, t, 0, spec.numel()}}});
+        continue;
+      }
+      HfTensor& whole = out[it->second];
+      TZ_ASSERT(!spec.shape.empty() && whole.shape.size() == spec.shape.size() &&
+                    std::equal(spec.shape.begin() + 1, spec.shape.end(), whole.shape.begin() + 1),
+                "hf_tensors: the parts of a split tensor differ but in their first dim");
+      const HfTensorPart& last = whole.parts.back();
+      whole.parts.push_back({u, t, last.first_elem + last.numel, spec.numel()});
+      whole.shape[0] += spec.shape[0];
+    }
+  }
+  return out;
+}
+
 Status load_hf_weights_folder(zero::Engine& engine, const std::vector<zero::UnitSpec>& specs,
                               const std::vector<zero::UnitId>& units, const std::string& path,
                               const std::vector<std::string>& ignorable) {
   TZ_ASSIGN_OR_RETURN(const Files files, locate(path));
+  const std::vector<HfTensor> tensors = hf_tensors(specs);
   std::map<std::string, Wanted, std::less<>> wanted;
-  for (std::size_t u = 0; u < specs.size(); ++u) {
-    for (std::size_t t = 0; t < specs[u].tensors.size(); ++t) {
-      wanted.emplace(specs[u].tensors[t].name, Wanted{u, t});
-    }
-  }
+  for (const HfTensor& t : tensors) wanted.emplace(t.name, Wanted{&t});
   const std::set<std::string, std::less<>> skip(ignorable.begin(), ignorable.end());
   // Open every file that holds a tensor (headers validated, nothing read yet).
   std::map<std::string, std::unique_ptr<SafetensorsReader>> readers;
@@ -135,7 +155,7 @@ Status load_hf_weights_folder(zero::Engine& engine, const std::vector<zero::Unit
       const auto it = wanted.find(entry.name);
       if (skip.contains(entry.name)) {
         // The tied head: its values are the embedding's, but it must have the embedding's shape.
-        const zero::TensorSpec& embed = specs.front().tensors.front();
+        const HfTensor& embed = tensors.front();
         if (entry.shape != embed.shape) {
           return Status::invalid_argument(tensor_ctx(file, entry.name) + ": shape " +
                                           shape_text(entry.shape) + ", expected " +
@@ -148,7 +168,7 @@ Status load_hf_weights_folder(zero::Engine& engine, const std::vector<zero::Unit
         return Status::invalid_argument(tensor_ctx(file, entry.name) +
                                         ": unexpected, not a parameter of the model");
       }
-      const zero::TensorSpec& spec = specs[it->second.unit].tensors[it->second.tensor];
+      const HfTensor& spec = *it->second.tensor;
       if (entry.shape != spec.shape) {
         return Status::invalid_argument(tensor_ctx(file, entry.name) + ": wrong shape: expected " +
                                         shape_text(spec.shape) + ", found " +
@@ -160,17 +180,16 @@ Status load_hf_weights_folder(zero::Engine& engine, const std::vector<zero::Unit
   }
   // Missing tensors in model order.
   const std::string where = files.index.empty() ? files.single : files.index;
-  for (const zero::UnitSpec& u : specs) {
-    for (const zero::TensorSpec& t : u.tensors) {
-      if (wanted.at(t.name).entry == nullptr) {
-        return Status::invalid_argument(where + ": tensor '" + t.name + "' is missing");
-      }
+  for (const HfTensor& t : tensors) {
+    if (wanted.at(t.name).entry == nullptr) {
+      return Status::invalid_argument(where + ": tensor '" + t.name + "' is missing");
     }
   }
-  for (std::size_t u = 0; u < specs.size(); ++u) {
-    for (std::size_t t = 0; t < specs[u].tensors.size(); ++t) {
-      const Wanted& w = wanted.at(specs[u].tensors[t].name);
-      TZ_RETURN_IF_ERROR(load_tensor_part(engine, units[u], t, *w.reader, *w.entry));
+  for (const HfTensor& t : tensors) {
+    const Wanted& w = wanted.at(t.name);
+    for (const HfTensorPart& p : t.parts) {
+      TZ_RETURN_IF_ERROR(load_tensor_part(engine, units[p.unit], p.tensor, *w.reader, *w.entry,
+                                          kLoadChunkElems, p.first_elem));
     }
   }
   return Status::ok();
@@ -178,14 +197,15 @@ Status load_hf_weights_folder(zero::Engine& engine, const std::vector<zero::Unit
 
 Status load_tensor_part(zero::Engine& engine, zero::UnitId unit, std::size_t tensor,
                         const SafetensorsReader& reader, const SafetensorsEntry& entry,
-                        std::size_t chunk_elems) {
+                        std::size_t chunk_elems, std::size_t entry_first_elem) {
   TZ_ASSERT(chunk_elems > 0);
   const auto [first, end] = engine.tensor_range(unit, tensor);
   std::vector<float> values(std::min(chunk_elems, end - first));
   for (std::size_t at = first; at < end; at += values.size()) {
     const std::span<float> piece(values.data(), std::min(values.size(), end - at));
-    TZ_RETURN_IF_ERROR(reader.read_f32(entry, piece, at));
-    TZ_RETURN_IF_ERROR(check_finite_weights(piece, reader.path(), entry.name, at));
+    TZ_RETURN_IF_ERROR(reader.read_f32(entry, piece, entry_first_elem + at));
+    TZ_RETURN_IF_ERROR(
+        check_finite_weights(piece, reader.path(), entry.name, entry_first_elem + at));
     Status s = engine.set_tensor_slice(unit, tensor, at, piece);
     if (!s.is_ok()) return std::move(s).with_context(tensor_ctx(reader.path(), entry.name));
   }
@@ -287,18 +307,17 @@ Status save_hf_weights_folder(zero::Engine& engine, const std::vector<zero::Unit
                               const std::vector<zero::UnitId>& units, const std::string& dir,
                               const nlohmann::ordered_json& config, DType dtype,
                               const std::string& source_dir, std::uint64_t shard_bytes) {
+  const std::vector<HfTensor> whole = hf_tensors(specs);
   std::vector<FolderTensor> tensors;
-  std::vector<std::pair<std::size_t, std::size_t>> where;
-  for (std::size_t u = 0; u < specs.size(); ++u) {
-    for (std::size_t t = 0; t < specs[u].tensors.size(); ++t) {
-      tensors.push_back({specs[u].tensors[t].name, specs[u].tensors[t].shape});
-      where.emplace_back(u, t);
-    }
-  }
+  for (const HfTensor& t : whole) tensors.push_back({t.name, t.shape});
   return write_hf_folder(
       engine.rank() == 0, tensors,
-      [&](std::size_t i, std::span<float> out) {
-        return engine.get_tensor(units[where[i].first], where[i].second, out);
+      [&](std::size_t i, std::span<float> out) -> Status {
+        for (const HfTensorPart& p : whole[i].parts) {
+          TZ_RETURN_IF_ERROR(
+              engine.get_tensor(units[p.unit], p.tensor, out.subspan(p.first_elem, p.numel)));
+        }
+        return Status::ok();
       },
       dir, config, dtype, source_dir, shard_bytes);
 }

@@ -22,7 +22,23 @@ namespace tz::model {
 // transformers' save_pretrained default (max_shard_size "5GB"): a folder above it is sharded.
 inline constexpr std::uint64_t kDefaultShardBytes = 5'000'000'000ull;
 
-// Loads every tensor of `specs` (tensor names are HF names) from `path`: a folder (its index and
+// A Hugging Face tensor and where its elements live in the units: one unit tensor of the same
+// name, or several same-named unit tensors holding consecutive row ranges in unit order (the
+// Llama family's vocabulary chunks, model/llama.h), their shapes equal but for the first dim.
+struct HfTensorPart {
+  std::size_t unit = 0, tensor = 0;  // indices into the specs and their tensors
+  std::size_t first_elem = 0;        // where the part starts in the HF tensor (row-major)
+  std::size_t numel = 0;
+};
+struct HfTensor {
+  std::string name;
+  std::vector<std::int64_t> shape;  // the whole tensor's
+  std::vector<HfTensorPart> parts;
+};
+// The HF tensors of `specs` in the order of their first part.
+std::vector<HfTensor> hf_tensors(const std::vector<zero::UnitSpec>& specs);
+
+// Loads every tensor of `specs` (tensor names are HF names; hf_tensors joins split ones) from `path`: a folder (its index and
 // shards, or its model.safetensors) or one safetensors file. Names in `ignorable` (the tied
 // lm_head.weight) may be present with any content of the right size and are skipped, as are
 // rotary inv_freq buffers older files hold. Everything is checked before the first tensor is set
@@ -46,9 +62,12 @@ inline constexpr std::size_t kLoadChunkElems = std::size_t{16} << 20;
 // ranks' parts are never read; each piece checked finite (check_finite_weights). Not collective:
 // a rank may fail where another does not (a NaN in its part), so callers that train next agree
 // on the outcome (train/trainer.h does). Errors name the file and the tensor.
+// The unit tensor may be a part of the entry (HfTensorPart): its element 0 is the entry's element
+// `entry_first_elem`.
 Status load_tensor_part(zero::Engine& engine, zero::UnitId unit, std::size_t tensor,
                         const SafetensorsReader& reader, const SafetensorsEntry& entry,
-                        std::size_t chunk_elems = kLoadChunkElems);
+                        std::size_t chunk_elems = kLoadChunkElems,
+                        std::size_t entry_first_elem = 0);
 
 // One tensor of a folder being written, and where its fp32 values come from (the values of
 // tensor `index` into `out`, numel elements).
@@ -72,7 +91,8 @@ Status write_hf_folder(bool writes, const std::vector<FolderTensor>& tensors,
                        std::uint64_t shard_bytes = kDefaultShardBytes);
 
 // The engine's master weights as a folder (write_hf_folder): every tensor of `specs` in unit
-// order. Collective: every rank gathers each tensor; rank 0 writes.
+// order (hf_tensors: split ones whole). Collective: every rank gathers each tensor; rank 0
+// writes.
 Status save_hf_weights_folder(zero::Engine& engine, const std::vector<zero::UnitSpec>& specs,
                               const std::vector<zero::UnitId>& units, const std::string& dir,
                               const nlohmann::ordered_json& config, DType dtype,

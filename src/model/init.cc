@@ -8,8 +8,10 @@ namespace {
 
 // splitmix64 (Steele, Lea, Flood 2014): a small generator whose stream is the same everywhere, so
 // initial weights do not depend on the standard library's distributions.
+constexpr std::uint64_t kGolden = 0x9e3779b97f4a7c15ULL;  // splitmix64's step
+
 std::uint64_t splitmix64(std::uint64_t& state) {
-  std::uint64_t z = (state += 0x9e3779b97f4a7c15ULL);
+  std::uint64_t z = (state += kGolden);
   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
   z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
   return z ^ (z >> 31);
@@ -25,18 +27,23 @@ std::uint64_t tensor_stream(std::uint64_t seed, std::uint64_t unit, std::uint64_
 
 }  // namespace
 
-// Normal(0, stddev) values by Box-Muller in double from the tensor's own stream.
+// Normal(0, stddev) values by Box-Muller in double from the tensor's own stream: each pair of
+// elements takes two draws, so element e's pair starts after e / 2 * 2 draws (splitmix64's state
+// advances by a constant per draw, so skipping there is one multiply).
 void fill_normal(std::span<float> out, double stddev, std::uint64_t seed, std::uint64_t unit,
-                 std::uint64_t tensor) {
-  std::uint64_t state = tensor_stream(seed, unit, tensor);
+                 std::uint64_t tensor, std::size_t first) {
+  const std::size_t start = first - first % 2;
+  std::uint64_t state =
+      tensor_stream(seed, unit, tensor) + static_cast<std::uint64_t>(start) * kGolden;
   constexpr double kTwoPi = 6.283185307179586476925;
-  for (std::size_t i = 0; i < out.size(); i += 2) {
+  const std::size_t end = first + out.size();
+  for (std::size_t e = start; e < end; e += 2) {
     // u1 in (0, 1] so the log is finite; u2 in [0, 1).
     const double u1 = static_cast<double>((splitmix64(state) >> 11) + 1) * 0x1.0p-53;
     const double u2 = static_cast<double>(splitmix64(state) >> 11) * 0x1.0p-53;
     const double r = std::sqrt(-2.0 * std::log(u1)) * stddev;
-    out[i] = static_cast<float>(r * std::cos(kTwoPi * u2));
-    if (i + 1 < out.size()) out[i + 1] = static_cast<float>(r * std::sin(kTwoPi * u2));
+    if (e >= first) out[e - first] = static_cast<float>(r * std::cos(kTwoPi * u2));
+    if (e + 1 < end) out[e + 1 - first] = static_cast<float>(r * std::sin(kTwoPi * u2));
   }
 }
 

@@ -12,6 +12,7 @@
 #include <array>
 #include <cmath>
 #include <filesystem>
+#include <map>
 #include <string>
 #include <utility>
 
@@ -69,7 +70,8 @@ Result<std::unique_ptr<Llama>> Llama::create(const LlamaConfig& config,
     impl->lora = *lora;
   }
   impl->specs = model::unit_specs(config);
-  impl->bi = block_index(impl->specs[1 % impl->specs.size()]);
+  impl->chunks = llama_vocab_chunks(config);
+  impl->bi = block_index(impl->specs[static_cast<std::size_t>(impl->chunks.count)]);
   impl->all_specs = model::unit_specs(config, lora);
   impl->lora_a.fill(-1);
   impl->lora_b.fill(-1);
@@ -106,21 +108,32 @@ Result<std::unique_ptr<Llama>> Llama::create(const LlamaConfig& config,
 Status Llama::init_weights(std::uint64_t seed) {
   Impl& m = *impl_;
   TZ_RETURN_IF_ERROR(m.init_adapters(seed));
+  // Each tensor's values come from the stream of its (unit, tensor) in the model without
+  // vocabulary chunks, a chunk taking its rows' elements of it: the same weights whatever the
+  // chunking.
+  LlamaConfig whole = m.config;
+  whole.vocab_chunks = 1;
+  std::map<std::string, std::pair<std::size_t, std::size_t>, std::less<>> stream_of;
+  const std::vector<zero::UnitSpec> whole_specs = model::unit_specs(whole);
+  for (std::size_t u = 0; u < whole_specs.size(); ++u) {
+    for (std::size_t t = 0; t < whole_specs[u].tensors.size(); ++t) {
+      stream_of.emplace(whole_specs[u].tensors[t].name, std::pair{u, t});
+    }
+  }
   std::vector<float> values;
-  for (std::size_t u = 0; u < m.specs.size(); ++u) {
-    const zero::UnitSpec& spec = m.specs[u];
-    for (std::size_t t = 0; t < spec.tensors.size(); ++t) {
-      const zero::TensorSpec& tensor = spec.tensors[t];
-      values.assign(tensor.numel(), 0.0f);
-      const std::string& name = tensor.name;
+  for (const HfTensor& tensor : hf_tensors(m.specs)) {
+    const std::string& name = tensor.name;
+    const auto [su, st] = stream_of.at(name);
+    for (const HfTensorPart& part : tensor.parts) {
+      values.assign(part.numel, 0.0f);
       if (name.ends_with(".bias")) {
         // zero
       } else if (name.ends_with("norm.weight") || name.ends_with("layernorm.weight")) {
         std::fill(values.begin(), values.end(), 1.0f);
       } else {
-        fill_normal(values, m.config.initializer_range, seed, u, t);
+        fill_normal(values, m.config.initializer_range, seed, su, st, part.first_elem);
       }
-      Status s = m.engine.set_tensor(m.units[u], t, values);
+      Status s = m.engine.set_tensor(m.units[part.unit], part.tensor, values);
       if (!s.is_ok()) return std::move(s).with_context("init of " + name);
     }
   }

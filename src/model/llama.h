@@ -7,13 +7,19 @@
 // head tied to the embedding or not (tie_word_embeddings). No dropout.
 //
 // Units, in registration (= forward) order, with HF's tensor names (nn.Linear weights (out, in)):
-//   "embed"      model.embed_tokens.weight (vocab, hidden)
+//   "embed"      model.embed_tokens.weight (vocab, hidden); or, split into C vocabulary chunks
+//                (llama_vocab_chunks), "embed.0" .. "embed.{C-1}", each with the tensor
+//                model.embed_tokens.weight holding its rows (rows_c, hidden)
 //   "layers.{i}" model.layers.{i}.input_layernorm.weight (hidden); self_attn.q_proj.weight
 //                (heads*head_dim, hidden) [.bias]; k_proj, v_proj (kv_heads*head_dim, hidden)
 //                [.bias]; o_proj.weight (hidden, heads*head_dim) [.bias]; [self_attn.q_norm.weight,
 //                k_norm.weight (head_dim)]; post_attention_layernorm.weight; mlp.gate_proj.weight,
 //                up_proj.weight (ffn, hidden) [.bias]; mlp.down_proj.weight (hidden, ffn) [.bias]
 //   "norm"       model.norm.weight (hidden) [, lm_head.weight (vocab, hidden) when untied]
+//   with C chunks and untied, "norm" holds model.norm.weight only and is followed by
+//   "lm_head.0" .. "lm_head.{C-1}", each with lm_head.weight holding its rows (rows_c, hidden).
+// A Hugging Face tensor split that way is the units' same-named tensors in unit order
+// (hf_tensors in model/hf_folder.h): folders and checkpoint exports hold it whole.
 //
 // With LoRA (model/lora.h, docs/lora.md) every unit above is frozen (zero::UnitSpec::frozen: no
 // gradients, no optimizer state) and each "layers.{i}" is followed by its adapters "layers.{i}.lora":
@@ -22,6 +28,7 @@
 // backward through the frozen base computes input gradients only.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -73,12 +80,17 @@ struct LlamaConfig {
   std::optional<int> sliding_window;  // Mistral's (or Qwen's with use_sliding_window): refused
                                       // when shorter than the sequence trained or sampled
   double initializer_range = 0.02;
+  // tierzero's, not a config.json key: how many vocabulary-chunk units hold the embedding (and the
+  // untied LM head): 0 = as llama_vocab_chunks decides; >= 1 forces that many (at most vocab;
+  // tests run small models with several chunks).
+  int vocab_chunks = 0;
   // The config.json the model came from (a folder's, or a preset's published one; written back
   // with tierzero's values on save), or null for custom shapes.
   nlohmann::json source;
 
-  // Parameters, the LM head counted once when tied.
+  // Parameters, the LM head counted once when tied; one decoder layer's.
   std::uint64_t param_count() const;
+  std::uint64_t layer_param_count() const;
 };
 
 // Parses a config.json of the family. `origin` names the file in errors. Refused, with one line
@@ -93,11 +105,31 @@ nlohmann::ordered_json llama_hf_config(const LlamaConfig& config, DType dtype);
 
 // "llama-3.2-1b" | "llama-3.2-3b" | "llama-3.1-8b" | "qwen3-0.6b" | "qwen3-4b" | "mistral-7b" (the
 // published config.json of each), or "llama:layers=L,heads=H,kv_heads=K,embd=C,ffn=F,vocab=V,
-// seq=T" (every key once; Llama 3 defaults otherwise: rope_theta 500000, eps 1e-5, untied).
+// seq=T[,vocab_chunks=N]" (every key once, vocab_chunks optional: LlamaConfig::vocab_chunks;
+// Llama 3 defaults otherwise: rope_theta 500000, eps 1e-5, untied).
 // kNotFound when `name` is neither (so the caller may try another family); kInvalidArgument
 // naming the field for a bad custom spec.
 Result<LlamaConfig> parse_llama_model(std::string_view name);
 std::vector<std::string> llama_preset_names();
+
+// The vocabulary chunks of the embedding and the untied LM head (docs/model.md, "Vocabulary
+// chunks"): `count` units, chunk c holding the rows [c * rows, min(vocab, (c + 1) * rows)). One
+// unit is the largest block of state the engine moves and the optimizer steps at once, and with
+// both offloads on NVMe the host tier holds two units of it; a 128 K-token vocabulary would make
+// the embedding 4x a decoder layer (llama-3.2-3b: 394 M against 101 M parameters). So an
+// embedding above kVocabChunkMinParams parameters and larger than a decoder layer is split into
+// chunks of at most a layer's parameters; smaller ones stay one unit (count 1, the units and bits
+// of before). LlamaConfig::vocab_chunks forces the count.
+inline constexpr std::uint64_t kVocabChunkMinParams = std::uint64_t{64} << 20;
+struct VocabChunks {
+  int count = 1;
+  std::int64_t rows = 0;  // rows per chunk; the last holds the rest
+  std::int64_t first(int c) const { return static_cast<std::int64_t>(c) * rows; }
+  std::int64_t size(int c, std::int64_t vocab) const {
+    return std::min(rows, vocab - first(c));
+  }
+};
+VocabChunks llama_vocab_chunks(const LlamaConfig& config);
 
 // The rotary inverse frequencies (head_dim / 2 values) as transformers computes them: 1 /
 // theta^(2i/d), then the llama3 scaling when configured.

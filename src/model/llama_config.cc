@@ -166,7 +166,7 @@ Status parse_rope(const nlohmann::json& config, std::string_view origin, LlamaCo
 
 }  // namespace
 
-std::uint64_t LlamaConfig::param_count() const {
+std::uint64_t LlamaConfig::layer_param_count() const {
   const auto h = static_cast<std::uint64_t>(hidden);
   const auto q = static_cast<std::uint64_t>(heads) * static_cast<std::uint64_t>(head_dim);
   const auto kv = static_cast<std::uint64_t>(kv_heads) * static_cast<std::uint64_t>(head_dim);
@@ -176,8 +176,14 @@ std::uint64_t LlamaConfig::param_count() const {
   if (o_bias) block += h;
   if (qk_norm) block += 2 * static_cast<std::uint64_t>(head_dim);
   if (mlp_bias) block += 2 * f + h;
+  return block;
+}
+
+std::uint64_t LlamaConfig::param_count() const {
+  const auto h = static_cast<std::uint64_t>(hidden);
   const std::uint64_t embed = static_cast<std::uint64_t>(vocab) * h;
-  return embed + static_cast<std::uint64_t>(layers) * block + h + (tie_word_embeddings ? 0 : embed);
+  return embed + static_cast<std::uint64_t>(layers) * layer_param_count() + h +
+         (tie_word_embeddings ? 0 : embed);
 }
 
 namespace {
@@ -417,8 +423,9 @@ Result<LlamaConfig> parse_llama_model(std::string_view name) {
     std::string_view key;
     int value = 0;
   };
-  std::array<Field, 7> fields = {{{"layers"}, {"heads"}, {"kv_heads"}, {"embd"}, {"ffn"},
-                                  {"vocab"}, {"seq"}}};
+  // The last, vocab_chunks, is optional (LlamaConfig::vocab_chunks: the chunk count forced).
+  std::array<Field, 8> fields = {{{"layers"}, {"heads"}, {"kv_heads"}, {"embd"}, {"ffn"},
+                                  {"vocab"}, {"seq"}, {"vocab_chunks"}}};
   std::string_view rest = name.substr(kCustomPrefix.size());
   while (!rest.empty()) {
     const std::size_t comma = rest.find(',');
@@ -433,7 +440,7 @@ Result<LlamaConfig> parse_llama_model(std::string_view name) {
     }
     if (field == nullptr) {
       return error("unknown field '" + std::string(key) +
-                   "' (fields: layers, heads, kv_heads, embd, ffn, vocab, seq)");
+                   "' (fields: layers, heads, kv_heads, embd, ffn, vocab, seq, vocab_chunks)");
     }
     if (field->value != 0) return error("field '" + std::string(key) + "' given twice");
     long long parsed = 0;
@@ -446,7 +453,9 @@ Result<LlamaConfig> parse_llama_model(std::string_view name) {
     field->value = static_cast<int>(parsed);
   }
   for (const Field& f : fields) {
-    if (f.value == 0) return error("field '" + std::string(f.key) + "' is missing");
+    if (f.value == 0 && f.key != "vocab_chunks") {
+      return error("field '" + std::string(f.key) + "' is missing");
+    }
   }
   nlohmann::json j = {{"architectures", {"LlamaForCausalLM"}},
                       {"model_type", "llama"},
@@ -463,6 +472,7 @@ Result<LlamaConfig> parse_llama_model(std::string_view name) {
   TZ_ASSIGN_OR_RETURN(LlamaConfig c, llama_config_from_json(j, "model '" + std::string(name) + "'"));
   c.name = std::string(name);
   c.source = nullptr;
+  c.vocab_chunks = fields[7].value;
   return c;
 }
 
@@ -492,11 +502,40 @@ std::vector<float> rope_inv_freq(const LlamaConfig& c) {
   return out;
 }
 
+VocabChunks llama_vocab_chunks(const LlamaConfig& c) {
+  const std::int64_t vocab = c.vocab, h = c.hidden;
+  VocabChunks v{1, vocab};
+  int count = c.vocab_chunks;
+  if (count == 0) {
+    const std::uint64_t embed = static_cast<std::uint64_t>(vocab) * static_cast<std::uint64_t>(h);
+    const std::uint64_t layer = c.layer_param_count();
+    if (embed <= kVocabChunkMinParams || embed <= layer || h <= 0) return v;
+    const std::int64_t rows = std::max<std::int64_t>(1, static_cast<std::int64_t>(layer) / h);
+    count = static_cast<int>((vocab + rows - 1) / rows);
+  }
+  count = static_cast<int>(std::clamp<std::int64_t>(count, 1, vocab));
+  v.rows = (vocab + count - 1) / count;
+  v.count = static_cast<int>((vocab + v.rows - 1) / v.rows);  // no empty chunk
+  return v;
+}
+
 std::vector<zero::UnitSpec> unit_specs(const LlamaConfig& c) {
   const std::int64_t h = c.hidden, q = static_cast<std::int64_t>(c.heads) * c.head_dim;
   const std::int64_t kv = static_cast<std::int64_t>(c.kv_heads) * c.head_dim, f = c.ffn;
+  const VocabChunks chunks = llama_vocab_chunks(c);
+  // The embedding (or the untied head) whole, or its chunks as units named prefix.{i}.
+  const auto vocab_units = [&](const std::string& prefix, const std::string& tensor,
+                               std::vector<zero::UnitSpec>& out) {
+    for (int i = 0; i < chunks.count; ++i) {
+      out.push_back({prefix + "." + std::to_string(i), {{tensor, {chunks.size(i, c.vocab), h}}}});
+    }
+  };
   std::vector<zero::UnitSpec> units;
-  units.push_back({"embed", {{"model.embed_tokens.weight", {c.vocab, h}}}});
+  if (chunks.count == 1) {
+    units.push_back({"embed", {{"model.embed_tokens.weight", {c.vocab, h}}}});
+  } else {
+    vocab_units("embed", "model.embed_tokens.weight", units);
+  }
   for (int i = 0; i < c.layers; ++i) {
     const std::string p = "model.layers." + std::to_string(i) + ".";
     zero::UnitSpec u{"layers." + std::to_string(i), {}};
@@ -523,8 +562,11 @@ std::vector<zero::UnitSpec> unit_specs(const LlamaConfig& c) {
     units.push_back(std::move(u));
   }
   zero::UnitSpec norm{"norm", {{"model.norm.weight", {h}}}};
-  if (!c.tie_word_embeddings) norm.tensors.push_back({"lm_head.weight", {c.vocab, h}});
+  if (!c.tie_word_embeddings && chunks.count == 1) {
+    norm.tensors.push_back({"lm_head.weight", {c.vocab, h}});
+  }
   units.push_back(std::move(norm));
+  if (!c.tie_word_embeddings && chunks.count > 1) vocab_units("lm_head", "lm_head.weight", units);
   return units;
 }
 

@@ -73,6 +73,9 @@ struct ActLayout {
   std::vector<std::size_t> residual;  // L+1 of act (B*T, H)
   std::vector<BlockActs> blocks;      // L sets, or 1 with checkpointing
   std::size_t lnf = 0, rstd_f = 0, logits = 0, losses = 0;
+  // With vocabulary chunks: one chunk's logits or their gradient (rows, chunk rows), copied into
+  // and out of the columns of logits.
+  std::size_t head_tmp = 0;
   // Backward scratch: the residual stream's gradient, the gradient of a norm's output or of the
   // attention output (rows, max(H, Q)), dq, dk, dv, the MLP's three (rows, F), delta, and for
   // q/k norms the gradients of the raw projections.
@@ -143,6 +146,8 @@ inline ActLayout make_layout(const LlamaConfig& c, const ModelOptions& o, DType 
   l.rstd_f = take(rows * 4);
   l.logits = take(rows * v * es);
   l.losses = take(rows * 4);
+  const VocabChunks chunks = llama_vocab_chunks(c);
+  if (chunks.count > 1) l.head_tmp = take(rows * static_cast<std::size_t>(chunks.rows) * es);
   l.dres = take(rows * h * es);
   l.dc = take(rows * std::max(h, q) * es);
   l.dq = take(rows * q * es);
@@ -246,7 +251,10 @@ struct Llama::Impl {
   zero::Engine& engine;
   DType act;
   std::vector<zero::UnitSpec> specs;  // the base's units
-  std::vector<zero::UnitId> units;  // embed, layers.0 .. layers.{L-1}, norm
+  // embed (or embed.0 .. embed.{C-1}), layers.0 .. layers.{L-1}, norm[, lm_head.0 ..
+  // lm_head.{C-1}]
+  std::vector<zero::UnitId> units;
+  VocabChunks chunks;
   BlockIndex bi;
   // LoRA: the spec, each layer's adapter unit, the A and B tensor index of each module in it (-1:
   // not targeted), and every unit in registration order (the base's interleaved with adapters).
@@ -275,9 +283,23 @@ struct Llama::Impl {
   }
   float scale() const { return static_cast<float>(1.0 / std::sqrt(static_cast<double>(config.head_dim))); }
   float eps() const { return static_cast<float>(config.rms_norm_eps); }
-  zero::UnitId embed_unit() const { return units.front(); }
-  zero::UnitId block_unit(int i) const { return units[static_cast<std::size_t>(i) + 1]; }
-  zero::UnitId norm_unit() const { return units.back(); }
+  int chunk_count() const { return chunks.count; }
+  zero::UnitId embed_unit(int c = 0) const { return units[static_cast<std::size_t>(c)]; }
+  zero::UnitId block_unit(int i) const {
+    return units[static_cast<std::size_t>(i) + static_cast<std::size_t>(chunks.count)];
+  }
+  zero::UnitId norm_unit() const {
+    return units[static_cast<std::size_t>(chunks.count) + static_cast<std::size_t>(config.layers)];
+  }
+  // The LM head's chunk c (chunks > 1): the embedding's when tied, else lm_head.{c}.
+  zero::UnitId head_unit(int c) const {
+    if (config.tie_word_embeddings) return embed_unit(c);
+    return units[static_cast<std::size_t>(chunks.count + config.layers + 1 + c)];
+  }
+  // The decoder layer of base unit `u` (one of layers.{i}).
+  int layer_of(std::size_t u) const { return static_cast<int>(u) - chunks.count; }
+  std::int64_t chunk_first(int c) const { return chunks.first(c); }
+  std::int64_t chunk_size(int c) const { return chunks.size(c, config.vocab); }
   gpu::Stream& stream() { return engine.compute_stream(); }
 
   std::byte* base() const { return static_cast<std::byte*>(acts.data()); }
@@ -556,12 +578,51 @@ struct Llama::Impl {
                                  h, st);
   }
 
+  // The token embedding into residual[0]; with vocabulary chunks, each chunk gathered in turn
+  // fills the rows whose tokens it holds.
   Status embed(std::int64_t b, std::int64_t t) {
-    TZ_ASSIGN_OR_RETURN(const zero::UnitViews p, engine.gather(embed_unit()));
-    TZ_RETURN_IF_ERROR(ops->embedding_forward(a(layout.residual[0]), ids(layout.tokens),
-                                              in(p, 0), ops::ConstTensor{}, b, t, config.hidden,
-                                              config.vocab, stream()));
-    return engine.release(embed_unit());
+    if (chunk_count() == 1) {
+      TZ_ASSIGN_OR_RETURN(const zero::UnitViews p, engine.gather(embed_unit()));
+      TZ_RETURN_IF_ERROR(ops->embedding_forward(a(layout.residual[0]), ids(layout.tokens),
+                                                in(p, 0), ops::ConstTensor{}, b, t,
+                                                config.hidden, config.vocab, stream()));
+      return engine.release(embed_unit());
+    }
+    for (int c = 0; c < chunk_count(); ++c) {
+      TZ_ASSIGN_OR_RETURN(const zero::UnitViews p, engine.gather(embed_unit(c)));
+      TZ_RETURN_IF_ERROR(ops->embedding_forward(a(layout.residual[0]), ids(layout.tokens),
+                                                in(p, 0), ops::ConstTensor{}, b, t,
+                                                config.hidden, config.vocab, stream(),
+                                                chunk_first(c), chunk_size(c)));
+      TZ_RETURN_IF_ERROR(engine.release(embed_unit(c)));
+    }
+    return Status::ok();
+  }
+
+  // Where chunk c's columns start in layout.logits (rows, vocab); columns_to_tmp copies them into
+  // layout.head_tmp (rows, the chunk's size).
+  ops::Tensor logit_columns(int c) const {
+    return {base() + layout.logits + static_cast<std::size_t>(chunk_first(c)) * dtype_size(act),
+            act};
+  }
+  Status columns_to_tmp(int c, std::int64_t rows) {
+    return ops->copy_block(a(layout.head_tmp), chunk_size(c), logit_columns(c), config.vocab,
+                           rows, chunk_size(c), stream());
+  }
+
+  // Chunked LM head, forward: the logits of `rows` rows of layout.lnf, chunk by chunk (each
+  // chunk's head weights gathered, multiplied into head_tmp, copied into its columns, released).
+  Status chunked_logits(std::int64_t rows) {
+    for (int c = 0; c < chunk_count(); ++c) {
+      TZ_ASSIGN_OR_RETURN(const zero::UnitViews w, engine.gather(head_unit(c)));
+      TZ_RETURN_IF_ERROR(ops->matmul_forward(a(layout.head_tmp), a(layout.lnf), in(w, 0),
+                                             ops::WeightLayout::kOutIn, {}, rows, config.hidden,
+                                             chunk_size(c), stream()));
+      TZ_RETURN_IF_ERROR(ops->copy_block(logit_columns(c), config.vocab, a(layout.head_tmp),
+                                         chunk_size(c), rows, chunk_size(c), stream()));
+      TZ_RETURN_IF_ERROR(engine.release(head_unit(c)));
+    }
+    return Status::ok();
   }
 
   // Embedding and every block on b*t tokens already on the device (positions from 0).
@@ -587,7 +648,9 @@ struct Llama::Impl {
         a(layout.lnf), f(layout.rstd_f),
         a_at(layout.residual[static_cast<std::size_t>(config.layers)], first, h), in(n, 0), eps(),
         rows, h, st));
-    if (config.tie_word_embeddings) {
+    if (chunk_count() > 1) {
+      TZ_RETURN_IF_ERROR(chunked_logits(rows));
+    } else if (config.tie_word_embeddings) {
       TZ_ASSIGN_OR_RETURN(const zero::UnitViews e, engine.gather(embed_unit()));
       TZ_RETURN_IF_ERROR(ops->matmul_forward(a(layout.logits), a(layout.lnf), in(e, 0),
                                              ops::WeightLayout::kOutIn, {}, rows, h, config.vocab,
@@ -628,7 +691,9 @@ struct Llama::Impl {
     TZ_RETURN_IF_ERROR(forward_trunk(b, t));
     const ops::Tensor top = a(layout.residual[static_cast<std::size_t>(config.layers)]);
     const float grad_scale = static_cast<float>(engine.loss_scale() / static_cast<double>(rows));
-    {
+    if (chunk_count() > 1) {
+      TZ_RETURN_IF_ERROR(chunked_head_train(top, rows, grad_scale));
+    } else {
       // Final norm, LM head and the fused softmax + cross-entropy (dlogits replace the logits),
       // the head's backward into dc and the norm's into dres.
       TZ_ASSIGN_OR_RETURN(const zero::UnitViews n, engine.gather(norm_unit()));
@@ -682,7 +747,24 @@ struct Llama::Impl {
       TZ_RETURN_IF_ERROR(reduce(block_unit(i)));
       if (lora) TZ_RETURN_IF_ERROR(engine.reduce(lora_units[static_cast<std::size_t>(i)]));
     }
-    if (!frozen()) {
+    if (!frozen() && chunk_count() > 1) {
+      // Each chunk's gradient in turn: tied, the head's part from its logit columns' gradient
+      // (kept in layout.logits) and the final norm's output; then the embedding's, its rows.
+      for (int c = 0; c < chunk_count(); ++c) {
+        TZ_ASSIGN_OR_RETURN(const zero::UnitViews ge, engine.grad(embed_unit(c)));
+        if (config.tie_word_embeddings) {
+          TZ_RETURN_IF_ERROR(columns_to_tmp(c, rows));
+          TZ_RETURN_IF_ERROR(ops->matmul_backward(
+              ops::Tensor{}, ops::Accumulate::kOverwrite, out(ge, 0), {}, a(layout.head_tmp),
+              a(layout.lnf), ops::ConstTensor{}, ops::WeightLayout::kOutIn, rows, h,
+              chunk_size(c), st));
+        }
+        TZ_RETURN_IF_ERROR(ops->embedding_backward(out(ge, 0), ops::Tensor{}, a(layout.dres),
+                                                   ids(layout.tokens), b, t, h, v, st,
+                                                   chunk_first(c), chunk_size(c)));
+        TZ_RETURN_IF_ERROR(engine.reduce(embed_unit(c)));
+      }
+    } else if (!frozen()) {
       // The embedding's gradient (a frozen base has none: backward stops at the first block).
       TZ_ASSIGN_OR_RETURN(const zero::UnitViews ge, engine.grad(embed_unit()));
       TZ_RETURN_IF_ERROR(ops->embedding_backward(out(ge, 0), ops::Tensor{}, a(layout.dres),
@@ -690,6 +772,47 @@ struct Llama::Impl {
       TZ_RETURN_IF_ERROR(engine.reduce(embed_unit()));
     }
     return mean_loss(static_cast<std::size_t>(rows));
+  }
+
+  // The final norm, the LM head chunk by chunk and the fused softmax + cross-entropy over the
+  // whole logits (dlogits replace them), then the head's backward chunk by chunk: dc, the
+  // gradient of the norm's output, summed over the chunks (each gathered again), and an untied
+  // chunk's weight gradient, reduced at once; a tied chunk's waits for the embedding's backward
+  // (train_on_device), so only one chunk's gradient buffer is out at a time. Then the norm's
+  // backward into dres.
+  Status chunked_head_train(const ops::Tensor& top, std::int64_t rows, float grad_scale) {
+    const std::int64_t h = config.hidden, v = config.vocab;
+    gpu::Stream& st = stream();
+    TZ_ASSIGN_OR_RETURN(const zero::UnitViews n, engine.gather(norm_unit()));
+    TZ_RETURN_IF_ERROR(ops->rmsnorm_forward(a(layout.lnf), f(layout.rstd_f), top, in(n, 0), eps(),
+                                            rows, h, st));
+    TZ_RETURN_IF_ERROR(chunked_logits(rows));
+    TZ_RETURN_IF_ERROR(ops->cross_entropy_backward(a(layout.logits), f(layout.losses),
+                                                   a(layout.logits), ids(layout.targets), rows, v,
+                                                   grad_scale, st));
+    // Last chunk first: the one the forward gathered last is the likeliest still near.
+    for (int c = chunk_count() - 1; c >= 0; --c) {
+      const zero::UnitId unit = head_unit(c);
+      TZ_ASSIGN_OR_RETURN(const zero::UnitViews w, engine.gather(unit));
+      zero::UnitViews g;
+      if (!config.tie_word_embeddings) {
+        TZ_ASSIGN_OR_RETURN(g, grads(unit));
+      }
+      TZ_RETURN_IF_ERROR(columns_to_tmp(c, rows));
+      TZ_RETURN_IF_ERROR(ops->matmul_backward(
+          a(layout.dc),
+          c == chunk_count() - 1 ? ops::Accumulate::kOverwrite : ops::Accumulate::kAdd, out(g, 0),
+          {}, a(layout.head_tmp), a(layout.lnf), in(w, 0), ops::WeightLayout::kOutIn, rows, h,
+          chunk_size(c), st));
+      TZ_RETURN_IF_ERROR(engine.release(unit));
+      if (!config.tie_word_embeddings) TZ_RETURN_IF_ERROR(reduce(unit));
+    }
+    TZ_ASSIGN_OR_RETURN(const zero::UnitViews gn, grads(norm_unit()));
+    TZ_RETURN_IF_ERROR(ops->rmsnorm_backward(a(layout.dres), ops::Accumulate::kOverwrite,
+                                             out(gn, 0), a(layout.dc), top, in(n, 0),
+                                             f(layout.rstd_f), rows, h, st));
+    TZ_RETURN_IF_ERROR(engine.release(norm_unit()));
+    return reduce(norm_unit());
   }
 
   Result<std::vector<float>> download_logits(std::size_t rows) {

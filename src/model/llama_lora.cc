@@ -26,7 +26,10 @@ Status Llama::Impl::init_adapters(std::uint64_t seed) {
       const zero::TensorSpec& tensor = spec.tensors[t];
       values.assign(tensor.numel(), 0.0f);  // lora_B: zero
       if (tensor.name.ends_with("lora_A.weight")) {
-        fill_lora_a(values, tensor.shape[1], seed, lora_units[l], t);
+        // The stream of the unit's id without vocabulary chunks (ids count registrations), so the
+        // adapters start the same whatever the chunking.
+        const zero::UnitId id = lora_units[l] - static_cast<zero::UnitId>(chunks.count - 1);
+        fill_lora_a(values, tensor.shape[1], seed, id, t);
       }
       Status s = engine.set_tensor(lora_units[l], t, values);
       if (!s.is_ok()) return std::move(s).with_context("init of " + tensor.name);
@@ -103,22 +106,20 @@ Status Llama::save_merged(const std::string& dir, DType dtype) {
   if (!m.lora) return Status::invalid_argument("model " + m.config.name + " has no adapters (--lora)");
   // Which base tensor each module's weight is, per layer: merged as W + (alpha / r) B A.
   const std::span<const std::string_view> names = llama_lora_modules();
+  const std::vector<HfTensor> whole = hf_tensors(m.specs);
   std::vector<FolderTensor> tensors;
-  std::vector<std::pair<std::size_t, std::size_t>> where;
-  for (std::size_t u = 0; u < m.specs.size(); ++u) {
-    for (std::size_t t = 0; t < m.specs[u].tensors.size(); ++t) {
-      tensors.push_back({m.specs[u].tensors[t].name, m.specs[u].tensors[t].shape});
-      where.emplace_back(u, t);
-    }
-  }
+  for (const HfTensor& t : whole) tensors.push_back({t.name, t.shape});
   std::vector<float> a_values, b_values;
   const double scale = m.lora->scale();
   const auto source = [&](std::size_t i, std::span<float> out) -> Status {
-    const auto [u, t] = where[i];
-    TZ_RETURN_IF_ERROR(m.engine.get_tensor(m.units[u], t, out));
-    if (u == 0 || u + 1 == m.specs.size()) return Status::ok();  // embed, norm
-    const int layer = static_cast<int>(u) - 1;
-    const std::string& name = m.specs[u].tensors[t].name;
+    for (const HfTensorPart& p : whole[i].parts) {
+      TZ_RETURN_IF_ERROR(
+          m.engine.get_tensor(m.units[p.unit], p.tensor, out.subspan(p.first_elem, p.numel)));
+    }
+    const std::size_t u = whole[i].parts.front().unit;
+    if (!m.specs[u].name.starts_with("layers.")) return Status::ok();  // embedding, norm, head
+    const int layer = m.layer_of(u);
+    const std::string& name = whole[i].name;
     for (int k = 0; k < kLoraModules; ++k) {
       if (!m.lora_on(k)) continue;
       const std::string module = "." + std::string(names[static_cast<std::size_t>(k)]) + ".weight";

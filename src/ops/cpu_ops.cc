@@ -99,15 +99,16 @@ class CpuOps final : public Ops {
 
   Status embedding_forward_impl(Tensor out, const std::int32_t* tokens, ConstTensor wte,
                                 ConstTensor wpe, std::int64_t batch, std::int64_t seq,
-                                std::int64_t embd, std::int64_t vocab,
-                                gpu::Stream& stream) override {
+                                std::int64_t embd, std::int64_t vocab, std::int64_t first_row,
+                                std::int64_t table_rows, gpu::Stream& stream) override {
     return enqueue(stream, [=, this] {
       const size_t rows = sz(batch * seq);
       const size_t c = sz(embd);
       parallel(rows, 1, [&](size_t r) {
         const std::int32_t tok = tokens[r];
         TZ_ASSERT(tok >= 0 && tok < vocab, "embedding_forward: token out of [0, vocab)");
-        const float* w = load(wte, sz(tok) * c, c, tls_scratch(0, c));
+        if (tok < first_row || tok >= first_row + table_rows) return;  // another slice's
+        const float* w = load(wte, sz(tok - first_row) * c, c, tls_scratch(0, c));
         if (wpe.data == nullptr) {  // no learned positions
           store(out, r * c, w, c, false, nullptr);
           return;
@@ -123,8 +124,8 @@ class CpuOps final : public Ops {
 
   Status embedding_backward_impl(Tensor dwte, Tensor dwpe, ConstTensor dout,
                                  const std::int32_t* tokens, std::int64_t batch, std::int64_t seq,
-                                 std::int64_t embd, std::int64_t vocab,
-                                 gpu::Stream& stream) override {
+                                 std::int64_t embd, std::int64_t vocab, std::int64_t first_row,
+                                 std::int64_t table_rows, gpu::Stream& stream) override {
     return enqueue(stream, [=, this] {
       const size_t rows = sz(batch * seq);
       const size_t c = sz(embd);
@@ -148,7 +149,8 @@ class CpuOps final : public Ops {
           }
           const std::int32_t tok = tokens[order[starts[g]]];
           TZ_ASSERT(tok >= 0 && tok < vocab, "embedding_backward: token out of [0, vocab)");
-          store(dwte, sz(tok) * c, acc, c, true, tls_scratch(2, c));
+          if (tok < first_row || tok >= first_row + table_rows) return;  // another slice's
+          store(dwte, sz(tok - first_row) * c, acc, c, true, tls_scratch(2, c));
         });
       }
       if (dwpe.data != nullptr) {
@@ -161,6 +163,19 @@ class CpuOps final : public Ops {
           store(dwpe, t * c, acc, c, true, tls_scratch(2, c));
         });
       }
+    });
+  }
+
+  Status copy_block_impl(Tensor dst, std::int64_t dst_stride, ConstTensor src,
+                         std::int64_t src_stride, std::int64_t rows, std::int64_t cols,
+                         gpu::Stream& stream) override {
+    return enqueue(stream, [=, this] {
+      const size_t es = dtype_size(dst.dtype);
+      const size_t bytes = sz(cols) * es;
+      parallel(sz(rows), 16, [&](size_t r) {
+        std::memcpy(static_cast<std::byte*>(dst.data) + r * sz(dst_stride) * es,
+                    static_cast<const std::byte*>(src.data) + r * sz(src_stride) * es, bytes);
+      });
     });
   }
 

@@ -67,11 +67,14 @@ __device__ float block_reduce(float v, float* shared) {
 template <typename T>
 __global__ void embedding_forward_kernel(T* out, const std::int32_t* tok, const T* wte,
                                          const T* wpe, std::int64_t rows, std::int64_t seq,
-                                         std::int64_t c) {
+                                         std::int64_t c, std::int64_t first_row,
+                                         std::int64_t table_rows) {
   TZ_GRID_STRIDE(i, rows * c) {
     const std::int64_t r = i / c;
     const std::int64_t k = i % c;
-    const float w = ld(wte, tok[r] * c + k);
+    const std::int64_t row = tok[r] - first_row;
+    if (row < 0 || row >= table_rows) continue;  // another slice's token
+    const float w = ld(wte, row * c + k);
     st(out, i, wpe != nullptr ? w + ld(wpe, (r % seq) * c + k) : w);  // null: no positions
   }
 }
@@ -80,11 +83,13 @@ __global__ void embedding_forward_kernel(T* out, const std::int32_t* tok, const 
 // order (fp32) and adds the sum into the table once.
 template <typename T>
 __global__ void embedding_wte_kernel(T* dwte, const T* dout, const std::int32_t* tok,
-                                     std::int64_t rows, std::int64_t c) {
+                                     std::int64_t rows, std::int64_t c, std::int64_t first_row,
+                                     std::int64_t table_rows) {
   const std::int64_t k = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
   if (k >= c) return;
   for (std::int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
     const std::int32_t t = tok[r];
+    if (t < first_row || t >= first_row + table_rows) continue;  // another slice's token
     bool first = true;
     for (std::int64_t r2 = 0; r2 < r && first; ++r2) first = tok[r2] != t;
     if (!first) continue;
@@ -92,7 +97,8 @@ __global__ void embedding_wte_kernel(T* dwte, const T* dout, const std::int32_t*
     for (std::int64_t r2 = r; r2 < rows; ++r2) {
       if (tok[r2] == t) s += ld(dout, r2 * c + k);
     }
-    st(dwte, t * c + k, ld(dwte, t * c + k) + s);
+    const std::int64_t row = t - first_row;
+    st(dwte, row * c + k, ld(dwte, row * c + k) + s);
   }
 }
 
@@ -105,6 +111,18 @@ __global__ void embedding_wpe_kernel(T* dwpe, const T* dout, std::int64_t batch,
     float s = 0;
     for (std::int64_t b = 0; b < batch; ++b) s += ld(dout, (b * seq + t) * c + k);
     st(dwpe, i, ld(dwpe, i) + s);
+  }
+}
+
+// ---- strided block copy ----
+
+template <typename T>
+__global__ void copy_block_kernel(T* dst, std::int64_t dst_stride, const T* src,
+                                  std::int64_t src_stride, std::int64_t rows, std::int64_t cols) {
+  TZ_GRID_STRIDE(i, rows * cols) {
+    const std::int64_t r = i / cols;
+    const std::int64_t k = i % cols;
+    dst[r * dst_stride + k] = src[r * src_stride + k];
   }
 }
 
@@ -606,20 +624,30 @@ unsigned warps_grid(std::int64_t rows) {
 }  // namespace
 
 int embedding_forward(void* out, const std::int32_t* tokens, const void* wte, const void* wpe,
-                      std::int64_t batch, std::int64_t seq, std::int64_t embd, DType dt,
-                      void* stream) {
+                      std::int64_t batch, std::int64_t seq, std::int64_t embd,
+                      std::int64_t first_row, std::int64_t table_rows, DType dt, void* stream) {
   dispatch(dt, [&](auto tag) {
     using T = decltype(tag);
     embedding_forward_kernel<T><<<grid_for(batch * seq * embd), kThreads, 0, as_stream(stream)>>>(
         static_cast<T*>(out), tokens, static_cast<const T*>(wte), static_cast<const T*>(wpe),
-        batch * seq, seq, embd);
+        batch * seq, seq, embd, first_row, table_rows);
+  });
+  return last_error();
+}
+
+int copy_block(void* dst, std::int64_t dst_stride, const void* src, std::int64_t src_stride,
+               std::int64_t rows, std::int64_t cols, DType dt, void* stream) {
+  dispatch(dt, [&](auto tag) {
+    using T = decltype(tag);
+    copy_block_kernel<T><<<grid_for(rows * cols), kThreads, 0, as_stream(stream)>>>(
+        static_cast<T*>(dst), dst_stride, static_cast<const T*>(src), src_stride, rows, cols);
   });
   return last_error();
 }
 
 int embedding_backward(void* dwte, void* dwpe, const void* dout, const std::int32_t* tokens,
-                       std::int64_t batch, std::int64_t seq, std::int64_t embd, DType dt,
-                       void* stream) {
+                       std::int64_t batch, std::int64_t seq, std::int64_t embd,
+                       std::int64_t first_row, std::int64_t table_rows, DType dt, void* stream) {
   dispatch(dt, [&](auto tag) {
     using T = decltype(tag);
     if (dwte != nullptr) {
@@ -627,7 +655,8 @@ int embedding_backward(void* dwte, void* dwpe, const void* dout, const std::int3
       const dim3 grid(static_cast<unsigned>((embd + kThreads - 1) / kThreads),
                       static_cast<unsigned>(rows < 65535 ? rows : 65535));
       embedding_wte_kernel<T><<<grid, kThreads, 0, as_stream(stream)>>>(
-          static_cast<T*>(dwte), static_cast<const T*>(dout), tokens, rows, embd);
+          static_cast<T*>(dwte), static_cast<const T*>(dout), tokens, rows, embd, first_row,
+          table_rows);
     }
     if (dwpe != nullptr) {
       embedding_wpe_kernel<T><<<grid_for(seq * embd), kThreads, 0, as_stream(stream)>>>(

@@ -58,21 +58,33 @@ class CudaOps final : public Ops {
   Status embedding_forward_impl(Tensor out, const std::int32_t* tokens, ConstTensor wte,
                                 ConstTensor wpe, std::int64_t batch, std::int64_t seq,
                                 std::int64_t embd, std::int64_t /*vocab*/,
+                                std::int64_t first_row, std::int64_t table_rows,
                                 gpu::Stream& stream) override {
     constexpr std::string_view op = "embedding_forward";
     TZ_RETURN_IF_ERROR(prepare(stream));
     return launched(op, ck::embedding_forward(out.data, tokens, wte.data, wpe.data, batch, seq,
-                                              embd, out.dtype, raw(stream)));
+                                              embd, first_row, table_rows, out.dtype,
+                                              raw(stream)));
   }
 
   Status embedding_backward_impl(Tensor dwte, Tensor dwpe, ConstTensor dout,
                                  const std::int32_t* tokens, std::int64_t batch, std::int64_t seq,
                                  std::int64_t embd, std::int64_t /*vocab*/,
+                                 std::int64_t first_row, std::int64_t table_rows,
                                  gpu::Stream& stream) override {
     constexpr std::string_view op = "embedding_backward";
     TZ_RETURN_IF_ERROR(prepare(stream));
     return launched(op, ck::embedding_backward(dwte.data, dwpe.data, dout.data, tokens, batch, seq,
-                                               embd, dout.dtype, raw(stream)));
+                                               embd, first_row, table_rows, dout.dtype,
+                                               raw(stream)));
+  }
+
+  Status copy_block_impl(Tensor dst, std::int64_t dst_stride, ConstTensor src,
+                         std::int64_t src_stride, std::int64_t rows, std::int64_t cols,
+                         gpu::Stream& stream) override {
+    TZ_RETURN_IF_ERROR(prepare(stream));
+    return launched("copy_block", ck::copy_block(dst.data, dst_stride, src.data, src_stride, rows,
+                                                 cols, dst.dtype, raw(stream)));
   }
 
   Status layernorm_forward_impl(Tensor out, float* mean, float* rstd, ConstTensor x,

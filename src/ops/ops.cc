@@ -84,37 +84,75 @@ Status check_at_least(std::string_view op, std::string_view arg, std::int64_t va
                                   std::string(bound_name) + " " + std::to_string(bound));
 }
 
+// The embedding's slice of the table: table_rows 0 (the whole table, first_row 0) or rows
+// [first_row, first_row + table_rows) inside [0, vocab).
+Status check_table_slice(std::string_view op, std::int64_t first_row, std::int64_t table_rows,
+                         std::int64_t vocab) {
+  if (table_rows == 0 && first_row == 0) return Status::ok();
+  if (table_rows > 0 && first_row >= 0 && first_row <= vocab - table_rows) return Status::ok();
+  return Status::invalid_argument(std::string(op) + ": the table's rows [" +
+                                  std::to_string(first_row) + ", " +
+                                  std::to_string(first_row + table_rows) +
+                                  ") (first_row, table_rows) are not inside [0, vocab " +
+                                  std::to_string(vocab) + ")");
+}
+
 }  // namespace
 
 // ---- embedding -------------------------------------------------------------------------------
 
 Status Ops::embedding_forward(Tensor out, const std::int32_t* tokens, ConstTensor wte,
                               ConstTensor wpe, std::int64_t batch, std::int64_t seq,
-                              std::int64_t embd, std::int64_t vocab, gpu::Stream& stream) {
+                              std::int64_t embd, std::int64_t vocab, gpu::Stream& stream,
+                              std::int64_t first_row, std::int64_t table_rows) {
   constexpr std::string_view op = "embedding_forward";
   TZ_RETURN_IF_ERROR(check_sizes(op, {{"batch", batch}, {"seq", seq}, {"embd", embd},
                                       {"vocab", vocab}}));
+  TZ_RETURN_IF_ERROR(check_table_slice(op, first_row, table_rows, vocab));
   TZ_RETURN_IF_ERROR(check_tensor(op, "out", out));
   TZ_RETURN_IF_ERROR(check_present(op, "tokens", tokens));
   TZ_RETURN_IF_ERROR(check_param(op, "wte", wte, out.dtype, limits().mixed_dtypes));
   TZ_RETURN_IF_ERROR(check_optional(op, "wpe", wpe, wte.dtype));
   TZ_RETURN_IF_ERROR(check_stream(stream));
-  return embedding_forward_impl(out, tokens, wte, wpe, batch, seq, embd, vocab, stream);
+  return embedding_forward_impl(out, tokens, wte, wpe, batch, seq, embd, vocab, first_row,
+                                table_rows > 0 ? table_rows : vocab, stream);
 }
 
 Status Ops::embedding_backward(Tensor dwte, Tensor dwpe, ConstTensor dout,
                                const std::int32_t* tokens, std::int64_t batch, std::int64_t seq,
-                               std::int64_t embd, std::int64_t vocab, gpu::Stream& stream) {
+                               std::int64_t embd, std::int64_t vocab, gpu::Stream& stream,
+                               std::int64_t first_row, std::int64_t table_rows) {
   constexpr std::string_view op = "embedding_backward";
   const bool mixed = limits().mixed_dtypes;
   TZ_RETURN_IF_ERROR(check_sizes(op, {{"batch", batch}, {"seq", seq}, {"embd", embd},
                                       {"vocab", vocab}}));
+  TZ_RETURN_IF_ERROR(check_table_slice(op, first_row, table_rows, vocab));
+  if (table_rows > 0 && dwpe.data != nullptr) {
+    return Status::invalid_argument(std::string(op) + ": dwpe must be null with a slice of the "
+                                    "table (table_rows " + std::to_string(table_rows) + ")");
+  }
   TZ_RETURN_IF_ERROR(check_tensor(op, "dout", dout));
   TZ_RETURN_IF_ERROR(check_present(op, "tokens", tokens));
   TZ_RETURN_IF_ERROR(check_optional_param(op, "dwte", dwte, dout.dtype, mixed));
   TZ_RETURN_IF_ERROR(check_optional_param(op, "dwpe", dwpe, dout.dtype, mixed));
   TZ_RETURN_IF_ERROR(check_stream(stream));
-  return embedding_backward_impl(dwte, dwpe, dout, tokens, batch, seq, embd, vocab, stream);
+  return embedding_backward_impl(dwte, dwpe, dout, tokens, batch, seq, embd, vocab, first_row,
+                                 table_rows > 0 ? table_rows : vocab, stream);
+}
+
+// ---- strided block copy -----------------------------------------------------------------------
+
+Status Ops::copy_block(Tensor dst, std::int64_t dst_stride, ConstTensor src,
+                       std::int64_t src_stride, std::int64_t rows, std::int64_t cols,
+                       gpu::Stream& stream) {
+  constexpr std::string_view op = "copy_block";
+  TZ_RETURN_IF_ERROR(check_sizes(op, {{"rows", rows}, {"cols", cols}}));
+  TZ_RETURN_IF_ERROR(check_at_least(op, "dst_stride", dst_stride, "cols", cols));
+  TZ_RETURN_IF_ERROR(check_at_least(op, "src_stride", src_stride, "cols", cols));
+  TZ_RETURN_IF_ERROR(check_tensor(op, "dst", dst));
+  TZ_RETURN_IF_ERROR(check_same(op, {{"src", src}}, dst.dtype));
+  TZ_RETURN_IF_ERROR(check_stream(stream));
+  return copy_block_impl(dst, dst_stride, src, src_stride, rows, cols, stream);
 }
 
 // ---- layernorm --------------------------------------------------------------------------------
@@ -175,10 +213,19 @@ Status Ops::matmul_backward(Tensor dx, Accumulate dx_mode, Tensor dweight, Tenso
   TZ_RETURN_IF_ERROR(check_sizes(op, {{"rows", rows}, {"in_dim", in_dim}, {"out_dim", out_dim}}));
   TZ_RETURN_IF_ERROR(check_tensor(op, "dout", dout));
   TZ_RETURN_IF_ERROR(check_same(op, {{"x", x}}, dout.dtype));
-  TZ_RETURN_IF_ERROR(check_param(op, "weight", weight, dout.dtype, limits().mixed_dtypes));
   TZ_RETURN_IF_ERROR(check_optional(op, "dx", dx, dout.dtype));
-  TZ_RETURN_IF_ERROR(check_optional(op, "dweight", dweight, weight.dtype));
-  TZ_RETURN_IF_ERROR(check_optional(op, "dbias", dbias, weight.dtype));
+  if (dx.data != nullptr || weight.data != nullptr) {
+    TZ_RETURN_IF_ERROR(check_param(op, "weight", weight, dout.dtype, limits().mixed_dtypes));
+    TZ_RETURN_IF_ERROR(check_optional(op, "dweight", dweight, weight.dtype));
+    TZ_RETURN_IF_ERROR(check_optional(op, "dbias", dbias, weight.dtype));
+  } else {
+    // No dx: the weight is not read (a tied LM head's chunk, whose gradient is computed after
+    // its parameters were released: model/llama_impl.h).
+    TZ_RETURN_IF_ERROR(check_optional_param(op, "dweight", dweight, dout.dtype,
+                                            limits().mixed_dtypes));
+    TZ_RETURN_IF_ERROR(check_optional_param(op, "dbias", dbias, dout.dtype,
+                                            limits().mixed_dtypes));
+  }
   TZ_RETURN_IF_ERROR(check_stream(stream));
   return matmul_backward_impl(dx, dx_mode, dweight, dbias, dout, x, weight, layout, rows, in_dim,
                               out_dim, stream);

@@ -93,15 +93,29 @@ class Ops {
   // out: act (batch*seq, embd); tokens: int32 (batch*seq); wte: param (vocab, embd);
   // wpe: param (>= seq, embd) (only its first seq rows are read), or null: no learned positions
   // (the Llama family), out = wte[tokens].
+  // A slice of the table (the Llama family's vocabulary chunks, model/llama.h): with table_rows >
+  // 0, wte holds only the table's rows [first_row, first_row + table_rows) (row i of wte is token
+  // first_row + i), and the positions whose token lies outside them are left as they are (no wpe
+  // either); tokens must still lie in [0, vocab). table_rows 0: the whole table (first_row 0).
   Status embedding_forward(Tensor out, const std::int32_t* tokens, ConstTensor wte,
                                    ConstTensor wpe, std::int64_t batch, std::int64_t seq,
-                                   std::int64_t embd, std::int64_t vocab, gpu::Stream& stream);
+                                   std::int64_t embd, std::int64_t vocab, gpu::Stream& stream,
+                                   std::int64_t first_row = 0, std::int64_t table_rows = 0);
   // dwte[tokens[b,t],:] += dout[b,t,:]; dwpe[t,:] += sum over b of dout[b,t,:]. Either gradient
   // may be null (not wanted). Deterministic: the same inputs give the same bits (no atomics).
+  // first_row and table_rows as the forward's: dwte holds those rows, and the positions whose
+  // token lies outside them add nothing to it (dwpe must then be null).
   Status embedding_backward(Tensor dwte, Tensor dwpe, ConstTensor dout,
                                     const std::int32_t* tokens, std::int64_t batch,
                                     std::int64_t seq, std::int64_t embd, std::int64_t vocab,
-                                    gpu::Stream& stream);
+                                    gpu::Stream& stream, std::int64_t first_row = 0,
+                                    std::int64_t table_rows = 0);
+
+  // --- Strided block copy (the LM head's vocabulary chunks into the logits and back) ----------
+  // dst[r * dst_stride + j] = src[r * src_stride + j] for r < rows, j < cols. dst, src: act, the
+  // same dtype; strides >= cols; dst and src do not overlap.
+  Status copy_block(Tensor dst, std::int64_t dst_stride, ConstTensor src, std::int64_t src_stride,
+                    std::int64_t rows, std::int64_t cols, gpu::Stream& stream);
 
   // --- LayerNorm (eps 1e-5, biased variance, as torch.nn.LayerNorm) -------------------------
   // out = (x - mean) * rstd * weight + bias, per row. out, x: act (rows, dim); weight, bias:
@@ -123,7 +137,8 @@ class Ops {
                                 ConstTensor bias, std::int64_t rows, std::int64_t in_dim,
                                 std::int64_t out_dim, gpu::Stream& stream);
   // dx = dout W^T (overwrite or add; null: not wanted), dweight += x^T dout (in the weight's own
-  // layout; null: not wanted), dbias += column sums of dout (null: not wanted).
+  // layout; null: not wanted), dbias += column sums of dout (null: not wanted). The weight is read
+  // for dx only: it may be null when dx is.
   Status matmul_backward(Tensor dx, Accumulate dx_mode, Tensor dweight, Tensor dbias,
                                  ConstTensor dout, ConstTensor x, ConstTensor weight,
                                  WeightLayout layout, std::int64_t rows, std::int64_t in_dim,
@@ -276,15 +291,21 @@ class Ops {
   virtual Limits limits() const = 0;
 
   // The backends' implementations of the public methods of the same name without the suffix,
-  // called after those validated every argument (ops.cc): they only enqueue the work.
+  // called after those validated every argument (ops.cc): they only enqueue the work. The
+  // embedding's table_rows is resolved (> 0: the whole table is first_row 0, table_rows vocab).
   virtual Status embedding_forward_impl(Tensor out, const std::int32_t* tokens, ConstTensor wte,
                                         ConstTensor wpe, std::int64_t batch, std::int64_t seq,
                                         std::int64_t embd, std::int64_t vocab,
+                                        std::int64_t first_row, std::int64_t table_rows,
                                         gpu::Stream& stream) = 0;
   virtual Status embedding_backward_impl(Tensor dwte, Tensor dwpe, ConstTensor dout,
                                          const std::int32_t* tokens, std::int64_t batch,
                                          std::int64_t seq, std::int64_t embd, std::int64_t vocab,
+                                         std::int64_t first_row, std::int64_t table_rows,
                                          gpu::Stream& stream) = 0;
+  virtual Status copy_block_impl(Tensor dst, std::int64_t dst_stride, ConstTensor src,
+                                 std::int64_t src_stride, std::int64_t rows, std::int64_t cols,
+                                 gpu::Stream& stream) = 0;
   virtual Status layernorm_forward_impl(Tensor out, float* mean, float* rstd, ConstTensor x,
                                         ConstTensor weight, ConstTensor bias, std::int64_t rows,
                                         std::int64_t dim, gpu::Stream& stream) = 0;

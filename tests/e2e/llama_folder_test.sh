@@ -28,6 +28,21 @@ out=$("$tz" sample --model "$work/out" --prompt "1 2 3" --tokens 6 --temperature
 echo "$out" | grep -Eq '"ids":\[[0-9]+(,[0-9]+){5}\]' && ok "sample --model DIR" || bad "sample: $out"
 "$tz" ckpt export "$work/ckpt" --out "$work/exported" > /dev/null && cmp -s "$work/exported/model.safetensors" "$work/out/model.safetensors" &&
   ok "ckpt export = --save-weights" || bad "ckpt export differs from --save-weights"
+# Vocabulary chunks forced (vocab_chunks=3: units embed.0-2 and lm_head.0-2, docs/model.md) on
+# stage 3 with 2 ranks: the checkpoint exports the folder --save-weights writes, whose embedding
+# and head are one tensor each, and a sample decodes from it.
+"$tz" train --config "$work/stage3.json" --model "$spec,vocab_chunks=3" --data "$work/train.txt" --steps 2 \
+  --seq 16 --ranks 2 --save-weights "$work/out_c" --save-dir "$work/ckpt_c" --json > /dev/null &&
+  ok "train with vocab_chunks=3" || bad "train with vocab_chunks=3"
+"$tz" ckpt export "$work/ckpt_c" --out "$work/exported_c" > /dev/null &&
+  cmp -s "$work/exported_c/model.safetensors" "$work/out_c/model.safetensors" &&
+  ok "chunked: ckpt export = --save-weights" || bad "chunked: ckpt export differs from --save-weights"
+header=$(head -c 4096 "$work/out_c/model.safetensors" | tr -d '\0' | tr -c '[:print:]' ' ')
+echo "$header" | grep -q '"model.embed_tokens.weight":{"dtype":"F32","shape":\[256,32\]' &&
+  echo "$header" | grep -q '"lm_head.weight":{"dtype":"F32","shape":\[256,32\]' &&
+  ok "chunked: one embedding and one head tensor" || bad "chunked: the folder's tensors: $header"
+out=$("$tz" sample --model "$work/out_c" --prompt "1 2 3" --tokens 4 --temperature 0 --json)
+echo "$out" | grep -Eq '"ids":\[[0-9]+(,[0-9]+){3}\]' && ok "sample from the chunked model's folder" || bad "sample: $out"
 # Bad folders: one line naming the file, exit 1, nothing written.
 mkdir -p "$work/empty"
 expect_bad() {  # NAME PATTERN ARGS...

@@ -242,6 +242,42 @@ TEST_P(OpsCudaTest, EmbeddingWithoutPositions) {
   }
 }
 
+// The table in slices (vocabulary chunks) and the LM head's strided block copies.
+TEST_P(OpsCudaTest, EmbeddingSlicesAndCopyBlock) {
+  const DType d = dt();
+  for (auto [b, t, c, v, first, rows] :
+       {std::tuple{2, 7, 13, 11, 4, 5}, std::tuple{1, 64, 3072, 128256, 96192, 32064}}) {
+    compare([=](Ops& ops, DeviceArrays& a, std::mt19937_64& g) -> Outputs {
+      gpu::Stream& s = ops.device().compute_stream();
+      std::vector<std::int32_t> tok(static_cast<std::size_t>(b) * t);
+      for (auto& x : tok) x = static_cast<std::int32_t>(g() % static_cast<std::uint64_t>(v));
+      tok[0] = first;  // at least one in the slice, twice
+      tok[1] = first;
+      Vec part = random_vector(g, static_cast<std::size_t>(rows) * c, -1, 1);
+      Vec r = random_vector(g, tok.size() * c, -1, 1);
+      Vec base = random_vector(g, tok.size() * c, -1, 1);
+      auto* dtok = a.upload_i32(tok);
+      Tensor tpart = a.upload(part, d), dout = a.upload(r, d), dpart = a.upload(part, d);
+      Tensor out = a.upload(base, d);
+      EXPECT_TRUE(ops.embedding_forward(out, dtok, tpart, Tensor{nullptr, d}, b, t, c, v, s, first,
+                                        rows).is_ok());
+      EXPECT_TRUE(ops.embedding_backward(dpart, Tensor{nullptr, d}, dout, dtok, b, t, c, v, s,
+                                         first, rows).is_ok());
+      // out's columns [3, 3 + 5) into a (rows, 5) block and back at column 1.
+      const std::int64_t n = static_cast<std::int64_t>(tok.size());
+      Tensor block = a.zeros(tok.size() * 5, d);
+      const std::size_t es = dtype_size(d);
+      EXPECT_TRUE(ops.copy_block(block, 5, Tensor{static_cast<std::byte*>(out.data) + 3 * es, d}, c,
+                                 n, 5, s).is_ok());
+      EXPECT_TRUE(ops.copy_block(Tensor{static_cast<std::byte*>(out.data) + es, d}, c, block, 5, n,
+                                 5, s).is_ok());
+      return {{"out", a.download(out, tok.size() * c)},
+              {"dpart", a.download(dpart, part.size())},
+              {"block", a.download(block, tok.size() * 5)}};
+    }, static_cast<std::uint64_t>(750 + t));
+  }
+}
+
 TEST_P(OpsCudaTest, RmsNorm) {
   const DType d = dt();
   for (auto [rows, dim] : {std::pair{7, 37}, std::pair{1024, 2048}, std::pair{4096, 128}}) {

@@ -13,12 +13,15 @@ namespace tz::ops::cuda_kernels {
 
 inline constexpr int kMaxHeadDim = 128;
 
+// wte holds the table's rows [first_row, first_row + table_rows); other tokens are skipped.
 int embedding_forward(void* out, const std::int32_t* tokens, const void* wte, const void* wpe,
-                      std::int64_t batch, std::int64_t seq, std::int64_t embd, DType dt,
-                      void* stream);
+                      std::int64_t batch, std::int64_t seq, std::int64_t embd,
+                      std::int64_t first_row, std::int64_t table_rows, DType dt, void* stream);
 int embedding_backward(void* dwte, void* dwpe, const void* dout, const std::int32_t* tokens,
-                       std::int64_t batch, std::int64_t seq, std::int64_t embd, DType dt,
-                       void* stream);
+                       std::int64_t batch, std::int64_t seq, std::int64_t embd,
+                       std::int64_t first_row, std::int64_t table_rows, DType dt, void* stream);
+int copy_block(void* dst, std::int64_t dst_stride, const void* src, std::int64_t src_stride,
+               std::int64_t rows, std::int64_t cols, DType dt, void* stream);
 int layernorm_forward(void* out, float* mean, float* rstd, const void* x, const void* weight,
                       const void* bias, std::int64_t rows, std::int64_t dim, DType dt,
                       void* stream);

@@ -214,6 +214,85 @@ TEST_P(LlamaOpsCpuTest, EmbeddingWithoutPositions) {
                tolerance_for(param()), "embedding dwte");
 }
 
+// The table in slices (the Llama family's vocabulary chunks): each slice's forward fills the rows
+// whose tokens it holds and leaves the others as they are; each slice's backward adds the rows of
+// its tokens only, so the slices together give the whole table's gradient.
+TEST_P(LlamaOpsCpuTest, EmbeddingTableSlices) {
+  auto g = rng(11);
+  const int b = 3, t = 4, c = 7, v = 10;
+  const int firsts[] = {0, 4, 8}, sizes[] = {4, 4, 2};
+  std::vector<std::int32_t> tok(static_cast<size_t>(b) * t);
+  for (auto& x : tok) x = static_cast<std::int32_t>(g() % v);
+  tok[0] = tok[5] = 9;  // a repeated token of the last slice
+  Vec wte = random_vector(g, static_cast<size_t>(v) * c, -1, 1);
+  Tensor whole = arrays_->upload(wte, param());  // rounds wte to the param dtype
+  auto* dtok = arrays_->upload_i32(tok);
+  Vec sentinel(tok.size() * c, 7.0);
+  Tensor out = arrays_->upload(sentinel, act());
+  for (int s = 0; s < 2; ++s) {  // the last slice left out: its rows keep the sentinel
+    Vec part(wte.begin() + firsts[s] * c, wte.begin() + (firsts[s] + sizes[s]) * c);
+    ASSERT_TRUE(ops_->embedding_forward(out, dtok, arrays_->upload(part, param()),
+                                        Tensor{nullptr, param()}, b, t, c, v, stream(), firsts[s],
+                                        sizes[s]).is_ok());
+  }
+  Vec ref(tok.size() * c);
+  for (size_t r = 0; r < tok.size(); ++r) {
+    for (int k = 0; k < c; ++k) ref[r * c + k] = tok[r] >= 8 ? 7.0 : wte[tok[r] * c + k];
+  }
+  expect_close(arrays_->download(out, ref.size()), ref, tolerance_for(act()), "sliced out");
+
+  Vec w = random_vector(g, ref.size(), -1, 1);
+  Tensor dout = arrays_->upload(w, act());
+  Vec got;
+  for (int s = 0; s < 3; ++s) {
+    Tensor dpart = arrays_->zeros(static_cast<size_t>(sizes[s]) * c, param());
+    ASSERT_TRUE(ops_->embedding_backward(dpart, Tensor{nullptr, param()}, dout, dtok, b, t, c, v,
+                                         stream(), firsts[s], sizes[s]).is_ok());
+    const Vec d = arrays_->download(dpart, static_cast<size_t>(sizes[s]) * c);
+    got.insert(got.end(), d.begin(), d.end());
+  }
+  Vec want(wte.size(), 0.0);  // dwte[token] = sum of its rows of dout
+  for (size_t r = 0; r < tok.size(); ++r) {
+    for (int k = 0; k < c; ++k) want[tok[r] * c + k] += w[r * c + k];
+  }
+  expect_close(got, want, tolerance_for(param()), "sliced dwte");
+
+  // A slice outside the table, a slice with dwpe: refused, naming the op.
+  const Status past = ops_->embedding_forward(out, dtok, whole,
+                                              Tensor{nullptr, param()}, b, t, c, v, stream(), 8,
+                                              4);
+  EXPECT_EQ(past.code(), ErrorCode::kInvalidArgument);
+  EXPECT_NE(past.message().find("embedding_forward"), std::string::npos) << past.message();
+  const Status wpe = ops_->embedding_backward(arrays_->zeros(wte.size(), param()),
+                                              arrays_->zeros(static_cast<size_t>(t) * c, param()),
+                                              dout, dtok, b, t, c, v, stream(), 0, 4);
+  EXPECT_EQ(wpe.code(), ErrorCode::kInvalidArgument);
+}
+
+// copy_block: a block of rows x cols between row strides, in both directions of the LM head's
+// chunk copies, elements outside the block untouched; strides below cols refused.
+TEST_P(LlamaOpsCpuTest, CopyBlock) {
+  auto g = rng(12);
+  const int rows = 5, cols = 3, wide = 11, at = 4;
+  Vec big = random_vector(g, static_cast<size_t>(rows) * wide, -1, 1);
+  Vec small = random_vector(g, static_cast<size_t>(rows) * cols, -1, 1);
+  Tensor tbig = arrays_->upload(big, act());
+  Tensor tsmall = arrays_->upload(small, act());
+  const size_t es = dtype_size(act());
+  Tensor column{static_cast<std::byte*>(tbig.data) + at * es, act()};
+  ASSERT_TRUE(ops_->copy_block(column, wide, tsmall, cols, rows, cols, stream()).is_ok());
+  Vec want = big;
+  for (int r = 0; r < rows; ++r) {
+    for (int k = 0; k < cols; ++k) want[r * wide + at + k] = small[r * cols + k];
+  }
+  expect_close(arrays_->download(tbig, big.size()), want, tolerance_for(act()), "into columns");
+  Tensor back = arrays_->zeros(small.size(), act());
+  ASSERT_TRUE(ops_->copy_block(back, cols, column, wide, rows, cols, stream()).is_ok());
+  expect_close(arrays_->download(back, small.size()), small, tolerance_for(act()), "out of them");
+  EXPECT_EQ(ops_->copy_block(back, 2, column, wide, rows, cols, stream()).code(),
+            ErrorCode::kInvalidArgument);
+}
+
 // ---- RMSNorm -----------------------------------------------------------------------------------
 
 TEST_P(LlamaOpsCpuTest, RmsNorm) {
