@@ -62,70 +62,73 @@ int run_info(const std::string& path, bool json) {
   return 0;
 }
 
-Status export_weights(const std::string& path, const std::string& out, DType dtype) {
-  TZ_ASSIGN_OR_RETURN(std::string dir, zero::resolve_checkpoint(path));
-  TZ_ASSIGN_OR_RETURN(nlohmann::json manifest, zero::read_manifest(dir));
-  const std::string model_name = manifest["model"].value("name", "");
-  if (model_name.empty()) {
-    return Status::invalid_argument(dir + "/manifest.json: names no model (model.name), so the " +
-                                    "tensors cannot be given Hugging Face names");
+// One master tensor read as fp32 and checked against the manifest's checksum (of the fp32 values
+// read, before any rounding).
+Status read_verified(const SafetensorsReader& master, const SafetensorsEntry& entry,
+                     const std::string& checksum, std::span<float> values) {
+  TZ_RETURN_IF_ERROR(master.read_f32(entry, values));
+  if (zero::tensor_checksum(values) != checksum) {
+    return Status::corrupt(master.path() + ": tensor '" + entry.name +
+                           "' does not match its checksum");
   }
-  TZ_ASSIGN_OR_RETURN(const model::ModelDesc desc, model::resolve_model(model_name));
-  TZ_ASSIGN_OR_RETURN(SafetensorsReader master,
-                      SafetensorsReader::open(dir + "/master.safetensors"));
-  if (const auto* llama = std::get_if<model::LlamaConfig>(&desc.arch)) {
-    // The Llama family's tensors carry their HF names: a folder, as Llama::save_weights writes.
-    // A tensor split into vocabulary chunks is its units' same-named tensors in unit order
-    // (model::hf_tensors): their rows joined.
-    std::vector<model::FolderTensor> tensors;
-    struct Part {
-      const SafetensorsEntry* entry;
-      std::string checksum;
-    };
-    std::vector<std::vector<Part>> parts;
-    std::map<std::string, std::size_t> index;
-    for (const nlohmann::json& t : manifest["tensors"]) {
-      const std::string key = t.value("name", "");
-      const SafetensorsEntry* e = master.find(key);
-      if (e == nullptr) return Status::not_found(master.path() + ": tensor '" + key + "' is missing");
-      const std::string hf = t.value("tensor", "");
-      const auto [it, added] = index.emplace(hf, tensors.size());
-      if (added) {
-        tensors.push_back({hf, e->shape});
-        parts.emplace_back();
-      } else {
-        std::vector<std::int64_t>& shape = tensors[it->second].shape;
-        if (e->shape.empty() || shape.size() != e->shape.size() ||
-            !std::equal(shape.begin() + 1, shape.end(), e->shape.begin() + 1)) {
-          return Status::corrupt(master.path() + ": tensor '" + key + "' is a part of '" + hf +
-                                 "' whose shape does not match the others'");
-        }
-        shape[0] += e->shape[0];
+  return Status::ok();
+}
+
+// The Llama family's tensors carry their HF names: a folder, as Llama::save_weights writes. A
+// tensor split into vocabulary chunks is its units' same-named tensors in unit order
+// (model::hf_tensors): their rows joined.
+Status export_llama_folder(const nlohmann::json& manifest, const SafetensorsReader& master,
+                           const model::LlamaConfig& llama, const model::ModelDesc& desc,
+                           const std::string& out, DType dtype) {
+  std::vector<model::FolderTensor> tensors;
+  struct Part {
+    const SafetensorsEntry* entry;
+    std::string checksum;
+  };
+  std::vector<std::vector<Part>> parts;
+  std::map<std::string, std::size_t> index;
+  for (const nlohmann::json& t : manifest["tensors"]) {
+    const std::string key = t.value("name", "");
+    const SafetensorsEntry* e = master.find(key);
+    if (e == nullptr) return Status::not_found(master.path() + ": tensor '" + key + "' is missing");
+    const std::string hf = t.value("tensor", "");
+    const auto [it, added] = index.emplace(hf, tensors.size());
+    if (added) {
+      tensors.push_back({hf, e->shape});
+      parts.emplace_back();
+    } else {
+      std::vector<std::int64_t>& shape = tensors[it->second].shape;
+      if (e->shape.empty() || shape.size() != e->shape.size() ||
+          !std::equal(shape.begin() + 1, shape.end(), e->shape.begin() + 1)) {
+        return Status::corrupt(master.path() + ": tensor '" + key + "' is a part of '" + hf +
+                               "' whose shape does not match the others'");
       }
-      parts[it->second].push_back({e, t["xxh3"].value("master.safetensors", "")});
+      shape[0] += e->shape[0];
     }
-    Status written = model::write_hf_folder(
-        true, tensors,
-        [&](std::size_t i, std::span<float> values) -> Status {
-          std::size_t at = 0;
-          for (const Part& p : parts[i]) {
-            const std::span<float> part = values.subspan(at, p.entry->numel());
-            TZ_RETURN_IF_ERROR(master.read_f32(*p.entry, part));
-            if (zero::tensor_checksum(part) != p.checksum) {
-              return Status::corrupt(master.path() + ": tensor '" + p.entry->name +
-                                     "' does not match its checksum");
-            }
-            at += part.size();
-          }
-          return Status::ok();
-        },
-        out, model::llama_hf_config(*llama, dtype), dtype, desc.folder);
-    TZ_RETURN_IF_ERROR(std::move(written));
-    std::printf("exported %zu tensors of %s (step %s) to the folder %s\n", tensors.size(),
-                model_name.c_str(), manifest["step"].dump().c_str(), out.c_str());
-    return Status::ok();
+    parts[it->second].push_back({e, t["xxh3"].value("master.safetensors", "")});
   }
-  const model::Gpt2Shape& shape = std::get<model::Gpt2Shape>(desc.arch);
+  Status written = model::write_hf_folder(
+      true, tensors,
+      [&](std::size_t i, std::span<float> values) -> Status {
+        std::size_t at = 0;
+        for (const Part& p : parts[i]) {
+          TZ_RETURN_IF_ERROR(
+              read_verified(master, *p.entry, p.checksum, values.subspan(at, p.entry->numel())));
+          at += p.entry->numel();
+        }
+        return Status::ok();
+      },
+      out, model::llama_hf_config(llama, dtype), dtype, desc.folder);
+  TZ_RETURN_IF_ERROR(std::move(written));
+  std::printf("exported %zu tensors of %s (step %s) to the folder %s\n", tensors.size(),
+              manifest["model"].value("name", "").c_str(), manifest["step"].dump().c_str(), out.c_str());
+  return Status::ok();
+}
+
+// GPT-2: one safetensors file with HF's names and its config.json beside it.
+Status export_gpt2_file(const nlohmann::json& manifest, const SafetensorsReader& master,
+                        const model::Gpt2Shape& shape, const std::string& model_name,
+                        const std::string& out, DType dtype) {
   std::vector<SafetensorsTensorSpec> specs;
   struct Item {
     const SafetensorsEntry* entry;
@@ -146,15 +149,10 @@ Status export_weights(const std::string& path, const std::string& out, DType dty
   }
   TZ_ASSIGN_OR_RETURN(SafetensorsWriter writer,
                       SafetensorsWriter::create(out, specs, {{"format", "pt"}}));
-  // Verified while copying: the checksum covers the fp32 values read, before any rounding.
   std::vector<float> values;
   for (const Item& item : plan) {
     values.resize(item.entry->numel());
-    TZ_RETURN_IF_ERROR(master.read_f32(*item.entry, values));
-    if (zero::tensor_checksum(values) != item.checksum) {
-      return Status::corrupt(master.path() + ": tensor '" + item.entry->name +
-                             "' does not match its checksum");
-    }
+    TZ_RETURN_IF_ERROR(read_verified(master, *item.entry, item.checksum, values));
     TZ_RETURN_IF_ERROR(writer.write_f32(item.hf_name, values));
   }
   TZ_RETURN_IF_ERROR(writer.finish());
@@ -165,6 +163,24 @@ Status export_weights(const std::string& path, const std::string& out, DType dty
               model_name.c_str(), manifest["step"].dump().c_str(), out.c_str(),
               config_path.c_str());
   return Status::ok();
+}
+
+Status export_weights(const std::string& path, const std::string& out, DType dtype) {
+  TZ_ASSIGN_OR_RETURN(std::string dir, zero::resolve_checkpoint(path));
+  TZ_ASSIGN_OR_RETURN(nlohmann::json manifest, zero::read_manifest(dir));
+  const std::string model_name = manifest["model"].value("name", "");
+  if (model_name.empty()) {
+    return Status::invalid_argument(dir + "/manifest.json: names no model (model.name), so the " +
+                                    "tensors cannot be given Hugging Face names");
+  }
+  TZ_ASSIGN_OR_RETURN(const model::ModelDesc desc, model::resolve_model(model_name));
+  TZ_ASSIGN_OR_RETURN(SafetensorsReader master,
+                      SafetensorsReader::open(dir + "/master.safetensors"));
+  if (const auto* llama = std::get_if<model::LlamaConfig>(&desc.arch)) {
+    return export_llama_folder(manifest, master, *llama, desc, out, dtype);
+  }
+  return export_gpt2_file(manifest, master, std::get<model::Gpt2Shape>(desc.arch), model_name,
+                          out, dtype);
 }
 
 TZ_REGISTER_COMMAND([](CommandTree& tree) {

@@ -6,8 +6,6 @@
 #include "model/llama.h"
 #include "model/llama_impl.h"
 
-#include "model/batch_ids.h"
-
 #include <algorithm>
 #include <array>
 #include <cmath>

@@ -581,13 +581,6 @@ struct Llama::Impl {
   // The token embedding into residual[0]; with vocabulary chunks, each chunk gathered in turn
   // fills the rows whose tokens it holds.
   Status embed(std::int64_t b, std::int64_t t) {
-    if (chunk_count() == 1) {
-      TZ_ASSIGN_OR_RETURN(const zero::UnitViews p, engine.gather(embed_unit()));
-      TZ_RETURN_IF_ERROR(ops->embedding_forward(a(layout.residual[0]), ids(layout.tokens),
-                                                in(p, 0), ops::ConstTensor{}, b, t,
-                                                config.hidden, config.vocab, stream()));
-      return engine.release(embed_unit());
-    }
     for (int c = 0; c < chunk_count(); ++c) {
       TZ_ASSIGN_OR_RETURN(const zero::UnitViews p, engine.gather(embed_unit(c)));
       TZ_RETURN_IF_ERROR(ops->embedding_forward(a(layout.residual[0]), ids(layout.tokens),

@@ -142,14 +142,14 @@ class CpuOps final : public Ops {
         }
         starts.push_back(rows);
         parallel(starts.size() - 1, 1, [&](size_t g) {
+          const std::int32_t tok = tokens[order[starts[g]]];
+          TZ_ASSERT(tok >= 0 && tok < vocab, "embedding_backward: token out of [0, vocab)");
+          if (tok < first_row || tok >= first_row + table_rows) return;  // another slice's
           float* acc = tls_scratch(0, c);
           std::fill(acc, acc + c, 0.0f);
           for (size_t i = starts[g]; i < starts[g + 1]; ++i) {
             ck::axpy(1.0f, load(dout, order[i] * c, c, tls_scratch(1, c)), acc, c);
           }
-          const std::int32_t tok = tokens[order[starts[g]]];
-          TZ_ASSERT(tok >= 0 && tok < vocab, "embedding_backward: token out of [0, vocab)");
-          if (tok < first_row || tok >= first_row + table_rows) return;  // another slice's
           store(dwte, sz(tok - first_row) * c, acc, c, true, tls_scratch(2, c));
         });
       }

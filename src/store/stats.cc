@@ -10,10 +10,14 @@
 
 namespace tz::store {
 
-std::uint64_t Store::home_write_bytes(BlockId id) const {
+std::uint64_t Store::home_write_bytes(std::span<const BlockId> ids) const {
   std::lock_guard lock(impl_->mu);
-  const auto it = impl_->blocks.find(id);
-  return it == impl_->blocks.end() ? 0 : it->second.stats.home_write_bytes;
+  std::uint64_t sum = 0;
+  for (const BlockId id : ids) {
+    const auto it = impl_->blocks.find(id);
+    if (it != impl_->blocks.end()) sum += it->second.stats.home_write_bytes;
+  }
+  return sum;
 }
 
 const char* tier_name(Tier tier) {

@@ -18,6 +18,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -185,12 +186,12 @@ class Store {
   // One block's counters so far (stats.h, BlockStats). kInvalidArgument for an unknown block.
   Result<BlockStats> block_stats(BlockId id) const;
   const StoreOptions& options() const { return options_; }
-  // Bytes written into block `id`'s home copy since it was created or the last reset_stats
-  // (BlockStats::home_write_bytes): moves into its home tier
-  // (write-backs, NVMe writes) and write pins (kWrite, kReadWrite) in its home tier, each counted
-  // at the block's full size. 0 for an unknown block. A block only ever pinned for reading after
-  // it was written (zero's frozen units) stops counting.
-  std::uint64_t home_write_bytes(BlockId id) const;
+  // Bytes written into the home copies of `ids` since they were created or the last reset_stats
+  // (the sum of their BlockStats::home_write_bytes, under one lock): moves into a block's home
+  // tier (write-backs, NVMe writes) and write pins (kWrite, kReadWrite) in it, each counted at
+  // the block's full size; an unknown id adds 0. A block only ever pinned for reading after it
+  // was written (zero's frozen units) stops counting.
+  std::uint64_t home_write_bytes(std::span<const BlockId> ids) const;
   // Bytes each tier holds now by its budget (logical: decided placements).
   std::uint64_t used_bytes(Tier tier) const;
   std::uint64_t budget_bytes(Tier tier) const;

@@ -2,6 +2,8 @@
 // peaks, the step's lower bound and the comm formula per collective.
 #include "zero/accounting.h"
 
+#include <vector>
+
 namespace tz::zero::impl {
 
 void Accounting::set_plan(const MemoryPlan& plan) {
@@ -104,17 +106,16 @@ TierBytes Accounting::peak_bytes() const {
 }
 
 std::pair<std::uint64_t, std::uint64_t> Accounting::home_write_bytes() const {
-  std::uint64_t frozen = 0, trainable = 0;
+  std::vector<BlockId> frozen, trainable;
   for (const Unit& u : ctx_.units) {
     if (u.frozen()) {
-      frozen += ctx_.store->home_write_bytes(u.param);
+      frozen.push_back(u.param);
       continue;
     }
-    trainable += ctx_.store->home_write_bytes(u.param) + ctx_.store->home_write_bytes(u.master) +
-                 ctx_.store->home_write_bytes(u.grad_acc);
-    for (int s = 0; s < ctx_.states; ++s) trainable += ctx_.store->home_write_bytes(u.state[s]);
+    trainable.insert(trainable.end(), {u.param, u.master, u.grad_acc});
+    trainable.insert(trainable.end(), u.state, u.state + ctx_.states);
   }
-  return {frozen, trainable};
+  return {ctx_.store->home_write_bytes(frozen), ctx_.store->home_write_bytes(trainable)};
 }
 
 TierBytes Accounting::bytes_in_use() const {

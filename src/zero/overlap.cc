@@ -2,6 +2,10 @@
 // and delayed's update worker. eager: overlap_eager.cc; delayed: overlap_delayed.cc.
 #include "zero/overlap.h"
 
+#include <algorithm>
+
+#include "gpu/pinned_registration.h"
+
 #include "zero/optimizer_driver.h"
 
 namespace tz::zero::impl {
@@ -66,7 +70,17 @@ Status OverlapMode::publish() { return Status::ok(); }
 
 void OverlapMode::finish_step() {}
 
-const PinnedPool* OverlapMode::pool() const { return nullptr; }
+Status OverlapMode::create_pool(std::uint64_t bytes) {
+  TZ_ASSERT(pool_ == nullptr && bytes > 0, "an overlap mode's pool is created once, with bytes");
+  constexpr std::uint64_t kSlabUnit = 2u << 20;
+  PinnedPoolOptions po;
+  po.budget_bytes = bytes;
+  po.slab_bytes = std::min<std::uint64_t>(1ull << 30, (bytes + kSlabUnit - 1) / kSlabUnit * kSlabUnit);
+  po.prefault = false;
+  TZ_ASSIGN_OR_RETURN(PinnedPool pool, PinnedPool::create(po));
+  pool_ = std::make_unique<PinnedPool>(std::move(pool));
+  return gpu::register_pinned_pool(deps_.ctx.device, *pool_);
+}
 
 Status OverlapMode::update_now(const StepDecision& decision, std::int64_t update) {
   TZ_ASSERT(decision.update == StepUpdate::kNone || decision.update == StepUpdate::kAllUnitsNow,

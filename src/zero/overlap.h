@@ -77,14 +77,18 @@ class OverlapMode {
   virtual void finish_step();
 
   // The host pool the mode's buffers live in (accounting's bytes in use and peaks), or null.
-  virtual const PinnedPool* pool() const;
+  const PinnedPool* pool() const { return pool_.get(); }
 
  protected:
   explicit OverlapMode(const OverlapDeps& deps) : deps_(deps) {}
   // Runs `decision.update` kNone or kAllUnitsNow (asserts it is one of them).
   Status update_now(const StepDecision& decision, std::int64_t update);
+  // Creates pool_ for the mode's host buffers (plan_memory's overlap_bytes) and registers it with
+  // the device.
+  Status create_pool(std::uint64_t bytes);
 
   OverlapDeps deps_;
+  std::unique_ptr<PinnedPool> pool_;  // a derived mode's buffers go before it (members first)
 };
 
 // delayed mode's background update: one job at a time on a thread the mode owns. The job only
@@ -141,7 +145,6 @@ class EagerOverlap final : public OverlapMode {
   Status on_reduced(Unit& u, double loss_scale, std::int64_t next_update) override;
   Status apply(const StepDecision& decision, std::int64_t step, std::int64_t update) override;
   void finish_step() override;
-  const PinnedPool* pool() const override { return pool_.get(); }
 
  private:
   // The unit's master and optimizer states into its snapshot, or back from it.
@@ -154,7 +157,6 @@ class EagerOverlap final : public OverlapMode {
   const bool snapshot_;                             // keep master and states to roll back
   std::optional<cpu::StepArgs> args_;               // the step's speculative update arguments
   std::vector<bool> updated_early_;                 // per unit, this step
-  std::unique_ptr<PinnedPool> pool_;                // host snapshots (the optimizer on the CPU)
   std::vector<PinnedBuffer> snapshot_host_;         // per unit: master then states
   std::vector<gpu::DeviceBuffer> snapshot_device_;  // the optimizer on the device
 };
@@ -172,7 +174,6 @@ class DelayedOverlap final : public OverlapMode {
   Status wait() override;
   Status publish() override;
   Status apply(const StepDecision& decision, std::int64_t step, std::int64_t update) override;
-  const PinnedPool* pool() const override { return pool_.get(); }
 
  private:
   // The worker's job: every unit's update in registration order (NVMe state read ahead one unit,
@@ -181,7 +182,6 @@ class DelayedOverlap final : public OverlapMode {
   // by the rank's thread after wait()).
   Status run_update(const cpu::StepArgs& args);
 
-  std::unique_ptr<PinnedPool> pool_;      // host buffers below
   std::vector<PinnedBuffer> grad_;        // per unit: the step's reduced fp32 gradient shard
   std::vector<PinnedBuffer> params_;      // per unit: the 16-bit parameters the update writes
   bool running_ = false;                  // a job was submitted, not waited for

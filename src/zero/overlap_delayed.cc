@@ -1,6 +1,5 @@
 // delayed overlap (overlap.h): step t's update on the UpdateWorker during step t+1's forward and
 // backward, its parameters published at the next step().
-#include "gpu/pinned_registration.h"
 #include "zero/coordinator.h"
 #include "zero/optimizer_driver.h"
 #include "zero/overlap.h"
@@ -20,15 +19,7 @@ Status DelayedOverlap::finalize(std::uint64_t overlap_bytes) {
   TZ_ASSERT(worker_ == nullptr && ctx.store != nullptr, "delayed finalized twice or early");
   TZ_ASSERT(overlap_bytes > 0 && deps_.driver.cpu_optimizer() != nullptr,
             "delayed needs its buffers in the plan and the CPU optimizer");
-  PinnedPoolOptions po;
-  po.budget_bytes = overlap_bytes;
-  const std::uint64_t slab_unit = 2u << 20;
-  po.slab_bytes =
-      std::min<std::uint64_t>(1ull << 30, (overlap_bytes + slab_unit - 1) / slab_unit * slab_unit);
-  po.prefault = false;
-  TZ_ASSIGN_OR_RETURN(PinnedPool pool, PinnedPool::create(po));
-  pool_ = std::make_unique<PinnedPool>(std::move(pool));
-  TZ_RETURN_IF_ERROR(gpu::register_pinned_pool(ctx.device, *pool_));
+  TZ_RETURN_IF_ERROR(create_pool(overlap_bytes));
   const std::size_t es = dtype_size(ctx.compute_dtype);
   grad_.resize(ctx.units.size());
   params_.resize(ctx.units.size());

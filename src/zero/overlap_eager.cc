@@ -1,6 +1,5 @@
 // eager overlap (overlap.h): a unit's update as its gradient arrives, a snapshot of master and
 // states to roll back when the step turns out to clip or overflow.
-#include "gpu/pinned_registration.h"
 #include "zero/optimizer_driver.h"
 #include "zero/overlap.h"
 
@@ -33,15 +32,7 @@ Status EagerOverlap::finalize(std::uint64_t overlap_bytes) {
     }
     return Status::ok();
   }
-  PinnedPoolOptions po;
-  po.budget_bytes = overlap_bytes;
-  const std::uint64_t slab_unit = 2u << 20;
-  po.slab_bytes =
-      std::min<std::uint64_t>(1ull << 30, (overlap_bytes + slab_unit - 1) / slab_unit * slab_unit);
-  po.prefault = false;
-  TZ_ASSIGN_OR_RETURN(PinnedPool pool, PinnedPool::create(po));
-  pool_ = std::make_unique<PinnedPool>(std::move(pool));
-  TZ_RETURN_IF_ERROR(gpu::register_pinned_pool(ctx.device, *pool_));
+  TZ_RETURN_IF_ERROR(create_pool(overlap_bytes));
   snapshot_host_.resize(ctx.units.size());
   for (const Unit& u : ctx.units) {
     if (u.frozen()) continue;

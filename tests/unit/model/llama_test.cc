@@ -277,6 +277,7 @@ TEST(LlamaTest, Stage3AndCheckpointingGiveStage0sLossesAndWeights) {
     const int vocab = desc.vocab;
     const std::vector<std::int32_t> tokens = random_ids(3 * 2 * 6, vocab, kSeed + 4);
     const std::vector<std::int32_t> targets = random_ids(3 * 2 * 6, vocab, kSeed + 5);
+    std::uint64_t init_hash = 0;  // the weights as initialised (the last run's rank 0)
     const auto run = [&](int stage, int ranks, int ckpt, std::vector<double>& losses) {
       ModelOptions o;
       o.micro_batch = 2;
@@ -286,6 +287,8 @@ TEST(LlamaTest, Stage3AndCheckpointingGiveStage0sLossesAndWeights) {
       const Status s = with_net(config_json(kAdamW, stage, 0.5), desc, o,
                                 [&](zero::Engine& engine, Model& net) -> Status {
         TZ_RETURN_IF_ERROR(net.init_weights(kSeed));
+        TZ_ASSIGN_OR_RETURN(const std::uint64_t h_init, engine.params_xxh3());
+        if (engine.rank() == 0) init_hash = h_init;
         std::vector<double> mine;
         for (int step = 0; step < 3; ++step) {
           const std::span<const std::int32_t> tok(tokens.data() + step * 12, 12);
@@ -314,6 +317,7 @@ TEST(LlamaTest, Stage3AndCheckpointingGiveStage0sLossesAndWeights) {
     EXPECT_EQ(h0, h3);
     EXPECT_EQ(h0, hc);
     EXPECT_LT(l0[2], l0[0]) << "the loss falls";
+    EXPECT_NE(h0, init_hash) << "the steps changed the weights";
   }
 }
 

@@ -217,9 +217,6 @@ TEST(ZeroPlan, ScratchIsWhatTheFp32UnitNeedsBeyondTheBuffers) {
             32768u * 4);
 }
 
-// A host tier over 1 GiB is several slabs (a buffer never spans two), so the pool keeps one
-// largest block of slack per slab: one unit of 80,001,024 elements (padded), stage 1, optimizer
-// on the CPU, fp32, one rank: master + m + v + gradient = 16 B per element on the host.
 // A block over half a GiB (a large vocabulary's embedding: 400 M elements, 1.6 GB of fp32 state)
 // gets slabs of 8 blocks, so the pool is finite and one block of slack per slab is an eighth of
 // it (with 1 GiB slabs each slab would need more slack than it holds, and the sizing never ended).
@@ -245,6 +242,9 @@ TEST(ZeroPlan, BlocksOverHalfAGibGetSlabsOfEightBlocks) {
   EXPECT_GT(got->pool.slab_bytes, 1ull << 30);
 }
 
+// A host tier over 1 GiB is several slabs (a buffer never spans two), so the pool keeps one
+// largest block of slack per slab: one unit of 80,001,024 elements (padded), stage 1, optimizer
+// on the CPU, fp32, one rank: master + m + v + gradient = 16 B per element on the host.
 TEST(ZeroPlan, PoolSlackIsOneLargestBlockPerSlab) {
   PlanInputs in;
   in.stage = 1;
