@@ -15,7 +15,7 @@
 #     weights it saved (--save-weights) load in transformers and give tierzero's loss on an unseen
 #     batch within 1e-5 relative (and PyTorch's trained model's within 1e-4); the NVMe side's
 #     per-step losses and grad norms and its final weights (params_xxh3) equal stage 0's bit for
-#     bit (the engine's default `exact` optimizer mode is bit-identical across stages and
+#     bit (the engine in its default overlap mode, `exact`, is bit-identical across stages and
 #     placements: docs/zero.md).
 #     Each round runs the sides of --sides in a rotated order (round r starts with the side after
 #     round r-1's first; --first picks round 1's), recorded in the output. Figures per round and as
@@ -134,6 +134,7 @@ if has_side tierzero-nvme; then
     echo "train_vs_pytorch: --nvme-dir $nvme_dir is not a writable folder" >&2
     exit 1
   fi
+  nvme_dir="$(cd "$nvme_dir" && pwd)"
 fi
 : > "$out"
 
@@ -383,7 +384,7 @@ def say(s):
     print(s, file=sys.stderr, flush=True)
 
 def gb(v):
-    return "n/a" if v is None else f"{v / 1e9:.2f} GB"
+    return "n/a" if v is None else f"{v / 1e9:.3f} GB"
 
 def cmd_machine(info_file, nvme_dir, nvme_device):
     # tierzero info --json: the CPU, the GEMM library and its kernel target; the swap folder's disk.
@@ -445,7 +446,7 @@ def cmd_annotate(row_file, side, tag, position, order, load_before, load_after):
 
 def cmd_stages(tag, m0, j0, m3, j3):
     """Stage 3 with both offloads on NVMe against stage 0: the engine is bit-identical across
-    stages and placements in its default (exact) optimizer mode, so every step's loss and grad
+    stages and placements in its default overlap mode (exact), so every step's loss and grad
     norm and the final weights' hash must be equal, not close."""
     a, b = lines(m0), lines(m3)
     x0, x3 = json.load(open(j0))["params_xxh3"], json.load(open(j3))["params_xxh3"]
@@ -456,7 +457,7 @@ def cmd_stages(tag, m0, j0, m3, j3):
          "losses_bit_identical": same("loss"), "grad_norms_bit_identical": same("grad_norm"),
          "loss_max_rel_diff": max(rel) if rel else None, "first_differing_step": differ[0] if differ else None,
          "params_xxh3_stage0": x0, "params_xxh3_stage3_nvme": x3,
-         "bound": "bit-identical (docs/zero.md: optimizer_offload_mode exact)",
+         "bound": "bit-identical (docs/zero.md: tierzero.overlap exact, the default)",
          "pass": same("loss") and same("grad_norm") and x0 == x3}
     emit(r)
     sys.exit(0 if r["pass"] else 1)
@@ -483,7 +484,7 @@ def cmd_round(out, tag):
         if k in nv: r["nvme_" + k] = nv[k]
     emit(r)
     parts = []
-    for k in order:
+    for k in (k for k in order if k in rows):
         v = rows[k]
         p = f"{k} {v['tokens_per_s']:.1f} tokens/s ({v['step_s_median']:.3f} s/step"
         if k in r["speed_vs_pytorch"]:
@@ -491,7 +492,10 @@ def cmd_round(out, tag):
         if k == "tierzero-nvme" and v.get("step_over_bound") is not None:
             p += (f"; bound {v['bound_s']:.3f} s, step/bound {v['step_over_bound']:.3f} (target {TARGET})"
                   f"; NVMe {gb(v['nvme_read_bytes_per_step'])} read, {gb(v['nvme_write_bytes_per_step'])} written per step")
-            if "bound_term" in v: p += f"; bound term {v['bound_term']}"
+            if not v["nvme_read_bytes_per_step"] and not v["nvme_write_bytes_per_step"]:
+                p += " (no NVMe traffic after step 1: the default budgets held every byte in memory)"
+            for k in ("bound_term", "bandwidth_bytes_per_s"):
+                if k in v: p += f"; {k} {json.dumps(v[k])}"
         parts.append(p + f"; load {v['load_before']} -> {v['load_after']})")
     say(f"round {tag}, order {' -> '.join(order)}:\n  " + "\n  ".join(parts))
 
@@ -525,6 +529,8 @@ def cmd_summary(out, model, config, threads):
          "load_1min_min": min(loads, default=None), "load_1min_max": max(loads, default=None),
          "cpu_model": machine.get("cpu_model"), "gemm_library": machine.get("gemm_library"),
          "gemm_kernel_target": machine.get("gemm_kernel_target")}
+    for k in ("bound_term", "bandwidth_bytes_per_s"):
+        if any(k in x for x in nv): r["rounds_nvme_" + k] = [x.get(k) for x in nv]
     emit(r)
     say(f"summary over {r['rounds']} round(s), medians ({r['cpu_model']}; GEMM {r['gemm_library']}, "
         f"kernels {r['gemm_kernel_target']}; 1-min load {r['load_1min_min']}-{r['load_1min_max']}):")
