@@ -377,11 +377,15 @@ def lines(path):
 def median(v):
     return statistics.median(v) if v else None
 
+# One write per line or message, so that lines stay whole when stdout (through tee) and stderr
+# share a file.
 def emit(r):
-    print(json.dumps(r), flush=True)
+    sys.stdout.write(json.dumps(r) + "\n")
+    sys.stdout.flush()
 
 def say(s):
-    print(s, file=sys.stderr, flush=True)
+    sys.stderr.write(s + "\n")
+    sys.stderr.flush()
 
 def gb(v):
     return "n/a" if v is None else f"{v / 1e9:.3f} GB"
