@@ -122,6 +122,7 @@ struct TierzeroConfig {
   std::uint64_t host_budget = 0;    // 0 = what the run needs
   std::uint64_t nvme_budget = 0;    // 0 = free space on the swap paths
   std::string overlap = "exact";    // exact | eager | delayed
+  bool stream_update = true;        // exact: the update streamed into the next forward
   std::string trace_path;
   std::int64_t optimizer_threads = 0;  // 0 = one per core
   std::string state_dtype = "fp32";    // fp32 | bf16

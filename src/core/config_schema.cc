@@ -218,6 +218,12 @@ const std::vector<KeySpec>& schema() {
        "redone when clipping or an overflow undo it; delayed = step t's CPU update during step "
        "t+1 (parameters one step stale; offload_optimizer cpu or nvme).",
        TZ_BIND(tierzero.overlap)},
+      {"tierzero.stream_update", Kind::kBool, 0, 0, kNone, true,
+       "exact mode, stage 3 with offload_param and offload_optimizer off the device: step() "
+       "hands the update to a background thread and each unit's next gather waits for its own "
+       "update, so the update's NVMe traffic runs under the next forward (same results); false "
+       "= every unit updated inside step().",
+       TZ_BIND(tierzero.stream_update)},
       {"tierzero.trace_path", Kind::kString, 0, 0, kNone, "",
        "Write a Chrome trace (Perfetto) of the run to this file.", TZ_BIND(tierzero.trace_path)},
       {"tierzero.optimizer_threads", Kind::kInt, 0, 4096, kNone, 0,

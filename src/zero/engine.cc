@@ -336,7 +336,7 @@ Result<StepReport> EngineImpl::step() {
   StepReport report;
   report.loss_scale = scaler_.scale();
   // delayed: the previous step's update ran during this step's forward and backward; its
-  // parameters become the ones the next forward sees.
+  // parameters become the ones the next forward sees (streamed exact: it has finished).
   TZ_RETURN_IF_ERROR(overlap_->publish());
 
   // Global norm and overflow flag from every rank's reduced shards, in unit order.
@@ -369,7 +369,8 @@ Result<StepReport> EngineImpl::step() {
   // Persistent stage-3 units are gathered again once per step, skipped steps too, so every
   // step moves the same bytes (comm_formula).
   coordinator_.invalidate_all();
-  TZ_RETURN_IF_ERROR(reducer_.zero_gradients());
+  // A streamed update zeroes each accumulator once it has read it.
+  if (!overlap_->update_pending()) TZ_RETURN_IF_ERROR(reducer_.zero_gradients());
   TZ_RETURN_IF_ERROR(ctx_.sync(ctx_.stream(), "step"));
   ctx_.buffers.reap(true);
   reducer_.finish_step();
@@ -524,6 +525,8 @@ Result<UnitViews> EngineImpl::gather(UnitId id) {
   if (coordinator_.gathered(id)) return coordinator_.add_ref(id);
   TZ_RETURN_IF_ERROR(flush_frozen_loads());
   accounting_.open_step();
+  // A streamed update of the previous step may still be writing this unit's parameters.
+  TZ_RETURN_IF_ERROR(overlap_->wait_unit(ctx_.unit(id)));
   return coordinator_.gather(ctx_.unit(id));
 }
 
@@ -543,6 +546,7 @@ Result<UnitViews> EngineImpl::grad(UnitId id) {
   if (reducer_.holds_buffer(id)) return reducer_.buffer_views(id);
   TZ_RETURN_IF_ERROR(flush_frozen_loads());
   accounting_.open_step();
+  TZ_RETURN_IF_ERROR(overlap_->wait_unit(u));  // its accumulator is zeroed by that update
   return reducer_.grad(u);
 }
 

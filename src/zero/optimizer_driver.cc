@@ -314,6 +314,42 @@ Status OptimizerDriver::write_params(Unit& u, const void* src) {
   return Status::ok();
 }
 
+Result<double> OptimizerDriver::update_unit_on_host(Unit& u, const cpu::StepArgs& args,
+                                                    const void* grad, void* param_copy,
+                                                    const std::string& what) {
+  TZ_ASSERT(!u.frozen() && cpu_opt_ && grad != nullptr && param_copy != nullptr,
+            "a host update needs a trainable unit, the CPU optimizer and its buffers");
+  const std::string master_what = what + ": master";
+  const std::string state_what = what + ": optimizer state";
+  const std::string step_what = what + ": cpu optimizer";
+  TZ_ASSIGN_OR_RETURN(Lease master, ctx_.pin_for(u, master_what.c_str(), u.master, Tier::kHost,
+                                                 Access::kReadWrite));
+  Lease states[2];
+  for (int s = 0; s < ctx_.states; ++s) {
+    TZ_ASSIGN_OR_RETURN(states[s], ctx_.pin_for(u, state_what.c_str(), u.state[s],
+                                                Tier::kHost, Access::kReadWrite));
+  }
+  TZ_RETURN_IF_ERROR(ctx_.with_unit(u, master_what.c_str(), master.wait()));
+  for (int s = 0; s < ctx_.states; ++s) {
+    TZ_RETURN_IF_ERROR(ctx_.with_unit(u, state_what.c_str(), states[s].wait()));
+  }
+  const bool copy16 = ctx_.compute_dtype != DType::kF32;
+  cpu::Shard shard;
+  shard.param = static_cast<float*>(master.data());
+  shard.grad = grad;
+  for (int s = 0; s < ctx_.states; ++s) shard.state[s] = states[s].data();
+  shard.param_copy = copy16 ? param_copy : nullptr;
+  shard.n = u.opt_elems;
+  const auto t0 = Clock::now();
+  TZ_RETURN_IF_ERROR(ctx_.with_unit(u, step_what.c_str(),
+                                    cpu_opt_->step(std::span<const cpu::Shard>(&shard, 1), args)));
+  if (!copy16) std::memcpy(param_copy, master.data(), u.opt_elems * 4);
+  const double seconds = seconds_since(t0);
+  for (int s = 0; s < ctx_.states; ++s) states[s].release();
+  master.release();
+  return seconds;
+}
+
 void OptimizerDriver::prefetch_states(const Unit& u) {
   TZ_ASSERT(!u.frozen(), "prefetch of a frozen unit's states");
   ctx_.store->prefetch(u.master, Tier::kHost).ignore();

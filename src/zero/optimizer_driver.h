@@ -55,6 +55,14 @@ class OptimizerDriver {
   // The unit's master and states start loading into the host tier (NVMe-homed states).
   void prefetch_states(const Unit& u);
 
+  // The CPU optimizer's update of one unit off the rank's thread (the overlap modes' workers):
+  // master and states pinned in the host tier, the fp32 gradient shard `grad` (opt_elems
+  // elements, host memory), the new compute-dtype parameters written to `param_copy` (opt_elems
+  // elements). Touches only the store and the CPU optimizer: no stream, no collective, no step
+  // counter. `what` names the caller in errors. Returns the CPU optimizer's seconds.
+  Result<double> update_unit_on_host(Unit& u, const cpu::StepArgs& args, const void* grad,
+                                     void* param_copy, const std::string& what);
+
  private:
   // Stage 0: every rank's reduced shard gathered into the full fp32-exact gradient of the unit,
   // in 16-bit when the shard holds one micro-batch (its fp32 values are exact 16-bit values, so

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "core/log.h"
 #include "gpu/pinned_registration.h"
 
 #include "zero/optimizer_driver.h"
@@ -31,6 +32,13 @@ Result<Overlap> overlap_from_config(const Config& config, Placement optimizer, i
   }
   return Status::invalid_argument("tierzero.overlap: expected exact, eager or delayed, got '" +
                                   mode + "'");
+}
+
+bool streams_update(const Config& config, int stage, Placement param, Placement gradients,
+                    Placement optimizer) {
+  return config.tierzero.overlap == "exact" && config.tierzero.stream_update && stage == 3 &&
+         param != Placement::kDevice && gradients != Placement::kDevice &&
+         optimizer != Placement::kDevice;
 }
 
 bool eager_needs_snapshot(const Config& config) {
@@ -66,6 +74,11 @@ Status OverlapMode::on_reduced(Unit& u, double loss_scale, std::int64_t next_upd
 
 Status OverlapMode::wait() { return Status::ok(); }
 
+Status OverlapMode::wait_unit(const Unit& u) {
+  TZ_ASSERT(u.id < deps_.ctx.units.size(), "wait_unit of an unknown unit");
+  return Status::ok();
+}
+
 Status OverlapMode::publish() { return Status::ok(); }
 
 void OverlapMode::finish_step() {}
@@ -92,9 +105,106 @@ Status OverlapMode::update_now(const StepDecision& decision, std::int64_t update
   return driver.update_all(driver.update_args(decision.multiplier, update));
 }
 
+ExactOverlap::~ExactOverlap() {
+  // A pending update's status has nowhere to go; it must finish before the engine's blocks do.
+  if (worker_) worker_->wait().ignore();
+  worker_.reset();
+}
+
+// Streamed where every unit's update is host work (the CPU optimizer, host-tier parameter shards
+// written in place, host gradient accumulators): stage 3, nothing of the update on the device.
+Status ExactOverlap::finalize(std::uint64_t overlap_bytes) {
+  TZ_RETURN_IF_ERROR(OverlapMode::finalize(overlap_bytes));
+  const EngineContext& ctx = deps_.ctx;
+  TZ_ASSERT(worker_ == nullptr, "exact finalized twice");
+  if (!streams_update(ctx.config, ctx.stage, ctx.param_place, ctx.grad_place, ctx.opt_place)) {
+    return Status::ok();
+  }
+  TZ_ASSERT(deps_.driver.cpu_optimizer() != nullptr, "an offloaded optimizer runs on the CPU");
+  TZ_LOG_DEBUG("exact: the optimizer's update is streamed into the next forward "
+               "(tierzero.stream_update)");
+  done_.assign(ctx.units.size(), false);
+  worker_ = std::make_unique<UpdateWorker>();
+  return Status::ok();
+}
+
 Status ExactOverlap::apply(const StepDecision& decision, std::int64_t step, std::int64_t update) {
   TZ_ASSERT(step >= 1 && !decision.roll_back, "exact mode has no early updates to roll back");
-  return update_now(decision, update);
+  if (!streamed() || decision.update == StepUpdate::kNone) return update_now(decision, update);
+  TZ_ASSERT(decision.update == StepUpdate::kAllUnitsNow, "exact updates every unit or none");
+  TZ_ASSERT(!running_, "exact: an update started while the previous one runs");
+  const cpu::StepArgs args = deps_.driver.update_args(decision.multiplier, update);
+  {
+    std::lock_guard lock(mu_);
+    std::fill(done_.begin(), done_.end(), false);
+    job_over_ = false;
+  }
+  running_ = true;
+  worker_->submit([this, args] {
+    Status s = run_update(args);
+    {
+      std::lock_guard lock(mu_);
+      job_over_ = true;
+    }
+    progress_.notify_all();
+    return s;
+  });
+  return Status::ok();
+}
+
+Status ExactOverlap::run_update(const cpu::StepArgs& args) {
+  EngineContext& ctx = deps_.ctx;
+  for (std::size_t i = 0; i < ctx.units.size(); ++i) {
+    Unit& u = ctx.units[i];
+    if (u.frozen()) continue;
+    if (ctx.opt_place == Placement::kNvme) {
+      if (const Unit* next = ctx.next_trainable(i)) deps_.driver.prefetch_states(*next);
+    }
+    // The reduced gradient (zeroed here once read, for the next step's accumulation) and this
+    // rank's parameter shard in the host tier, overwritten in place.
+    TZ_ASSIGN_OR_RETURN(Lease acc, ctx.pin_for(u, "streamed update: gradient", u.grad_acc,
+                                               Tier::kHost, Access::kReadWrite));
+    TZ_ASSIGN_OR_RETURN(Lease param, ctx.pin_for(u, "streamed update: parameters", u.param,
+                                                 Tier::kHost, Access::kWrite));
+    TZ_RETURN_IF_ERROR(ctx.with_unit(u, "streamed update: gradient", acc.wait()));
+    TZ_RETURN_IF_ERROR(ctx.with_unit(u, "streamed update: parameters", param.wait()));
+    TZ_ASSIGN_OR_RETURN(const double seconds,
+                        deps_.driver.update_unit_on_host(u, args, acc.data(), param.data(),
+                                                         "streamed update"));
+    worker_optimizer_s_ += seconds;
+    std::memset(acc.data(), 0, u.layout.shard * 4);
+    param.release();
+    acc.release();
+    {
+      std::lock_guard lock(mu_);
+      done_[u.id] = true;
+    }
+    progress_.notify_all();
+  }
+  return Status::ok();
+}
+
+Status ExactOverlap::wait_unit(const Unit& u) {
+  TZ_RETURN_IF_ERROR(OverlapMode::wait_unit(u));
+  if (!running_ || u.frozen()) return Status::ok();
+  bool done = false;
+  {
+    std::unique_lock lock(mu_);
+    progress_.wait(lock, [&] { return done_[u.id] || job_over_; });
+    done = done_[u.id];
+  }
+  // The job ended without this unit: its error comes back now.
+  return done ? Status::ok() : wait();
+}
+
+// The rank's thread stalls on the optimizer; the job's error, if any, comes back here.
+Status ExactOverlap::wait() {
+  if (!running_) return Status::ok();
+  Status s = worker_->wait();
+  running_ = false;
+  deps_.ctx.counters.optimizer_s += worker_optimizer_s_;
+  worker_optimizer_s_ = 0;
+  return s;
 }
 
 UpdateWorker::~UpdateWorker() {

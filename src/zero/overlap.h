@@ -1,14 +1,17 @@
 // The optimizer's overlap modes (tierzero.overlap; docs/zero.md, "Overlap modes") behind one
 // interface. step() asks the pure step decision (step_decision.h) what the step does, then the
 // mode carries it out; the mode's hooks mark when it may act:
-//   exact    updates every unit in step(), after the global norm is known;
+//   exact    updates every unit once the global norm is known: in step(), or (streamed, stage 3
+//            with the parameters and the optimizer offloaded) on a worker after step(), each
+//            unit's next gather waiting for its own update (wait_unit);
 //   eager    updates a unit as soon as its last micro-batch's gradient is reduced (on_reduced),
 //            keeping a snapshot of master and states when clipping or loss scaling may undo it,
 //            and rolls the early updates back in apply() when the decision says so;
 //   delayed  hands step t's update to a background worker in apply() and publishes its
 //            parameters at step t+1 (publish), so the update runs during step t+1's passes.
 // Each mode owns its state: eager its snapshots and the units it updated early, delayed its
-// worker, the gradient copies and parameters of the pending update, and their pinned pool.
+// worker, the gradient copies and parameters of the pending update, and their pinned pool;
+// streamed exact its worker and which units its update has done.
 #pragma once
 
 #include <condition_variable>
@@ -42,6 +45,12 @@ struct OverlapDeps {
 // tierzero.overlap and what the mode needs.
 Result<Overlap> overlap_from_config(const Config& config, Placement optimizer, int stage);
 
+// exact: whether the update is streamed into the next forward (tierzero.stream_update, and every
+// part of the update is host work: stage 3 with the parameters, the gradient accumulators and the
+// optimizer off the device).
+bool streams_update(const Config& config, int stage, Placement param, Placement gradients,
+                    Placement optimizer);
+
 // eager: whether the early updates may have to be undone, so a snapshot is kept: only clipping
 // and loss scaling (with its overflow skips) can change a step's multiplier after them.
 bool eager_needs_snapshot(const Config& config);
@@ -64,6 +73,14 @@ class OverlapMode {
 
   // Waits for an update still running (before get_tensor reads masters and states).
   virtual Status wait();
+
+  // Waits until an update still running has finished with `u` (before the unit's parameters are
+  // gathered or its gradient is handed out); its error, if the update failed before `u`.
+  virtual Status wait_unit(const Unit& u);
+
+  // This step's update runs past step() and zeroes each unit's gradient accumulator itself
+  // (step() zeroes them otherwise).
+  virtual bool update_pending() const { return false; }
 
   // The pending update's parameters become the ones the next forward sees (at step(), and before
   // set_tensor writes parameters the pending update would overwrite).
@@ -124,13 +141,41 @@ class UpdateWorker {
   std::thread thread_;  // last: started after the members it reads
 };
 
-// exact: every unit's update in step(), once the global norm is known; results equal a
-// non-offloaded run.
+// exact: every unit's update once the global norm is known; results equal a non-offloaded run.
+// In step(), or streamed (tierzero.stream_update, where it applies: stage 3 with the parameters,
+// the gradients and the optimizer off the device, so an update is host work only): apply() hands
+// the update to a worker that takes the units in registration order (the order the next forward
+// gathers them), writing each unit's parameters home and zeroing its gradient accumulator, and
+// step() returns; a unit's next gather or gradient waits for that unit's own update, so the
+// update's NVMe traffic runs under the next forward's compute. Same arithmetic, same bits.
 class ExactOverlap final : public OverlapMode {
  public:
   explicit ExactOverlap(const OverlapDeps& deps) : OverlapMode(deps) {}
+  ~ExactOverlap() override;
   Overlap kind() const override { return Overlap::kExact; }
+  Status finalize(std::uint64_t overlap_bytes) override;
+  Status wait() override;
+  Status wait_unit(const Unit& u) override;
+  Status publish() override { return wait(); }
+  bool update_pending() const override { return running_; }
   Status apply(const StepDecision& decision, std::int64_t step, std::int64_t update) override;
+
+  // Whether the update is streamed (decided at finalize from the config and the placements).
+  bool streamed() const { return worker_ != nullptr; }
+
+ private:
+  // The worker's job: every trainable unit's update in registration order (NVMe state read ahead
+  // one unit), each marked done as it finishes. Touches only the store, the CPU optimizer, the
+  // marks (under mu_) and worker_optimizer_s_ (read by the rank's thread after wait()).
+  Status run_update(const cpu::StepArgs& args);
+
+  std::mutex mu_;  // guards done_ and job_over_
+  std::condition_variable progress_;
+  std::vector<bool> done_;          // per unit: this update has finished with it
+  bool job_over_ = false;           // the job returned (every unit done, or an error)
+  bool running_ = false;            // the rank's thread: a job was submitted, not waited for
+  double worker_optimizer_s_ = 0;   // the worker's CPU optimizer time
+  std::unique_ptr<UpdateWorker> worker_;  // last: its job reads the members above
 };
 
 // eager: a unit's update as soon as its last micro-batch's gradient is reduced, with the

@@ -56,38 +56,16 @@ Status DelayedOverlap::apply(const StepDecision& decision, std::int64_t step, st
 
 Status DelayedOverlap::run_update(const cpu::StepArgs& args) {
   EngineContext& ctx = deps_.ctx;
-  cpu::CpuOptimizer& opt = *deps_.driver.cpu_optimizer();
-  const bool copy16 = ctx.compute_dtype != DType::kF32;
   for (std::size_t i = 0; i < ctx.units.size(); ++i) {
     Unit& u = ctx.units[i];
     if (u.frozen()) continue;
     if (ctx.opt_place == Placement::kNvme) {
       if (const Unit* next = ctx.next_trainable(i)) deps_.driver.prefetch_states(*next);
     }
-    TZ_ASSIGN_OR_RETURN(Lease master, ctx.pin_for(u, "delayed update: master", u.master,
-                                                  Tier::kHost, Access::kReadWrite));
-    Lease states[2];
-    for (int s = 0; s < ctx.states; ++s) {
-      TZ_ASSIGN_OR_RETURN(states[s], ctx.pin_for(u, "delayed update: optimizer state", u.state[s],
-                                                 Tier::kHost, Access::kReadWrite));
-    }
-    TZ_RETURN_IF_ERROR(ctx.with_unit(u, "delayed update: master", master.wait()));
-    for (int s = 0; s < ctx.states; ++s) {
-      TZ_RETURN_IF_ERROR(ctx.with_unit(u, "delayed update: optimizer state", states[s].wait()));
-    }
-    cpu::Shard shard;
-    shard.param = static_cast<float*>(master.data());
-    shard.grad = grad_[u.id].data();
-    for (int s = 0; s < ctx.states; ++s) shard.state[s] = states[s].data();
-    shard.param_copy = copy16 ? params_[u.id].data() : nullptr;
-    shard.n = u.opt_elems;
-    const auto t0 = Clock::now();
-    TZ_RETURN_IF_ERROR(ctx.with_unit(u, "delayed update: cpu optimizer",
-                                     opt.step(std::span<const cpu::Shard>(&shard, 1), args)));
-    if (!copy16) std::memcpy(params_[u.id].data(), master.data(), u.opt_elems * 4);
-    worker_optimizer_s_ += seconds_since(t0);
-    for (int s = 0; s < ctx.states; ++s) states[s].release();
-    master.release();
+    TZ_ASSIGN_OR_RETURN(const double seconds,
+                        deps_.driver.update_unit_on_host(u, args, grad_[u.id].data(),
+                                                         params_[u.id].data(), "delayed update"));
+    worker_optimizer_s_ += seconds;
   }
   return Status::ok();
 }

@@ -1,7 +1,9 @@
 // The engine under a seeded NVMe fault (nvme::FaultEngine): an EIO on an I/O of the optimizer
 // state during a step surfaces from that step as an error naming the unit and shard, and every
 // unit's state is either the last completed step's or the failed step's own update (nothing
-// half-written), compared bit for bit with a fault-free run.
+// half-written), compared bit for bit with a fault-free run. With the update streamed into the
+// next forward (stage 3, tierzero.stream_update) the error surfaces after step() returned, from
+// the next call that waits for the update, with the same guarantee.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -24,13 +26,16 @@ using testing::ModelShape;
 constexpr std::uint64_t kSeed = 77;
 constexpr int kLayers = 8;
 
-Config fault_config() {
+// Stage 2 updates inside step(); streamed: stage 3 with host-homed parameters, the update
+// streamed into the next forward.
+Config fault_config(bool streamed) {
   const std::string path = ::testing::TempDir();
   return make_config(
       R"({"train_micro_batch_size_per_gpu": 4, "gradient_clipping": 1.0,
           "optimizer": {"type": "AdamW", "params": {"lr": 0.01}},
-          "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "nvme",
-          "nvme_path": ")" + path + R"("}}})");
+          "zero_optimization": {"stage": )" + std::string(streamed ? "3" : "2") +
+      R"(, "offload_optimizer": {"device": "nvme", "nvme_path": ")" + path + R"("})" +
+      (streamed ? R"(, "offload_param": {"device": "cpu"})" : "") + "}}");
 }
 
 struct Outcome {
@@ -40,18 +45,20 @@ struct Outcome {
   std::uint64_t step3_requests = 0;
   std::vector<std::vector<float>> after2, after3;  // masters, unit by unit (weights only)
   Status step3_status;
+  Status update_status;  // streamed: what the first call after step 3 that waits for it returned
   std::vector<Result<std::vector<float>>> after_fault;
 };
 
 // fail_request = 0: fault-free, records the reference states; otherwise that request fails.
-Outcome run(std::uint64_t fail_request) {
+Outcome run(std::uint64_t fail_request, bool streamed = false) {
   Outcome out;
   std::atomic<nvme::FaultEngine*> faults{nullptr};
   EngineOptions opts;
-  opts.config = fault_config();
-  // The whole host tier: four units' state of eight and the gradient shards in the store, plus
-  // the engine's staging at this shape (278,528 bytes; the plan's error names it if it changes).
-  opts.host_budget_bytes = 4 * 3 * 2048 * 4 + (64u << 10) + 278528;
+  opts.config = fault_config(streamed);
+  // The whole host tier: four units' state of eight and the gradient shards in the store (and
+  // streamed, the host-homed parameter shards), plus the engine's staging at this shape (278,528
+  // bytes; the plan's error names it if it changes).
+  opts.host_budget_bytes = 4 * 3 * 2048 * 4 + (64u << 10) + (streamed ? 64u << 10 : 0) + 278528;
   auto hooks = std::make_shared<store::IoHooks>();
   nvme::FaultOptions fo;
   fo.seed = kSeed;
@@ -79,15 +86,19 @@ Outcome run(std::uint64_t fail_request) {
       }
       return m;
     };
+    std::vector<float> probe(static_cast<std::size_t>(shape.width * shape.width));
     for (int step = 0; step < 2; ++step) {
       TZ_RETURN_IF_ERROR(model.train_step(step, 4, kSeed).status());
     }
+    // A streamed update of step 2 finishes before the count (get_tensor waits for it).
+    TZ_RETURN_IF_ERROR(engine->get_tensor(0, 0, probe));
     out.requests_after_two_steps = faults.load()->counts().requests;
     if (fail_request == 0) {
       for (auto& m : masters()) out.after2.push_back(*m);
     }
     const std::uint64_t before_step3 = faults.load()->counts().requests;
     out.step3_status = model.train_step(2, 4, kSeed).status();
+    if (streamed) out.update_status = engine->get_tensor(0, 0, probe);
     out.step3_requests = faults.load()->counts().requests - before_step3;
     if (fail_request == 0) {
       for (auto& m : masters()) out.after3.push_back(*m);
@@ -100,30 +111,38 @@ Outcome run(std::uint64_t fail_request) {
   return out;
 }
 
-TEST(ZeroFault, EioOnOptimizerStateNamesUnitAndShardAndKeepsState) {
+// One run per failing request, spread over step 3's requests from its first to its last. The
+// counts move by a request or two from run to run (when a write-back or a read ahead is issued
+// depends on timing), and a failed read ahead is read again rather than reported, so a few
+// requests at one place in the step may all pass unnoticed; requests spread over the whole step
+// cannot (step 3 writes every unit's new state). Returns how many runs reported the error after
+// step 3 returned (the streamed update's).
+int expect_failed_update_names_unit_and_keeps_state(bool streamed) {
   std::printf("seed %llu\n", static_cast<unsigned long long>(kSeed));
-  const Outcome ref = run(0);
-  ASSERT_TRUE(ref.step3_status.is_ok()) << ref.step3_status.to_string();
-  ASSERT_GT(ref.requests_after_two_steps, 0u);
-  ASSERT_GT(ref.step3_requests, 0u);
-  // One run per failing request, spread over step 3's requests from its first to its last. The
-  // counts move by a request or two from run to run (when a write-back or a read ahead is issued
-  // depends on timing), and a failed read ahead is read again rather than reported, so a few
-  // requests at one place in the step may all pass unnoticed; requests spread over the whole
-  // step cannot (step 3 writes every unit's new state).
+  const Outcome ref = run(0, streamed);
+  EXPECT_TRUE(ref.step3_status.is_ok() && ref.update_status.is_ok())
+      << ref.step3_status.to_string() << " " << ref.update_status.to_string();
+  EXPECT_GT(ref.requests_after_two_steps, 0u);
+  EXPECT_GT(ref.step3_requests, 0u);
   constexpr std::uint64_t kTries = 8;
   int failures_seen = 0;
+  int after_step = 0;
   for (std::uint64_t k = 0; k < kTries; ++k) {
     const std::uint64_t extra = 1 + (ref.step3_requests - 1) * k / (kTries - 1);
-    const Outcome got = run(ref.requests_after_two_steps + extra);
-    std::printf("request +%llu: %s\n", static_cast<unsigned long long>(extra),
-                got.step3_status.to_string().c_str());
-    if (got.step3_status.is_ok()) continue;  // that request was not in step 3's update
+    const Outcome got = run(ref.requests_after_two_steps + extra, streamed);
+    const Status& failed = got.step3_status.is_ok() ? got.update_status : got.step3_status;
+    std::printf("request +%llu: step %s, after it %s\n", static_cast<unsigned long long>(extra),
+                got.step3_status.to_string().c_str(), got.update_status.to_string().c_str());
+    if (failed.is_ok()) continue;  // that request was not in step 3's update
     ++failures_seen;
-    const std::string msg = got.step3_status.to_string();
+    if (got.step3_status.is_ok()) ++after_step;
+    const std::string msg = failed.to_string();
     SCOPED_TRACE("request +" + std::to_string(extra) + ": " + msg);
     EXPECT_NE(msg.find("unit 'layer"), std::string::npos);
     EXPECT_NE(msg.find("shard 0 of 1"), std::string::npos);
+    if (got.step3_status.is_ok()) {
+      EXPECT_NE(msg.find("streamed update"), std::string::npos);
+    }
     int unchanged = 0;
     int unreadable = 0;
     for (std::size_t u = 0; u < got.after_fault.size(); ++u) {
@@ -146,6 +165,17 @@ TEST(ZeroFault, EioOnOptimizerStateNamesUnitAndShardAndKeepsState) {
     EXPECT_GT(unchanged + unreadable, 0) << "the failed step updated every unit, silently";
   }
   EXPECT_GT(failures_seen, 0) << "no injected EIO reached step 3's update";
+  return after_step;
+}
+
+TEST(ZeroFault, EioOnOptimizerStateNamesUnitAndShardAndKeepsState) {
+  EXPECT_EQ(expect_failed_update_names_unit_and_keeps_state(false), 0)
+      << "an update inside step() reported its error after step() returned";
+}
+
+TEST(ZeroFault, EioInAStreamedUpdateSurfacesAtTheNextWaitAndKeepsState) {
+  EXPECT_GT(expect_failed_update_names_unit_and_keeps_state(true), 0)
+      << "no error of the streamed update came after step() returned";
 }
 
 }  // namespace

@@ -37,6 +37,7 @@ struct RunSpec {
   std::string offload_param = "none";
   std::string dtype = "fp32";  // fp32 | bf16 | fp16
   std::string overlap = "exact";  // tierzero.overlap
+  bool stream_update = true;       // tierzero.stream_update
   int accumulation = 1;
   double clip = 0.5;
   int batch = 4;
@@ -70,7 +71,8 @@ inline std::string config_json(const RunSpec& r) {
   if (r.dtype == "fp16") {
     j += "\"fp16\": {\"enabled\": true, \"initial_scale_power\": 12, \"hysteresis\": 1},";
   }
-  j += "\"tierzero\": {\"overlap\": \"" + r.overlap + "\"},";
+  j += "\"tierzero\": {\"overlap\": \"" + r.overlap + "\", \"stream_update\": " +
+       (r.stream_update ? "true" : "false") + "},";
   j += "\"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 0.01, \"weight_decay\": 0.01}},";
   const std::string path = ::testing::TempDir();
   j += "\"zero_optimization\": {\"stage\": " + std::to_string(r.stage) +
@@ -89,6 +91,7 @@ inline std::string describe(const RunSpec& r) {
   return "ranks=" + std::to_string(r.ranks) + " stage=" + std::to_string(r.stage) +
          " opt=" + r.offload_optimizer + " param=" + r.offload_param + " dtype=" + r.dtype +
          " k=" + std::to_string(r.accumulation) + " overlap=" + r.overlap +
+         (r.stream_update ? "" : " stream_update=false") +
          " clip=" + std::to_string(r.clip) + " persistence=" + std::to_string(r.persistence);
 }
 

@@ -75,6 +75,40 @@ TEST(OverlapModeConfig, EagerKeepsASnapshotOnlyWhenAStepCanUndoIt) {
   EXPECT_TRUE(eager_needs_snapshot(overlap_config("eager", 0.5, /*fp16=*/true)));
 }
 
+// Streamed only where the whole update is host work, in exact mode, unless the key turns it off
+// (rows from docs/zero.md's rule: stage 3, parameters, gradients and optimizer off the device).
+TEST(OverlapModeConfig, ExactStreamsTheUpdateOnlyWhereItIsHostWork) {
+  using P = Placement;
+  struct Row {
+    std::string mode;
+    bool key;
+    int stage;
+    P param, grads, opt;
+    bool streams;
+  };
+  const std::vector<Row> rows = {
+      {"exact", true, 3, P::kNvme, P::kHost, P::kNvme, true},
+      {"exact", true, 3, P::kHost, P::kHost, P::kHost, true},
+      {"exact", true, 3, P::kHost, P::kNvme, P::kNvme, true},
+      {"exact", false, 3, P::kNvme, P::kHost, P::kNvme, false},
+      {"exact", true, 2, P::kDevice, P::kHost, P::kNvme, false},
+      {"exact", true, 3, P::kDevice, P::kHost, P::kNvme, false},
+      {"exact", true, 3, P::kNvme, P::kDevice, P::kDevice, false},
+      {"exact", true, 3, P::kNvme, P::kHost, P::kDevice, false},
+      {"eager", true, 3, P::kNvme, P::kHost, P::kNvme, false},
+      {"delayed", true, 3, P::kNvme, P::kHost, P::kNvme, false},
+  };
+  for (const Row& r : rows) {
+    Config c = overlap_config(r.mode);
+    c.tierzero.stream_update = r.key;
+    SCOPED_TRACE(r.mode + " key " + std::to_string(r.key) + " stage " + std::to_string(r.stage) +
+                 " param " + std::string(placement_name(r.param)) + " grads " +
+                 std::string(placement_name(r.grads)) + " optimizer " +
+                 std::string(placement_name(r.opt)));
+    EXPECT_EQ(streams_update(c, r.stage, r.param, r.grads, r.opt), r.streams);
+  }
+}
+
 TEST(UpdateWorker, RunsOneJobAndReturnsItsStatusOnce) {
   UpdateWorker worker;
   EXPECT_FALSE(worker.busy());

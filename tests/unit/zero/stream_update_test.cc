@@ -1,0 +1,143 @@
+// Exact mode's streamed update (tierzero.stream_update; docs/zero.md, "Overlap modes"): the
+// update handed to a worker at step() and waited for unit by unit at the next gather gives the
+// same bits as the update inside step(), on HostDevice ranks (LocalComm threads), over the
+// placements where it applies, gradient accumulation, persistent and released units, and fp16
+// steps an overflow skips; set_tensor and get_tensor right after step() see the finished update.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "engine_bodies.h"
+#include "zero/engine.h"
+
+namespace tz::zero {
+namespace {
+
+using testing::launch_local;
+using testing::RunHooks;
+using testing::RunSpec;
+
+void expect_streamed_equals_in_step(RunSpec r, const RunHooks& hooks = {}) {
+  std::printf("seed %llu\n", static_cast<unsigned long long>(testing::kSeed));
+  r.stream_update = false;
+  const testing::RunResult in_step = testing::run(launch_local, r, hooks);
+  r.stream_update = true;
+  const testing::RunResult streamed = testing::run(launch_local, r, hooks);
+  ASSERT_TRUE(in_step.ok && streamed.ok) << testing::describe(r);
+  EXPECT_NE(streamed.hash, 0u);
+  EXPECT_EQ(streamed.hash, in_step.hash) << testing::describe(r);
+  EXPECT_EQ(streamed.weights, in_step.weights) << testing::describe(r);
+  ASSERT_EQ(streamed.reports.size(), in_step.reports.size());
+  for (std::size_t i = 0; i < streamed.reports.size(); ++i) {
+    const StepReport& s = streamed.reports[i];
+    EXPECT_EQ(s.grad_norm, in_step.reports[i].grad_norm) << testing::describe(r) << " step " << i;
+    EXPECT_EQ(s.skipped, in_step.reports[i].skipped) << testing::describe(r) << " step " << i;
+    EXPECT_EQ(s.loss_scale, in_step.reports[i].loss_scale) << testing::describe(r) << " step " << i;
+  }
+}
+
+RunSpec stage3(const std::string& dtype, const std::string& param, const std::string& opt) {
+  RunSpec r;
+  r.ranks = 2;
+  r.stage = 3;
+  r.dtype = dtype;
+  r.offload_param = param;
+  r.offload_optimizer = opt;
+  return r;
+}
+
+TEST(ZeroStreamUpdate, EqualsTheUpdateInsideStepBf16) {
+  for (const std::string param : {"cpu", "nvme"}) {
+    for (const std::string opt : {"cpu", "nvme"}) {
+      for (long persistence : {-1L, 0L}) {
+        RunSpec r = stage3("bf16", param, opt);
+        r.persistence = persistence;
+        SCOPED_TRACE(testing::describe(r));
+        expect_streamed_equals_in_step(r);
+      }
+    }
+  }
+}
+
+TEST(ZeroStreamUpdate, EqualsTheUpdateInsideStepFp32WithAccumulation) {
+  RunSpec r = stage3("fp32", "nvme", "nvme");
+  r.accumulation = 2;
+  r.persistence = 0;
+  expect_streamed_equals_in_step(r);
+}
+
+// A skipped step hands no update to the worker: step() zeroes the gradients itself.
+TEST(ZeroStreamUpdate, EqualsTheUpdateInsideStepWithOverflowSkips) {
+  RunSpec r = stage3("fp16", "nvme", "nvme");
+  r.persistence = 0;
+  RunHooks hooks;
+  hooks.poison_steps = {1, 3};
+  expect_streamed_equals_in_step(r, hooks);
+  // and the skips happened
+  r.stream_update = true;
+  const testing::RunResult got = testing::run(launch_local, r, hooks);
+  ASSERT_EQ(got.reports.size(), 5u);
+  EXPECT_TRUE(got.reports[1].skipped);
+  EXPECT_TRUE(got.reports[3].skipped);
+  EXPECT_FALSE(got.reports[2].skipped);
+}
+
+// Reading the weights right after a step (the masters a checkpoint saves) waits for the streamed
+// update: they equal the in-step run's after every step, not only at the end.
+TEST(ZeroStreamUpdate, WeightsReadRightAfterAStepAreTheUpdatedOnes) {
+  RunSpec r = stage3("bf16", "nvme", "nvme");
+  r.persistence = 0;
+  RunHooks hooks;
+  hooks.read_after_step = 1;
+  r.stream_update = false;
+  const testing::RunResult in_step = testing::run(launch_local, r, hooks);
+  r.stream_update = true;
+  const testing::RunResult streamed = testing::run(launch_local, r, hooks);
+  ASSERT_FALSE(in_step.weights_read.empty());
+  EXPECT_EQ(streamed.weights_read, in_step.weights_read);
+  EXPECT_EQ(streamed.hash, in_step.hash);
+}
+
+// set_tensor right after step() waits for the streamed update first: the value set is what the
+// weights hold (the update does not overwrite it afterwards), the other tensors hold the update.
+TEST(ZeroStreamUpdate, SetTensorRightAfterAStepWaitsForTheUpdate) {
+  RunSpec r = stage3("bf16", "nvme", "nvme");
+  r.persistence = 0;
+  EngineOptions opts;
+  opts.config = testing::make_config(testing::config_json(r));
+  const auto n = static_cast<std::size_t>(r.shape.width) * static_cast<std::size_t>(r.shape.width);
+  std::vector<float> value(n);
+  for (std::size_t i = 0; i < n; ++i) value[i] = 0.25f - static_cast<float>(i % 7) / 16.0f;
+  std::vector<testing::Weights> after(2);
+  for (int with_set = 0; with_set < 2; ++with_set) {
+    Status s = run_local_ranks(r.ranks, 64u << 20, [&](int rank, gpu::Device& dev, comm::Comm& comm) {
+      TZ_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::create(opts, dev, comm));
+      testing::EngineModel model(*engine, r.shape);
+      TZ_RETURN_IF_ERROR(model.build());
+      TZ_RETURN_IF_ERROR(model.init(testing::kSeed));
+      for (int step = 0; step < 2; ++step) {
+        TZ_RETURN_IF_ERROR(model.train_step(step, r.batch, testing::kSeed).status());
+      }
+      // The last unit: the one the streamed update reaches last.
+      const auto last = static_cast<UnitId>(engine->unit_count() - 1);
+      if (with_set == 1) TZ_RETURN_IF_ERROR(engine->set_tensor(last, 0, value));
+      TZ_ASSIGN_OR_RETURN(testing::Weights w, model.weights());
+      if (rank == 0) after[static_cast<std::size_t>(with_set)] = std::move(w);
+      return Status::ok();
+    });
+    ASSERT_TRUE(s.is_ok()) << s.to_string();
+  }
+  ASSERT_EQ(after[1].size(), after[0].size());
+  const std::size_t last_weight = after[0].size() - 2;  // per unit: weight, then bias
+  EXPECT_EQ(after[1][last_weight], value);
+  EXPECT_NE(after[0][last_weight], value);
+  for (std::size_t t = 0; t < after[0].size(); ++t) {
+    if (t != last_weight) {
+      EXPECT_EQ(after[1][t], after[0][t]) << t;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace tz::zero
