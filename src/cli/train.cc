@@ -20,14 +20,12 @@
 #include "comm/launch_env.h"
 #include "comm/select.h"
 #include "core/config.h"
-#include "core/log.h"
 #include "core/output_file.h"
 #include "core/trace.h"
 #include "gpu/select.h"
 #include "model/factory.h"
 #include "train/report.h"
 #include "train/trainer.h"
-#include "zero/plan.h"
 
 namespace tz::cli {
 namespace {
@@ -368,8 +366,9 @@ void print_summary(const RunSetup& s, const train::TrainResult& r) {
 
 // The bandwidths of the step's bound (cli/bench_common.h measure_engine_ceilings: the disk under
 // the run's swap paths when a tier is on NVMe, 256 MiB each way; memcpy for the copies on a
-// host-memory device, whose copies are memcpy) into the trainer, and the line that shows them
-// (an info line, rank 0's process). Nothing with --no-bandwidth-probe: the bound then leaves those terms out.
+// host-memory device, whose copies are memcpy) into the trainer; rank 0 prints them before its
+// first step line (train/report.h). Nothing with --no-bandwidth-probe: the bound then leaves
+// those terms out.
 Status measure_bandwidths(RunSetup& s, bool device_is_host_memory) {
   if (s.flags.no_bandwidth_probe) return Status::ok();
   zero::EngineOptions eo = s.trainer->spec().engine;
@@ -379,18 +378,6 @@ Status measure_bandwidths(RunSetup& s, bool device_is_host_memory) {
                                       "(--no-bandwidth-probe skips it)");
   }
   s.trainer->set_bound_bandwidths(eo);
-  if (s.launched && s.launch.rank != 0) return Status::ok();
-  std::string text;
-  if (eo.nvme_read_bytes_per_s > 0) {
-    std::string paths;
-    for (const std::string& p : zero::swap_paths(eo)) paths += (paths.empty() ? "" : ", ") + p;
-    text += cell("disk read %.2f GB/s, write %.2f GB/s (%s)", eo.nvme_read_bytes_per_s / 1e9,
-                 eo.nvme_write_bytes_per_s / 1e9, paths.c_str());
-  }
-  if (eo.copy_bytes_per_s > 0) {
-    text += cell("%scopy %.1f GB/s (memcpy)", text.empty() ? "" : "; ", eo.copy_bytes_per_s / 1e9);
-  }
-  if (!text.empty()) TZ_LOG_INFO("train: bound bandwidths: %s", text.c_str());
   return Status::ok();
 }
 
