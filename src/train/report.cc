@@ -86,27 +86,30 @@ void Reporter::write_metrics(const zero::StepReport& r, double loss,
   }
 }
 
-void Reporter::step(const zero::StepReport& r, double loss, std::optional<double> val_loss) {
-  if (first_step_) {
-    first_step_ = false;
-    const double read = bandwidths_["nvme_read"].get<double>();
-    const double write = bandwidths_["nvme_write"].get<double>();
-    const double copy = bandwidths_["copy"].get<double>();
-    std::string text;
-    if (read > 0 && write > 0) {
-      char buf[96];
-      std::snprintf(buf, sizeof(buf), "disk read %.2f GB/s, write %.2f GB/s", read / 1e9,
-                    write / 1e9);
-      text = buf;
-    }
-    if (copy > 0) {
-      char buf[64];
-      std::snprintf(buf, sizeof(buf), "%scopy %.1f GB/s (memcpy)", text.empty() ? "" : "; ",
-                    copy / 1e9);
-      text += buf;
-    }
-    if (!text.empty()) line("bound bandwidths: " + text);
+// The bound's measured bandwidths, once, before the first step's line (none measured: nothing).
+void Reporter::announce_bandwidths() {
+  first_step_ = false;
+  const double read = bandwidths_["nvme_read"].get<double>();
+  const double write = bandwidths_["nvme_write"].get<double>();
+  const double copy = bandwidths_["copy"].get<double>();
+  std::string text;
+  if (read > 0 && write > 0) {
+    char buf[96];
+    std::snprintf(buf, sizeof(buf), "disk read %.2f GB/s, write %.2f GB/s", read / 1e9,
+                  write / 1e9);
+    text = buf;
   }
+  if (copy > 0) {
+    char buf[64];
+    std::snprintf(buf, sizeof(buf), "%scopy %.1f GB/s (memcpy)", text.empty() ? "" : "; ",
+                  copy / 1e9);
+    text += buf;
+  }
+  if (!text.empty()) line("bound bandwidths: " + text);
+}
+
+void Reporter::step(const zero::StepReport& r, double loss, std::optional<double> val_loss) {
+  if (first_step_) announce_bandwidths();
   if (metrics_ != nullptr) write_metrics(r, loss, val_loss);
   const bool last = r.step == steps_;
   if (static_cast<std::uint64_t>(r.step) % steps_per_print_ == 0 || last || val_loss) {

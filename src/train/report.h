@@ -42,6 +42,7 @@ class Reporter {
 
  private:
   void write_metrics(const zero::StepReport& r, double loss, std::optional<double> val_loss);
+  void announce_bandwidths();
 
   int steps_;
   std::uint64_t steps_per_print_;
