@@ -13,10 +13,12 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <thread>
 
 #include "core/assert.h"
 #include "nvme/io_queue.h"
 #include "store/pool_registration.h"
+#include "zero/plan.h"
 
 namespace tz::cli {
 namespace {
@@ -267,6 +269,36 @@ std::vector<double> memcpy_gbps_samples(std::size_t bytes, int repeats) {
   std::vector<char> a(bytes, 1);
   std::vector<char> b(bytes, 2);
   return memcpy_gbps_samples(b.data(), a.data(), bytes, repeats);
+}
+
+Status measure_engine_ceilings(const std::string& what, bool device_is_host_memory,
+                               std::uint64_t disk_bytes, zero::EngineOptions& eo) {
+  if (device_is_host_memory) {
+    const std::vector<double> copy_gbps = memcpy_gbps_samples(64u << 20, 3);
+    eo.copy_bytes_per_s = *std::max_element(copy_gbps.begin(), copy_gbps.end()) * 1e9;
+  }
+  const ZeroConfig& z = eo.config.zero;
+  if (z.offload_optimizer.device != "nvme" && z.offload_param.device != "nvme") {
+    return Status::ok();
+  }
+  const std::vector<std::string> paths = zero::swap_paths(eo);
+  if (paths.empty()) return Status::ok();  // the engine refuses the config, naming the key
+  const std::size_t n = paths.size();
+  std::vector<double> write(n, 0), read(n, 0);
+  std::vector<Status> status(n, Status::ok());
+  {
+    std::vector<std::thread> probes;
+    for (std::size_t i = 0; i < n; ++i) {
+      probes.emplace_back([&, i] {
+        status[i] = measure_file_disk(what, paths[i], disk_bytes, &write[i], &read[i]);
+      });
+    }
+    for (std::thread& t : probes) t.join();
+  }
+  for (Status& st : status) TZ_RETURN_IF_ERROR(std::move(st));
+  eo.nvme_write_bytes_per_s = static_cast<double>(n) * *std::min_element(write.begin(), write.end());
+  eo.nvme_read_bytes_per_s = static_cast<double>(n) * *std::min_element(read.begin(), read.end());
+  return Status::ok();
 }
 
 }  // namespace tz::cli

@@ -17,6 +17,7 @@
 #include "gpu/device.h"
 #include "nvme/swap_space.h"
 #include "store/stack.h"
+#include "zero/engine.h"
 
 namespace tz::cli {
 
@@ -104,5 +105,21 @@ std::vector<double> memcpy_gbps_samples(void* dst, const void* src, std::size_t 
                                         int repeats);
 // The same on buffers of its own.
 std::vector<double> memcpy_gbps_samples(std::size_t bytes, int repeats);
+
+// The bandwidths of the engine's step bound (EngineOptions::nvme_read_bytes_per_s,
+// nvme_write_bytes_per_s, copy_bytes_per_s), measured once before a run (`bench zero`, `train`):
+// - copy, when `device_is_host_memory`: single-thread memcpy of 64 MiB, the best of three, what
+//   HostDevice's host <-> device copies run at (its copy streams are memcpy on one thread each).
+//   On a GPU memcpy says nothing of PCIe, so the copy term is left at 0 (out of the bound).
+// - NVMe, when `eo`'s config puts the parameters or the optimizer's states on nvme: the disk
+//   under every directory the run's swap files go to (zero::swap_paths: EngineOptions::nvme_path,
+//   else the offload sections' nvme_path), measure_file_disk's sequential write then read of
+//   `disk_bytes` in each, all paths at once, its probe file removed. The store stripes blocks
+//   evenly over the paths, so their sum runs at the slowest one's rate times their count (paths
+//   on one drive measured at once share it).
+// Bandwidths not measured are left as `eo` has them. `what` names the command in errors.
+// Errors: measure_file_disk's (the path that failed).
+Status measure_engine_ceilings(const std::string& what, bool device_is_host_memory,
+                               std::uint64_t disk_bytes, zero::EngineOptions& eo);
 
 }  // namespace tz::cli

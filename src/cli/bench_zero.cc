@@ -25,6 +25,7 @@
 #include "core/dtype.h"
 #include "core/units.h"
 #include "ops/gemm.h"
+#include "train/report.h"
 #include "zero/engine.h"
 
 namespace tz::cli {
@@ -224,19 +225,6 @@ Result<zero::EngineOptions> parse(const BenchZeroOptions& o) {
   return eo;
 }
 
-// Measure: the copy ceiling (memcpy, what HostDevice's host<->device copies run at: the best of
-// three), and the disk's where a tier is on NVMe, for the step's bound.
-Status measure_ceilings(const BenchZeroOptions& o, zero::EngineOptions& eo) {
-  const std::vector<double> copy_gbps = memcpy_gbps_samples(64u << 20, 3);
-  eo.copy_bytes_per_s = *std::max_element(copy_gbps.begin(), copy_gbps.end()) * 1e9;
-  if (!o.nvme_path.empty() && (eo.config.zero.offload_optimizer.device == "nvme" ||
-                               eo.config.zero.offload_param.device == "nvme")) {
-    TZ_RETURN_IF_ERROR(measure_file_disk("bench zero", o.nvme_path, 256u << 20,
-                                         &eo.nvme_write_bytes_per_s, &eo.nvme_read_bytes_per_s));
-  }
-  return Status::ok();
-}
-
 // The run's result: one JSON line per step (rank 0) and the summary; printed as JSON lines or
 // as the table.
 struct ZeroResult {
@@ -282,6 +270,7 @@ json step_line(const BenchZeroOptions& o, const zero::EngineOptions& eo, zero::E
   line["skipped"] = rep.skipped;
   line["step_s"] = rep.step_s;
   line["bound_s"] = rep.bound_s;
+  line["bound_term"] = rep.bound_term;
   line["loss"] = loss;
   line["grad_norm"] = rep.grad_norm;
   line["loss_scale"] = rep.loss_scale;
@@ -316,9 +305,7 @@ json summary_json(const BenchZeroOptions& o, const zero::EngineOptions& eo, zero
   std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(hash));
   summary["params_xxh3"] = hex;
   summary["plan"] = engine.plan_json();
-  summary["bandwidth_bytes_per_s"] = {{"nvme_read", eo.nvme_read_bytes_per_s},
-                                      {"nvme_write", eo.nvme_write_bytes_per_s},
-                                      {"copy", eo.copy_bytes_per_s}};
+  summary["bandwidth_bytes_per_s"] = train::bandwidth_json(eo);
   summary["machine"] = machine_json();
   return summary;
 }
@@ -363,7 +350,13 @@ int run(const BenchZeroOptions& o) {
   Result<zero::EngineOptions> parsed = parse(o);
   if (!parsed) return fail(parsed.status());
   zero::EngineOptions eo = std::move(parsed).value();
-  if (Status st = measure_ceilings(o, eo); !st.is_ok()) return fail(st);
+  // Measure: the bound's bandwidths (bench_common.h). The synthetic model runs on HostDevice,
+  // whose host <-> device copies are memcpy, so the copy term is always measured.
+  if (Status st = measure_engine_ceilings("bench zero", /*device_is_host_memory=*/true, 256u << 20,
+                                          eo);
+      !st.is_ok()) {
+    return fail(st);
+  }
   ZeroResult result;
   Status st = zero::run_local_ranks(
       o.ranks, eo.config.tierzero.device_budget,

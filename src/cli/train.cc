@@ -57,6 +57,7 @@ struct TrainFlags {
   std::optional<std::uint64_t> seed;
   bool shuffle = false;
   bool json = false;
+  bool no_bandwidth_probe = false;  // leave the bound's NVMe and copy terms out (no probe)
 };
 
 // The signal that asked the run to stop: SIGINT (Ctrl-C) or SIGTERM (what cluster schedulers,
@@ -298,6 +299,22 @@ double steady_median(const std::vector<double>& v) {
   return median(std::vector<double>(v.begin() + 1, v.end()));
 }
 
+// The term that set the bound most often over the same steps (the last step's on a tie).
+std::string steady_bound_term(const std::vector<std::string>& terms) {
+  if (terms.empty()) return "compute";
+  const std::vector<std::string> later(terms.begin() + (terms.size() > 1 ? 1 : 0), terms.end());
+  std::string best = later.back();
+  auto best_count = std::count(later.begin(), later.end(), best);
+  for (const std::string& t : later) {
+    const auto count = std::count(later.begin(), later.end(), t);
+    if (count > best_count) {
+      best = t;
+      best_count = count;
+    }
+  }
+  return best;
+}
+
 std::string hex64(std::uint64_t v) {
   char buf[24];
   std::snprintf(buf, sizeof(buf), "%016llx", static_cast<unsigned long long>(v));
@@ -320,6 +337,8 @@ void print_summary(const RunSetup& s, const train::TrainResult& r) {
     j["tokens_per_s"] = tokens_per_s;
     j["step_s_median"] = step_med;
     j["bound_s"] = steady_median(r.bound_s);
+    j["bound_term"] = steady_bound_term(r.bound_terms);
+    j["bandwidth_bytes_per_s"] = train::bandwidth_json(s.trainer->spec().engine);
     j["params"] = r.params;
     j["params_xxh3"] = hex64(r.params_xxh3);
     j["peak_bytes"] = r.peak_bytes.to_json();
@@ -336,23 +355,47 @@ void print_summary(const RunSetup& s, const train::TrainResult& r) {
               static_cast<long long>(r.steps), s.world, r.interrupted ? " (interrupted)" : "",
               r.final_loss);
   if (r.val_loss) std::printf(", val loss %.4f", *r.val_loss);
-  std::printf("\n  %.0f tokens/s, median step %.3f s (bound %.3f s), %llu params, xxh3 %s\n",
+  std::printf("\n  %.0f tokens/s, median step %.3f s (bound %.3f s, %s), %llu params, xxh3 %s\n",
               tokens_per_s, step_med, steady_median(r.bound_s),
+              steady_bound_term(r.bound_terms).c_str(),
               static_cast<unsigned long long>(r.params), hex64(r.params_xxh3).c_str());
   std::printf("  peak %s\n  plan %s\n  nvme per param per step: %.2f B read, %.2f B written\n",
               train::tier_text(r.peak_bytes).c_str(), train::tier_text(r.plan_bytes).c_str(),
               steady_median(r.nvme_read_per_param), steady_median(r.nvme_write_per_param));
 }
 
+// The bandwidths of the step's bound (cli/bench_common.h measure_engine_ceilings: the disk under
+// the run's swap paths when a tier is on NVMe, 256 MiB each way; memcpy for the copies on a
+// host-memory device, whose copies are memcpy) into the trainer; rank 0 prints them before its
+// first step line (train/report.h). Nothing with --no-bandwidth-probe: the bound then leaves
+// those terms out.
+Status measure_bandwidths(RunSetup& s, bool device_is_host_memory) {
+  if (s.flags.no_bandwidth_probe) return Status::ok();
+  zero::EngineOptions eo = s.trainer->spec().engine;
+  Status st = measure_engine_ceilings("train", device_is_host_memory, 256u << 20, eo);
+  if (!st.is_ok()) {
+    return std::move(st).with_context("measuring the step bound's bandwidths "
+                                      "(--no-bandwidth-probe skips it)");
+  }
+  s.trainer->set_bound_bandwidths(eo);
+  return Status::ok();
+}
+
 // Runs every rank of this process: one under a launcher (the machine's device and the launcher's
-// communicator), or the --ranks threads.
-Status run_ranks(const RunSetup& s, const train::TrainIo& io, train::TrainResult& summary) {
+// communicator), or the --ranks threads. The bound's bandwidths are measured first, once the
+// device is known.
+Status run_ranks(RunSetup& s, const train::TrainIo& io, train::TrainResult& summary) {
   const std::uint64_t budget = s.config.tierzero.device_budget;
-  if (!s.launched && s.world > 1) return s.trainer->run_local_ranks(budget, io, &summary);
+  if (!s.launched && s.world > 1) {
+    // The rank threads run on HostDevices (zero::run_local_ranks).
+    TZ_RETURN_IF_ERROR(measure_bandwidths(s, /*device_is_host_memory=*/true));
+    return s.trainer->run_local_ranks(budget, io, &summary);
+  }
   // One rank in this process: the device the machine has (CUDA or HostDevice) and the launcher's
   // communicator (NCCL on GPUs, MPI on CPUs; a single-rank LocalComm alone).
   TZ_ASSIGN_OR_RETURN(auto device, gpu::open_device({.budget_bytes = budget}));
   TZ_ASSIGN_OR_RETURN(auto comm, comm::open_comm(*device, comm::CommBackend::kAuto));
+  TZ_RETURN_IF_ERROR(measure_bandwidths(s, device->host_accessible()));
   return s.trainer->run_rank(comm->rank(), *device, *comm, io, &summary);
 }
 
@@ -361,7 +404,7 @@ int run(const TrainFlags& flags) {
   if (!setup.is_ok()) {
     return report_failure("train", setup.status().message());
   }
-  const RunSetup& s = *setup;
+  RunSetup& s = *setup;
   const std::string trace_path =
       !flags.trace_out.empty() ? flags.trace_out : s.config.tierzero.trace_path;
   if (!trace_path.empty()) Trace::global().enable();
@@ -466,6 +509,9 @@ CLI::Option* add_train_flags(CLI::App* cmd, TrainFlags& f, std::uint64_t& seed) 
                                           "(default: tierzero.seed)");
   cmd->add_flag("--shuffle", f.shuffle, "Permute sequence offsets each epoch (seeded)");
   cmd->add_flag("--json", f.json, "Print the final summary as one JSON object");
+  cmd->add_flag("--no-bandwidth-probe", f.no_bandwidth_probe,
+                "Skip measuring the disk under the swap paths and memcpy at startup (about 1 s); "
+                "the step's bound then leaves out the NVMe and copy terms");
   return seed_opt;
 }
 

@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <string>
+#include <utility>
 
 #include <nlohmann/json.hpp>
 
@@ -19,11 +21,18 @@ std::string tier_text(const zero::TierBytes& b) {
          format_bytes(static_cast<double>(b.nvme));
 }
 
+nlohmann::ordered_json bandwidth_json(const zero::EngineOptions& engine) {
+  return {{"nvme_read", engine.nvme_read_bytes_per_s},
+          {"nvme_write", engine.nvme_write_bytes_per_s},
+          {"copy", engine.copy_bytes_per_s}};
+}
+
 Reporter::Reporter(int steps, std::uint64_t steps_per_print, std::uint64_t tokens_per_step,
-                   OutputFile* metrics, bool print)
+                   nlohmann::ordered_json bandwidths, OutputFile* metrics, bool print)
     : steps_(steps),
       steps_per_print_(std::max<std::uint64_t>(1, steps_per_print)),
       tokens_per_step_(tokens_per_step),
+      bandwidths_(std::move(bandwidths)),
       metrics_(metrics),
       print_(print) {
   // As core/progress.h decides: a bar on a terminal outside CI, plain lines otherwise.
@@ -58,6 +67,8 @@ void Reporter::write_metrics(const zero::StepReport& r, double loss,
   j["step_s"] = r.step_s;
   j["tokens_per_s"] = r.step_s > 0 ? static_cast<double>(tokens_per_step_) / r.step_s : 0;
   j["bound_s"] = r.bound_s;
+  j["bound_term"] = r.bound_term;
+  j["bandwidth_bytes_per_s"] = bandwidths_;
   j["stall_fraction"] = share(r, r.stall_s);
   j["wait_params_fraction"] = share(r, r.stall_gather_s);
   j["wait_grads_fraction"] = share(r, r.stall_reduce_s);
@@ -75,7 +86,30 @@ void Reporter::write_metrics(const zero::StepReport& r, double loss,
   }
 }
 
+// The bound's measured bandwidths, once, before the first step's line (none measured: nothing).
+void Reporter::announce_bandwidths() {
+  first_step_ = false;
+  const double read = bandwidths_["nvme_read"].get<double>();
+  const double write = bandwidths_["nvme_write"].get<double>();
+  const double copy = bandwidths_["copy"].get<double>();
+  std::string text;
+  if (read > 0 && write > 0) {
+    char buf[96];
+    std::snprintf(buf, sizeof(buf), "disk read %.2f GB/s, write %.2f GB/s", read / 1e9,
+                  write / 1e9);
+    text = buf;
+  }
+  if (copy > 0) {
+    char buf[64];
+    std::snprintf(buf, sizeof(buf), "%scopy %.1f GB/s (memcpy)", text.empty() ? "" : "; ",
+                  copy / 1e9);
+    text += buf;
+  }
+  if (!text.empty()) line("bound bandwidths: " + text);
+}
+
 void Reporter::step(const zero::StepReport& r, double loss, std::optional<double> val_loss) {
+  if (first_step_) announce_bandwidths();
   if (metrics_ != nullptr) write_metrics(r, loss, val_loss);
   const bool last = r.step == steps_;
   if (static_cast<std::uint64_t>(r.step) % steps_per_print_ == 0 || last || val_loss) {
@@ -84,10 +118,11 @@ void Reporter::step(const zero::StepReport& r, double loss, std::optional<double
     char buf[512];
     std::snprintf(buf, sizeof(buf),
                   "step %lld/%d | loss %.4f | lr %.3e | grad norm %.4f | loss scale %g | "
-                  "%.3f s | %.0f tok/s | bound %.3f s | waits: params %.0f%% grads %.0f%% "
+                  "%.3f s | %.0f tok/s | bound %.3f s (%s) | waits: params %.0f%% grads %.0f%% "
                   "optimizer %.0f%% | %s%s%s",
                   static_cast<long long>(r.step), steps_, loss, r.lr, r.grad_norm, r.loss_scale,
-                  r.step_s, tokens_per_s, r.bound_s, 100 * share(r, r.stall_gather_s),
+                  r.step_s, tokens_per_s, r.bound_s, r.bound_term.c_str(),
+                  100 * share(r, r.stall_gather_s),
                   100 * share(r, r.stall_reduce_s), 100 * share(r, r.stall_optimizer_s),
                   tier_text(r.bytes_in_use).c_str(), r.skipped ? " | skipped (overflow)" : "",
                   val_loss ? (" | val loss " + std::to_string(*val_loss)).c_str() : "");

@@ -142,7 +142,7 @@ Status RankRun::setup(gpu::Device& device, std::shared_ptr<const model::TokenDat
   }
   if (rank_ == 0) {
     reporter_.emplace(spec_.steps, spec_.engine.config.steps_per_print, trainer_.tokens_per_step(),
-                      io_.metrics, io_.print);
+                      bandwidth_json(spec_.engine), io_.metrics, io_.print);
   }
   if (val_ && spec_.eval_every > 0) {
     TZ_ASSIGN_OR_RETURN(double v0, evaluate());
@@ -210,6 +210,7 @@ void RankRun::record(int step, const zero::StepReport& rep, double loss, std::op
   if (val_loss) result_->val_loss = val_loss;
   result_->step_s.push_back(rep.step_s);
   result_->bound_s.push_back(rep.bound_s);
+  result_->bound_terms.push_back(rep.bound_term);
   const double p = static_cast<double>(engine_->param_count());
   result_->nvme_read_per_param.push_back(static_cast<double>(rep.nvme_read_bytes) / p);
   result_->nvme_write_per_param.push_back(static_cast<double>(rep.nvme_write_bytes) / p);
@@ -316,6 +317,12 @@ Result<Trainer> Trainer::create(TrainSpec spec) {
   }
   t.spec_ = std::move(spec);
   return t;
+}
+
+void Trainer::set_bound_bandwidths(const zero::EngineOptions& measured) {
+  spec_.engine.nvme_read_bytes_per_s = measured.nvme_read_bytes_per_s;
+  spec_.engine.nvme_write_bytes_per_s = measured.nvme_write_bytes_per_s;
+  spec_.engine.copy_bytes_per_s = measured.copy_bytes_per_s;
 }
 
 Status Trainer::run_rank(int rank, gpu::Device& device, comm::Comm& comm, const TrainIo& io,

@@ -70,6 +70,7 @@ struct TrainResult {
   std::vector<double> losses;      // per step taken (mean over ranks and micro-batches)
   std::vector<double> step_s;
   std::vector<double> bound_s;
+  std::vector<std::string> bound_terms;  // per step: the term that set bound_s (StepReport)
   std::vector<double> nvme_read_per_param;
   std::vector<double> nvme_write_per_param;
   std::uint64_t params = 0;
@@ -112,6 +113,11 @@ class Trainer {
   // `device_budget_bytes` (0: the default). The first rank's error, naming the rank.
   Status run_local_ranks(std::uint64_t device_budget_bytes, const TrainIo& io,
                          TrainResult* result) const;
+
+  // The bandwidths of the engine's step bound (zero::EngineOptions::nvme_read_bytes_per_s,
+  // nvme_write_bytes_per_s and copy_bytes_per_s, copied from `measured`), which the caller
+  // measures once it knows the device the ranks run on; before run_rank or run_local_ranks.
+  void set_bound_bandwidths(const zero::EngineOptions& measured);
 
   const TrainSpec& spec() const { return spec_; }
   std::uint64_t tokens_per_step() const { return tokens_per_step_; }  // B * T * k * world

@@ -2,6 +2,7 @@
 // peaks, the step's lower bound and the comm formula per collective.
 #include "zero/accounting.h"
 
+#include <algorithm>
 #include <vector>
 
 namespace tz::zero::impl {
@@ -145,6 +146,19 @@ void Accounting::open_step() {
   compute_busy_base_ = ctx_.device.compute_stream().busy_seconds();
 }
 
+StepBound step_bound_of(const BoundTerms& t) {
+  StepBound b;
+  if (t.shared_cores) {
+    b.seconds = t.compute_s + t.optimizer_s;
+  } else {
+    b.seconds = t.compute_s;
+    if (t.optimizer_s > b.seconds) b = {t.optimizer_s, "optimizer"};
+  }
+  if (t.nvme_s > b.seconds) b = {t.nvme_s, "nvme"};
+  if (t.copy_s > b.seconds) b = {t.copy_s, "copy"};
+  return b;
+}
+
 // The step's lower bound (DESIGN.md): max(compute, NVMe bytes / NVMe bandwidth, host<->device
 // bytes / copy bandwidth, CPU optimizer time). Compute is the step's time outside the engine's
 // calls (the model's own work), or the compute stream's busy time where the device can tell
@@ -152,21 +166,24 @@ void Accounting::open_step() {
 // calls, so the time outside them is only the enqueueing). On a host-accessible device compute
 // and the CPU optimizer run on the same cores, so those two add. A bandwidth of 0 (unknown)
 // drops its term.
-double Accounting::step_bound(const StepReport& r, std::uint64_t copy_bytes) const {
+StepBound Accounting::step_bound(const StepReport& r, std::uint64_t copy_bytes) const {
   const double engine_s = r.stall_gather_s + r.stall_reduce_s + r.stall_optimizer_s;
-  double compute_s = std::max(0.0, r.step_s - engine_s);
+  BoundTerms t;
+  t.compute_s = std::max(0.0, r.step_s - engine_s);
   const double busy = ctx_.device.compute_stream().busy_seconds();
-  if (busy >= 0 && compute_busy_base_ >= 0) compute_s = std::max(compute_s, busy - compute_busy_base_);
-  double bound = ctx_.device.host_accessible() ? compute_s + ctx_.counters.optimizer_s
-                                               : std::max(compute_s, ctx_.counters.optimizer_s);
+  if (busy >= 0 && compute_busy_base_ >= 0) {
+    t.compute_s = std::max(t.compute_s, busy - compute_busy_base_);
+  }
+  t.optimizer_s = ctx_.counters.optimizer_s;
+  t.shared_cores = ctx_.device.host_accessible();
   if (options_.nvme_read_bytes_per_s > 0 && options_.nvme_write_bytes_per_s > 0) {
-    bound = std::max(bound, static_cast<double>(r.nvme_read_bytes) / options_.nvme_read_bytes_per_s +
-                                static_cast<double>(r.nvme_write_bytes) / options_.nvme_write_bytes_per_s);
+    t.nvme_s = static_cast<double>(r.nvme_read_bytes) / options_.nvme_read_bytes_per_s +
+               static_cast<double>(r.nvme_write_bytes) / options_.nvme_write_bytes_per_s;
   }
   if (options_.copy_bytes_per_s > 0) {
-    bound = std::max(bound, static_cast<double>(copy_bytes) / options_.copy_bytes_per_s);
+    t.copy_s = static_cast<double>(copy_bytes) / options_.copy_bytes_per_s;
   }
-  return bound;
+  return step_bound_of(t);
 }
 
 // DESIGN.md's communication per rank per step for this config and model, in the ring's byte
@@ -235,7 +252,10 @@ void Accounting::close_step_report(StepReport& report, Clock::time_point t_opt, 
   report.frozen_home_write_bytes = frozen_writes - home_write_base_.first;
   report.trainable_home_write_bytes = trainable_writes - home_write_base_.second;
   const std::uint64_t link_bytes = copy_link_bytes(ss);
-  report.bound_s = step_bound(report, link_bytes - copy_link_base_ + ctx_.counters.copy_bytes);
+  const StepBound bound =
+      step_bound(report, link_bytes - copy_link_base_ + ctx_.counters.copy_bytes);
+  report.bound_s = bound.seconds;
+  report.bound_term = bound.term;
   ctx_.counters.optimizer_s = 0;
   ctx_.counters.copy_bytes = 0;
 }

@@ -13,6 +13,27 @@
 
 namespace tz::zero::impl {
 
+// The terms of a step's lower bound (DESIGN.md), in seconds; a term below 0 is unknown (its
+// bandwidth was not measured) and left out.
+struct BoundTerms {
+  double compute_s = 0;    // the model's own work
+  double optimizer_s = 0;  // the CPU optimizer
+  double nvme_s = -1;      // NVMe read bytes / read bandwidth + write bytes / write bandwidth
+  double copy_s = -1;      // host <-> device bytes / copy bandwidth
+  // Compute and the CPU optimizer run on the same cores (a host-memory device): they add.
+  bool shared_cores = false;
+};
+
+// The bound and the term that set it (StepReport::bound_term's names).
+struct StepBound {
+  double seconds = 0;
+  const char* term = "compute";
+};
+
+// max(compute (+ optimizer when they share the cores), optimizer, nvme, copy) and its term; on a
+// tie the earlier of compute, optimizer, nvme, copy names it. Pure (tests/unit/zero/bound_test).
+StepBound step_bound_of(const BoundTerms& terms);
+
 class Accounting {
  public:
   Accounting(EngineContext& ctx, const EngineOptions& options) : ctx_(ctx), options_(options) {}
@@ -56,8 +77,8 @@ class Accounting {
   // (HostDevice: the model's kernels run on the stream's thread while the engine waits in its
   // calls, so the time outside them is only the enqueueing). On a host-accessible device compute
   // and the CPU optimizer run on the same cores, so those two add. A bandwidth of 0 (unknown)
-  // drops its term.
-  double step_bound(const StepReport& r, std::uint64_t copy_bytes) const;
+  // drops its term. Returns the bound and the term that set it (step_bound_of).
+  StepBound step_bound(const StepReport& r, std::uint64_t copy_bytes) const;
 
   // DESIGN.md's communication per rank per step for this config and model, in the ring's byte
   // counts (comm::ring_bytes): every micro-batch reduce-scatters each trainable unit (the 16-bit

@@ -145,6 +145,11 @@ struct StepReport {
   double loss_scale = 1;          // scale the step's backward used (1 without fp16)
   double step_s = 0;              // wall time from the previous step() (or first gather) to now
   double bound_s = 0;             // the step's lower bound (DESIGN.md) from this step's bytes
+  // The term that set bound_s: "compute" (the model's work; with the CPU optimizer added on a
+  // host-memory device, where the two share the cores), "optimizer" (the CPU optimizer, on a
+  // device with cores of its own), "nvme" (NVMe bytes at the measured disk bandwidths) or "copy"
+  // (host <-> device bytes at the copy bandwidth). Terms whose bandwidth is 0 never set it.
+  std::string bound_term = "compute";
   double stall_s = 0;             // time the rank's thread waited, by cause below
   double stall_gather_s = 0;
   double stall_reduce_s = 0;

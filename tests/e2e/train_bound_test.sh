@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# The step's bound carries the NVMe and copy terms measured in the same run (docs/train.md, "The
+# step's bound"): a stage-3 run with both offloads on NVMe reports disk bandwidths > 0 in its
+# summary and in every --metrics line, each step's bound_s is at least the NVMe term computed here
+# from the reported bytes and bandwidths (equal to it when bound_term says "nvme"), and bound_term
+# is one of the documented names; a run without NVMe reports no disk bandwidth and never "nvme";
+# --no-bandwidth-probe measures nothing and leaves both terms out. The probe leaves no file behind.
+tz=$1
+. "$(dirname "$0")/common.sh"
+make_text "$work/train.txt"
+mkdir -p "$work/nvme"
+# A host tier of 1 MiB (the least this model's plan takes) so the states move to and from NVMe.
+config "$work/c_nvme.json" 3 nvme nvme ', "tierzero": {"host_budget": "1M"}'
+config "$work/c_cpu.json" 3 cpu cpu
+run() {  # NAME CONFIG [flags...]
+  local name=$1 cfg=$2
+  shift 2
+  "$tz" train --config "$cfg" --model "$model" --data "$work/train.txt" --steps 3 \
+    --metrics "$work/$name.jsonl" --json "$@" > "$work/$name.json" 2> "$work/$name.err" \
+    || { bad "$name: train exited $?"; cat "$work/$name.err"; }
+}
+run nvme "$work/c_nvme.json" --nvme-path "$work/nvme"
+run cpu "$work/c_cpu.json"
+run noprobe "$work/c_nvme.json" --nvme-path "$work/nvme" --no-bandwidth-probe
+left=$(ls "$work/nvme" | grep -c probe)
+[ "$left" = 0 ] && ok "no probe file left in the swap path" || bad "probe files left: $(ls "$work/nvme")"
+python3 - "$work" <<'PY' || fail=1
+import json, re, sys
+work = sys.argv[1]
+names = {"compute", "optimizer", "nvme", "copy"}
+def load(name):
+    lines = [json.loads(l) for l in open(f"{work}/{name}.jsonl")]
+    summary = json.load(open(f"{work}/{name}.json"))
+    err = open(f"{work}/{name}.err").read()
+    assert [l["step"] for l in lines] == [1, 2, 3], name
+    for l in lines + [summary]:
+        assert l["bound_term"] in names, (name, l["bound_term"])
+        assert l["bandwidth_bytes_per_s"] == summary["bandwidth_bytes_per_s"], (name, l)
+        assert set(l["bandwidth_bytes_per_s"]) == {"nvme_read", "nvme_write", "copy"}, l
+    # The text step lines name the term: "bound 0.123 s (compute)".
+    terms = re.findall(r"bound [0-9.]+ s \(([a-z]+)\)", err)
+    assert terms == [l["bound_term"] for l in lines], (name, terms, err)
+    return lines, summary, err
+
+lines, s, err = load("nvme")
+bw = s["bandwidth_bytes_per_s"]
+assert bw["nvme_read"] > 0 and bw["nvme_write"] > 0 and bw["copy"] > 0, bw
+assert re.search(r"^bound bandwidths: disk read [0-9.]+ GB/s, write [0-9.]+ GB/s; copy [0-9.]+ GB/s", err, re.M), err
+for l in lines:
+    assert l["nvme_read_bytes"] > 0 and l["nvme_write_bytes"] > 0, l
+    nvme_s = l["nvme_read_bytes"] / bw["nvme_read"] + l["nvme_write_bytes"] / bw["nvme_write"]
+    assert l["bound_s"] >= nvme_s * (1 - 1e-9), (l["step"], l["bound_s"], nvme_s)
+    if l["bound_term"] == "nvme":
+        assert abs(l["bound_s"] - nvme_s) <= 1e-9 * nvme_s, (l["step"], l["bound_s"], nvme_s)
+print(f"ok   nvme: read {bw['nvme_read']/1e9:.2f} GB/s write {bw['nvme_write']/1e9:.2f} GB/s, "
+      f"bounds {[round(l['bound_s'], 4) for l in lines]} >= their NVMe terms, terms "
+      f"{[l['bound_term'] for l in lines]}")
+
+lines, s, err = load("cpu")
+bw = s["bandwidth_bytes_per_s"]
+assert bw["nvme_read"] == 0 and bw["nvme_write"] == 0 and bw["copy"] > 0, bw
+assert all(l["bound_term"] != "nvme" for l in lines + [s]), lines
+assert "disk read" not in err, err
+print("ok   no NVMe: no disk bandwidth, never bound by nvme")
+
+lines, s, err = load("noprobe")
+assert s["bandwidth_bytes_per_s"] == {"nvme_read": 0, "nvme_write": 0, "copy": 0}, s
+assert all(l["bound_term"] in ("compute", "optimizer") for l in lines + [s]), lines
+assert "bound bandwidths" not in err, err
+print("ok   --no-bandwidth-probe: nothing measured, the bound without NVMe and copies")
+PY
+exit $fail

@@ -1,0 +1,56 @@
+// The step bound's term choice (zero/accounting.h step_bound_of) as a table: each row's terms and
+// the bound and term written out by hand from DESIGN.md's max(compute, NVMe, copy, optimizer),
+// compute and the optimizer adding when they share the cores, unknown terms (< 0) left out.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "zero/accounting.h"
+
+namespace tz::zero::impl {
+namespace {
+
+struct Row {
+  std::string name;
+  BoundTerms in;
+  double seconds;
+  std::string term;
+};
+
+BoundTerms terms(double compute, double optimizer, double nvme, double copy, bool shared) {
+  BoundTerms t;
+  t.compute_s = compute;
+  t.optimizer_s = optimizer;
+  t.nvme_s = nvme;
+  t.copy_s = copy;
+  t.shared_cores = shared;
+  return t;
+}
+
+TEST(StepBound, TermChoiceTable) {
+  const std::vector<Row> rows = {
+      {"compute alone", terms(2.0, 0.0, -1, -1, false), 2.0, "compute"},
+      {"shared cores add compute and optimizer", terms(2.0, 1.5, -1, -1, true), 3.5, "compute"},
+      {"shared: nvme below the sum", terms(2.0, 1.5, 3.0, -1, true), 3.5, "compute"},
+      {"shared: nvme above the sum", terms(2.0, 1.5, 4.0, -1, true), 4.0, "nvme"},
+      {"own cores: optimizer wins", terms(2.0, 3.0, -1, -1, false), 3.0, "optimizer"},
+      {"own cores: compute wins", terms(3.0, 2.0, 1.0, 0.5, false), 3.0, "compute"},
+      {"own cores: nvme above both", terms(1.0, 2.0, 12.8, 0.5, false), 12.8, "nvme"},
+      {"copy above all", terms(1.0, 0.5, 2.0, 2.5, true), 2.5, "copy"},
+      {"nvme unknown (< 0), copy wins", terms(1.0, 0.0, -1, 1.5, false), 1.5, "copy"},
+      {"a known term of 0 does not win", terms(0.0, 0.0, 0.0, 0.0, true), 0.0, "compute"},
+      {"tie compute/nvme: compute", terms(2.0, 0.0, 2.0, -1, false), 2.0, "compute"},
+      {"tie nvme/copy: nvme", terms(1.0, 0.0, 2.0, 2.0, false), 2.0, "nvme"},
+      {"tie optimizer/compute on own cores: compute", terms(2.0, 2.0, -1, -1, false), 2.0,
+       "compute"},
+  };
+  for (const Row& r : rows) {
+    const StepBound b = step_bound_of(r.in);
+    EXPECT_DOUBLE_EQ(b.seconds, r.seconds) << r.name;
+    EXPECT_EQ(std::string(b.term), r.term) << r.name;
+  }
+}
+
+}  // namespace
+}  // namespace tz::zero::impl
