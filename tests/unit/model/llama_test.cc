@@ -284,7 +284,7 @@ TEST(LlamaTest, Stage3AndCheckpointingGiveStage0sLossesAndWeights) {
       o.seq = 6;
       o.checkpointing = ckpt;
       std::uint64_t hash = 0;
-      const Status s = with_net(config_json(kAdamW, stage, 0.5), desc, o,
+      const Status s = with_net(config_json(kAdamW, stage, false, 0.5), desc, o,
                                 [&](zero::Engine& engine, Model& net) -> Status {
         TZ_RETURN_IF_ERROR(net.init_weights(kSeed));
         TZ_ASSIGN_OR_RETURN(const std::uint64_t h_init, engine.params_xxh3());

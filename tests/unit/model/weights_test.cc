@@ -38,7 +38,7 @@ std::string temp_dir(const std::string& name) {
 // The weights of kModel initialised with kSeed.
 Weights initial_weights() {
   Weights w;
-  Status s = with_model(testing::config_json(testing::sgd_lr1()), kModel, {},
+  Status s = with_model(testing::config_json(testing::kSgd1), kModel, {},
                         [&](zero::Engine& engine, Gpt2& gpt) -> Status {
     TZ_RETURN_IF_ERROR(gpt.init_weights(kSeed));
     TZ_ASSIGN_OR_RETURN(w, read_weights(engine, gpt));
@@ -50,7 +50,7 @@ Weights initial_weights() {
 
 // Loads `path` into a fresh kModel; returns the load's status and the weights it produced.
 Status load(const std::string& path, Weights* out = nullptr) {
-  return with_model(testing::config_json(testing::sgd_lr1()), kModel, {},
+  return with_model(testing::config_json(testing::kSgd1), kModel, {},
                     [&](zero::Engine& engine, Gpt2& gpt) -> Status {
     TZ_RETURN_IF_ERROR(gpt.load_safetensors(path));
     if (out != nullptr) {
@@ -143,7 +143,7 @@ TEST(WeightsTest, SaveThenLoadIsExactInEveryDtype) {
                                     std::pair{DType::kF16, "F16"}}) {
     const std::string dir = temp_dir(name);
     const std::string path = dir + "/model.safetensors";
-    Status s = with_model(testing::config_json(testing::sgd_lr1()), kModel, {},
+    Status s = with_model(testing::config_json(testing::kSgd1), kModel, {},
                           [&](zero::Engine&, Gpt2& gpt) -> Status {
       TZ_RETURN_IF_ERROR(gpt.init_weights(kSeed));
       return gpt.save_safetensors(path, dtype);
