@@ -5,9 +5,11 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdint>
 #include <functional>
 #include <nlohmann/json.hpp>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -54,6 +56,102 @@ inline Status with_net(const std::string& config, const ModelDesc& desc,
     TZ_RETURN_IF_ERROR(engine->finalize());
     return fn(*engine, *net);
   });
+}
+
+// One SGD lr-1 step of `tokens` against `targets` from the weights w0: the evaluated and the
+// trained loss each within 2e-6 relative of the reference's `ref_loss`; the trained loss and the
+// weights after the step (w0 - w1 is the gradient).
+struct SgdStep {
+  double loss = 0;
+  Weights w1;
+};
+inline Result<SgdStep> sgd1_step(zero::Engine& engine, Model& net, const Weights& w0,
+                                 std::span<const std::int32_t> tokens,
+                                 std::span<const std::int32_t> targets, double ref_loss) {
+  TZ_RETURN_IF_ERROR(write_weights(engine, net, w0));
+  TZ_ASSIGN_OR_RETURN(const double eval, net.eval_loss(tokens, targets));
+  EXPECT_NEAR(eval, ref_loss, 2e-6 * ref_loss);
+  TZ_ASSIGN_OR_RETURN(const double loss, net.train_micro_batch(tokens, targets));
+  EXPECT_NEAR(loss, ref_loss, 2e-6 * ref_loss);
+  TZ_RETURN_IF_ERROR(engine.step().status());
+  TZ_ASSIGN_OR_RETURN(Weights w1, read_weights(engine, net));
+  return SgdStep{loss, std::move(w1)};
+}
+
+// The engine's gradient `g` of element i of the reference's tensor `name` against the central
+// difference (h 1e-5) of the reference's loss on B x T tokens: |g - fd| <= 1e-5 + 2e-3 |fd|.
+// Returns |g - fd| / tolerance.
+inline double expect_gradient_matches(Reference& ref, const std::vector<std::int32_t>& tokens,
+                                      const std::vector<std::int32_t>& targets, int B, int T,
+                                      const std::string& name, std::size_t i, double g) {
+  std::vector<double>& values = ref.p[name];
+  constexpr double kH = 1e-5;
+  const double orig = values[i];
+  values[i] = orig + kH;
+  const double plus = ref.loss(tokens, targets, B, T);
+  values[i] = orig - kH;
+  const double minus = ref.loss(tokens, targets, B, T);
+  values[i] = orig;
+  const double fd = (plus - minus) / (2 * kH);
+  const double tol = 1e-5 + 2e-3 * std::abs(fd);
+  EXPECT_LE(std::abs(g - fd), tol) << name << "[" << i << "]: gradient " << g << ", reference "
+                                   << fd;
+  return std::abs(g - fd) / tol;
+}
+
+// Rank 0's side of three AdamW steps with clipping (0.5) on micro-batches of 2 sequences of 6
+// tokens, from init_weights(seed), the tokens and targets drawn from seed + 4 and seed + 5;
+// `engine_seed` is the engine's (LoRA's init and dropout draw on it).
+struct ThreeSteps {
+  std::vector<double> losses;
+  std::uint64_t init_hash = 0;  // params_xxh3 as initialised
+  std::uint64_t hash = 0;       // params_xxh3 after the steps
+};
+
+inline ThreeSteps three_steps(const ModelDesc& desc, int stage, int ranks, int ckpt,
+                              std::uint64_t seed, std::uint64_t engine_seed) {
+  const std::vector<std::int32_t> tokens = random_ids(3 * 2 * 6, desc.vocab, seed + 4);
+  const std::vector<std::int32_t> targets = random_ids(3 * 2 * 6, desc.vocab, seed + 5);
+  ModelOptions o;
+  o.micro_batch = 2;
+  o.seq = 6;
+  o.checkpointing = ckpt;
+  ThreeSteps out;
+  const Status s = with_net(config_json(kAdamW, stage, false, 0.5), desc, o,
+                            [&](zero::Engine& engine, Model& net) -> Status {
+    TZ_RETURN_IF_ERROR(net.init_weights(seed));
+    TZ_ASSIGN_OR_RETURN(const std::uint64_t h_init, engine.params_xxh3());
+    std::vector<double> mine;
+    for (int step = 0; step < 3; ++step) {
+      const std::span<const std::int32_t> tok(tokens.data() + step * 12, 12);
+      const std::span<const std::int32_t> tgt(targets.data() + step * 12, 12);
+      TZ_ASSIGN_OR_RETURN(const double l, net.train_micro_batch(tok, tgt));
+      mine.push_back(l);
+      TZ_RETURN_IF_ERROR(engine.step().status());
+    }
+    TZ_ASSIGN_OR_RETURN(const std::uint64_t h, engine.params_xxh3());
+    if (engine.rank() == 0) out = ThreeSteps{mine, h_init, h};
+    return Status::ok();
+  }, ranks, engine_seed);
+  EXPECT_TRUE(s.is_ok()) << s.to_string();
+  return out;
+}
+
+// Stage 0 on one rank, stage 3 on two (each rank the same micro-batch, so the mean gradient is
+// the one rank's) and stage 0 with checkpointing: identical losses and final weights over
+// three_steps. Returns stage 0's run.
+inline ThreeSteps expect_stage3_and_checkpointing_give_stage0s(const ModelDesc& desc,
+                                                               std::uint64_t seed,
+                                                               std::uint64_t engine_seed) {
+  const ThreeSteps s0 = three_steps(desc, 0, 1, 0, seed, engine_seed);
+  const ThreeSteps s3 = three_steps(desc, 3, 2, 0, seed, engine_seed);
+  const ThreeSteps ck = three_steps(desc, 0, 1, 1, seed, engine_seed);
+  EXPECT_EQ(s0.losses.size(), 3u);
+  EXPECT_EQ(s0.losses, s3.losses);
+  EXPECT_EQ(s0.losses, ck.losses);
+  EXPECT_EQ(s0.hash, s3.hash);
+  EXPECT_EQ(s0.hash, ck.hash);
+  return s0;
 }
 
 }  // namespace tz::model::testing
