@@ -25,19 +25,6 @@ namespace llama_internal {
 // LoRA's module kinds in layer order (model/lora.h's llama_lora_modules()).
 enum LoraModule : int { kModQ, kModK, kModV, kModO, kModGate, kModUp, kModDown, kLoraModules };
 
-// Input and output features of module `k` of a layer.
-inline std::pair<std::int64_t, std::int64_t> lora_dims(const LlamaConfig& c, int k) {
-  const std::int64_t h = c.hidden, q = static_cast<std::int64_t>(c.heads) * c.head_dim;
-  const std::int64_t kv = static_cast<std::int64_t>(c.kv_heads) * c.head_dim, f = c.ffn;
-  switch (k) {
-    case kModQ: return {h, q};
-    case kModK: case kModV: return {h, kv};
-    case kModO: return {q, h};
-    case kModGate: case kModUp: return {h, f};
-    default: return {f, h};
-  }
-}
-
 // Which modules carry adapters (by LoraModule), from the spec's target names.
 inline std::array<bool, kLoraModules> lora_targeted(const LoraSpec* lora) {
   std::array<bool, kLoraModules> on{};
@@ -131,7 +118,7 @@ inline ActLayout make_layout(const LlamaConfig& c, const ModelOptions& o, DType 
           bump.take(rows * static_cast<std::size_t>(lora->r) * es);
       if (lora->dropout > 0) {
         b.lora_keep[static_cast<std::size_t>(k)] =
-            bump.take(rows * static_cast<std::size_t>(lora_dims(c, k).first));
+            bump.take(rows * static_cast<std::size_t>(llama_lora_dims(c, k).first));
       }
     }
     l.blocks.push_back(b);
@@ -161,8 +148,8 @@ inline ActLayout make_layout(const LlamaConfig& c, const ModelOptions& o, DType 
     const std::array<bool, kLoraModules> on = lora_targeted(lora);
     for (int k = 0; k < kLoraModules; ++k) {
       if (!on[static_cast<std::size_t>(k)]) continue;
-      max_in = std::max(max_in, lora_dims(c, k).first);
-      max_out = std::max(max_out, lora_dims(c, k).second);
+      max_in = std::max(max_in, llama_lora_dims(c, k).first);
+      max_out = std::max(max_out, llama_lora_dims(c, k).second);
     }
     l.lora_tmp = bump.take(rows * static_cast<std::size_t>(max_out) * es);
     l.lora_du = bump.take(rows * static_cast<std::size_t>(lora->r) * es);
@@ -337,7 +324,7 @@ struct Llama::Impl {
   // from (seed, micro-batch, layer, module) so the recompute of a checkpointed block draws the
   // same one, and uploaded into the block's activations.
   Status upload_keep(int i, int k, std::int64_t rows) {
-    const std::size_t n = static_cast<std::size_t>(rows * lora_dims(config, k).first);
+    const std::size_t n = static_cast<std::size_t>(rows * llama_lora_dims(config, k).first);
     host_uniform.resize(n);
     host_keep.resize(n);
     fill_uniform(host_uniform, 1.0, engine.options().seed ^ (dropout_draw * 0x9e3779b97f4a7c15ULL),
@@ -363,7 +350,7 @@ struct Llama::Impl {
   Status lora_forward(const zero::UnitViews& lp, int i, int k, ops::ConstTensor x, ops::Tensor y,
                       std::int64_t rows, bool to_output) {
     if (!lora_on(k)) return Status::ok();
-    const auto [in_dim, out_dim] = lora_dims(config, k);
+    const auto [in_dim, out_dim] = llama_lora_dims(config, k);
     const std::int64_t r = lora->r;
     const ops::Tensor u = a(block_acts(i).lora_u[static_cast<std::size_t>(k)]);
     gpu::Stream& st = stream();
@@ -391,7 +378,7 @@ struct Llama::Impl {
                        ops::ConstTensor x, ops::ConstTensor dy, ops::Tensor dx,
                        std::int64_t rows) {
     if (!lora_on(k)) return Status::ok();
-    const auto [in_dim, out_dim] = lora_dims(config, k);
+    const auto [in_dim, out_dim] = llama_lora_dims(config, k);
     const std::int64_t r = lora->r;
     const std::size_t ak = static_cast<std::size_t>(lora_a[static_cast<std::size_t>(k)]);
     const std::size_t bk = static_cast<std::size_t>(lora_b[static_cast<std::size_t>(k)]);
