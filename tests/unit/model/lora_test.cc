@@ -13,6 +13,7 @@
 #include <functional>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -244,6 +245,34 @@ TEST(LoraTest, Stage3AndCheckpointingGiveStage0sAdapters) {
     ASSERT_EQ(s0.losses.size(), 3u);
     EXPECT_NE(s0.losses[1], s0.losses[0]) << "the adapters train";
     EXPECT_NE(s0.hash, s0.init_hash) << "the steps changed the adapters";
+  }
+}
+
+// A spec built in code (not parsed) is checked when the model is created: the numbers as the
+// parser checks them, one line naming the model and the key, and at least one target.
+TEST(LoraTest, CreateRefusesASpecBuiltInCodeWithBadValues) {
+  const ModelDesc base = desc_of(tiny_llama(), "tiny");
+  ModelOptions o;
+  o.micro_batch = 1;
+  o.seq = 4;
+  const auto create = [&](const std::function<void(LoraSpec&)>& edit) {
+    ModelDesc desc = base;
+    desc.lora = spec_of(base, "r=2");
+    edit(*desc.lora);
+    return with_net_seeded(config_json(kSgd1, 0), desc, o,
+                           [](zero::Engine&, Model&) { return Status::ok(); });
+  };
+  EXPECT_TRUE(create([](LoraSpec&) {}).is_ok());
+  const std::pair<std::function<void(LoraSpec&)>, std::string> bad[] = {
+      {[](LoraSpec& s) { s.r = 0; }, "model tiny: LoRA: r is 0"},
+      {[](LoraSpec& s) { s.alpha = 0; }, "model tiny: LoRA: alpha is 0"},
+      {[](LoraSpec& s) { s.dropout = 1; }, "model tiny: LoRA: dropout is 1"},
+      {[](LoraSpec& s) { s.targets.clear(); }, "model tiny: LoRA needs a target module"},
+  };
+  for (const auto& [edit, want] : bad) {
+    const Status s = create(edit);
+    EXPECT_EQ(s.code(), ErrorCode::kInvalidArgument) << want;
+    EXPECT_NE(s.message().find(want), std::string::npos) << s.to_string();
   }
 }
 
