@@ -596,9 +596,7 @@ std::vector<zero::UnitSpec> unit_specs(const LlamaConfig& c, const LoraSpec* lor
 }
 
 bool checkpointing_enabled(const LlamaConfig& config, const ModelOptions& options) {
-  if (options.checkpointing >= 0) return options.checkpointing != 0;
-  constexpr std::uint64_t kGpt2SmallParams = 124439808;
-  return config.param_count() > kGpt2SmallParams;
+  return checkpointing_enabled(options, config.param_count());
 }
 
 }  // namespace tz::model
