@@ -65,6 +65,7 @@ peers_venv_need "$venv" llama_vs_hf "torch, transformers, safetensors, numpy" \
 py="$(peers_python "$venv")"
 export OMP_NUM_THREADS=2 MKL_NUM_THREADS=2 OPENBLAS_NUM_THREADS=2
 export HF_HUB_DISABLE_PROGRESS_BARS=1 TRANSFORMERS_VERBOSITY=error
+export PYTHONPATH="$here${PYTHONPATH:+:$PYTHONPATH}"  # peer.py imports bench/hf_peer_common.py
 mkdir -p "$build"
 work="$(mktemp -d "$build/llama_vs_hf.XXXXXX")"
 if [[ "$keep_work" == 1 ]]; then echo "llama_vs_hf: work folder $work (kept)" >&2; else trap 'rm -rf "$work"' EXIT; fi
@@ -88,10 +89,11 @@ EOF
 
 cat > "$work/peer.py" <<'PY'
 """transformers' side of llama_vs_hf.sh: writes the folders and tokens, trains, evaluates, decodes."""
-import json, sys
-import numpy as np, torch
+import json
+import torch
 import transformers
-from transformers import AutoModelForCausalLM
+# cmd_ids and cmd_eval are commands of this script too (run_command finds them in globals()).
+from hf_peer_common import ce, cmd_eval, cmd_ids, load, run_command, train, write_tokens
 
 def config_of(family):
     common = dict(vocab_size=256, hidden_size=64, intermediate_size=160, num_hidden_layers=2,
@@ -110,36 +112,6 @@ def config_of(family):
                                         tie_word_embeddings=True, use_sliding_window=False)
     raise SystemExit(f"unknown family {family}")
 
-def load(path):
-    try:
-        m = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="eager")
-    except TypeError:
-        m = AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32, attn_implementation="eager")
-    return m
-
-def write_tokens(path, n, seed):
-    # llm.c's format: 256 int32 header (magic 20240520, version 1, count), then uint16 tokens.
-    toks = np.random.default_rng(int(seed)).integers(0, 256, size=n).astype("<u2")
-    header = np.zeros(256, dtype="<i4"); header[0], header[1], header[2] = 20240520, 1, n
-    with open(path, "wb") as f:
-        f.write(header.tobytes()); f.write(toks.tobytes())
-
-def read_tokens(path):
-    header = np.fromfile(path, dtype="<i4", count=256)
-    return np.fromfile(path, dtype="<u2", offset=1024, count=int(header[2])).astype(np.int64)
-
-def batch(toks, b, B, T):
-    # llm.c's order on one rank (as tierzero's loader): sequences b*B .. b*B+B-1.
-    rounds = ((toks.size - 1) // T) // B
-    first = (b % rounds) * B
-    x = np.stack([toks[(first + r) * T:(first + r) * T + T] for r in range(B)])
-    y = np.stack([toks[(first + r) * T + 1:(first + r) * T + T + 1] for r in range(B)])
-    return torch.from_numpy(x), torch.from_numpy(y)
-
-def ce(m, x, y):
-    logits = m(x).logits
-    return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
-
 def cmd_init(family, folder, tokens, seed):
     torch.manual_seed(int(seed))
     cls = {"llama": transformers.LlamaForCausalLM, "qwen2": transformers.Qwen2ForCausalLM,
@@ -148,29 +120,10 @@ def cmd_init(family, folder, tokens, seed):
     write_tokens(tokens, 40000, seed)
 
 def cmd_train(folder, config, tokens, steps, B, T, out):
-    torch.set_num_threads(2)
-    cfg = json.load(open(config)); o = cfg["optimizer"]["params"]
-    m = load(folder).train()
-    opt = torch.optim.AdamW(m.parameters(), lr=o["lr"], betas=tuple(o["betas"]), eps=o["eps"],
-                            weight_decay=o["weight_decay"])
-    toks = read_tokens(tokens)
-    with open(out, "w") as f:
-        for step in range(int(steps)):
-            x, y = batch(toks, step, int(B), int(T))
-            opt.zero_grad(set_to_none=True)
-            loss = ce(m, x, y); loss.backward()
-            norm = torch.nn.utils.clip_grad_norm_(m.parameters(), cfg["gradient_clipping"])
-            opt.step()
-            f.write(json.dumps({"step": step + 1, "loss": loss.item(), "grad_norm": norm.item()}) + "\n")
-
-def cmd_ids(tokens, b, B, T, out):
-    x, y = batch(read_tokens(tokens), int(b), int(B), int(T))
-    json.dump({"tokens": x.tolist(), "targets": y.tolist()}, open(out, "w"))
-
-def cmd_eval(folder, ids_file):
-    ids = json.load(open(ids_file))
-    with torch.no_grad():
-        print(ce(load(folder).eval(), torch.tensor(ids["tokens"]), torch.tensor(ids["targets"])).item())
+    def model_and_params():
+        m = load(folder).train()
+        return m, list(m.parameters())
+    train(model_and_params, config, tokens, steps, B, T, out)
 
 def cmd_speed(repeat):
     # Forward+backward of the issue's Llama shape, fp32, 2 threads: median seconds over `repeat`
@@ -204,7 +157,7 @@ def cmd_greedy(folder, prompt, n):
     print(json.dumps(out))
 
 if __name__ == "__main__":
-    globals()["cmd_" + sys.argv[1]](*sys.argv[2:])
+    run_command(globals())
 PY
 
 rel() { "$py" -c "import sys; a, b = float(sys.argv[1]), float(sys.argv[2]); print(abs(a - b) / abs(b))" "$1" "$2"; }
@@ -224,17 +177,8 @@ for fam in "${fams[@]}"; do
     --steps "$steps" --seq "$T" --cpu-threads 2 --metrics "$d/tz.jsonl" --save-weights "$d/tz" \
     --json > "$d/tz_summary.json"
   "$py" "$work/peer.py" train "$d/init" "$work/stage0.json" "$d/tokens.bin" "$steps" "$B" "$T" "$d/pt.jsonl"
-  verdict="$("$py" - "$d/tz.jsonl" "$d/pt.jsonl" "$fam" <<'PY'
-import json, sys
-tz = [json.loads(l)["loss"] for l in open(sys.argv[1])]
-pt = [json.loads(l)["loss"] for l in open(sys.argv[2])]
-d = [abs(a - b) / abs(b) for a, b in zip(tz, pt)]
-ok = len(tz) == len(pt) and max(d) <= 1e-4
-print(json.dumps({"bench": "llama_vs_hf", "family": sys.argv[3], "case": "loss_per_step",
-                  "steps": len(pt), "max_rel_diff": max(d), "bound": 1e-4,
-                  "tierzero": tz, "pytorch": pt, "pass": ok}))
-PY
-)"
+  verdict="$("$py" "$here/hf_peer_common.py" loss_verdict llama_vs_hf pytorch "$d/tz.jsonl" \
+               "$d/pt.jsonl" "$fam")"
   emit "$verdict" "$(grep -q '"pass": true' <<< "$verdict" && echo 1 || echo 0)"
   # 2. the saved folder in transformers, on a batch neither trained on.
   "$py" "$work/peer.py" ids "$d/tokens.bin" 997 "$B" "$T" "$d/ids.json"

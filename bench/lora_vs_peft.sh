@@ -57,6 +57,7 @@ peers_venv_need "$venv" lora_vs_peft "torch, transformers, peft, safetensors, nu
 py="$(peers_python "$venv")"
 export OMP_NUM_THREADS=2 MKL_NUM_THREADS=2 OPENBLAS_NUM_THREADS=2
 export HF_HUB_DISABLE_PROGRESS_BARS=1 TRANSFORMERS_VERBOSITY=error HF_HUB_OFFLINE=1
+export PYTHONPATH="$here${PYTHONPATH:+:$PYTHONPATH}"  # peer.py imports bench/hf_peer_common.py
 mkdir -p "$build"
 work="$(mktemp -d "$build/lora_vs_peft.XXXXXX")"
 if [[ "$keep_work" == 1 ]]; then echo "lora_vs_peft: work folder $work (kept)" >&2; else trap 'rm -rf "$work"' EXIT; fi
@@ -80,40 +81,11 @@ EOF
 
 cat > "$work/peer.py" <<'PY'
 """PEFT's side of lora_vs_peft.sh: writes the base and the adapter, trains, evaluates."""
-import json, sys
-import numpy as np, torch
+import json
+import torch
 import transformers, peft
-
-def load(path):
-    try:
-        return transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32,
-                                                                 attn_implementation="eager")
-    except TypeError:
-        return transformers.AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32,
-                                                                 attn_implementation="eager")
-
-def write_tokens(path, n, seed):
-    # llm.c's format: 256 int32 header (magic 20240520, version 1, count), then uint16 tokens.
-    toks = np.random.default_rng(int(seed)).integers(0, 256, size=n).astype("<u2")
-    header = np.zeros(256, dtype="<i4"); header[0], header[1], header[2] = 20240520, 1, n
-    with open(path, "wb") as f:
-        f.write(header.tobytes()); f.write(toks.tobytes())
-
-def read_tokens(path):
-    header = np.fromfile(path, dtype="<i4", count=256)
-    return np.fromfile(path, dtype="<u2", offset=1024, count=int(header[2])).astype(np.int64)
-
-def batch(toks, b, B, T):
-    # llm.c's order on one rank (as tierzero's loader): sequences b*B .. b*B+B-1.
-    rounds = ((toks.size - 1) // T) // B
-    first = (b % rounds) * B
-    x = np.stack([toks[(first + r) * T:(first + r) * T + T] for r in range(B)])
-    y = np.stack([toks[(first + r) * T + 1:(first + r) * T + T + 1] for r in range(B)])
-    return torch.from_numpy(x), torch.from_numpy(y)
-
-def ce(m, x, y):
-    logits = m(input_ids=x).logits
-    return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+# cmd_ids and cmd_eval are commands of this script too (run_command finds them in globals()).
+from hf_peer_common import ce, cmd_eval, cmd_ids, load, run_command, train, write_tokens
 
 def cmd_init(base, adapter, tokens, seed):
     torch.manual_seed(int(seed))
@@ -137,25 +109,10 @@ def cmd_init(base, adapter, tokens, seed):
         adapter + "/adapter_model.safetensors"))[:2]))
 
 def cmd_train(base, adapter, config, tokens, steps, B, T, out):
-    torch.set_num_threads(2)
-    cfg = json.load(open(config)); o = cfg["optimizer"]["params"]
-    m = peft.PeftModel.from_pretrained(load(base), adapter, is_trainable=True).train()
-    params = [p for p in m.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=o["lr"], betas=tuple(o["betas"]), eps=o["eps"],
-                            weight_decay=o["weight_decay"])
-    toks = read_tokens(tokens)
-    with open(out, "w") as f:
-        for step in range(int(steps)):
-            x, y = batch(toks, step, int(B), int(T))
-            opt.zero_grad(set_to_none=True)
-            loss = ce(m, x, y); loss.backward()
-            norm = torch.nn.utils.clip_grad_norm_(params, cfg["gradient_clipping"])
-            opt.step()
-            f.write(json.dumps({"step": step + 1, "loss": loss.item(), "grad_norm": norm.item()}) + "\n")
-
-def cmd_ids(tokens, b, B, T, out):
-    x, y = batch(read_tokens(tokens), int(b), int(B), int(T))
-    json.dump({"tokens": x.tolist(), "targets": y.tolist()}, open(out, "w"))
+    def model_and_params():
+        m = peft.PeftModel.from_pretrained(load(base), adapter, is_trainable=True).train()
+        return m, [p for p in m.parameters() if p.requires_grad]
+    train(model_and_params, config, tokens, steps, B, T, out)
 
 def cmd_eval_adapter(base, adapter, ids_file):
     ids = json.load(open(ids_file))
@@ -163,13 +120,8 @@ def cmd_eval_adapter(base, adapter, ids_file):
     with torch.no_grad():
         print(ce(m, torch.tensor(ids["tokens"]), torch.tensor(ids["targets"])).item())
 
-def cmd_eval(folder, ids_file):
-    ids = json.load(open(ids_file))
-    with torch.no_grad():
-        print(ce(load(folder).eval(), torch.tensor(ids["tokens"]), torch.tensor(ids["targets"])).item())
-
 if __name__ == "__main__":
-    globals()["cmd_" + sys.argv[1]](*sys.argv[2:])
+    run_command(globals())
 PY
 
 rel() { "$py" -c "import sys; a, b = float(sys.argv[1]), float(sys.argv[2]); print(abs(a - b) / abs(b))" "$1" "$2"; }
@@ -187,16 +139,8 @@ passed() { [[ "$1" == 1 ]] && echo true || echo false; }
   --save-weights "$work/tz_adapter" --merge-into "$work/tz_merged" --json > "$work/tz_summary.json"
 "$py" "$work/peer.py" train "$work/base" "$work/adapter0" "$work/stage0.json" "$work/tokens.bin" \
   "$steps" "$B" "$T" "$work/pt.jsonl"
-verdict="$("$py" - "$work/tz.jsonl" "$work/pt.jsonl" <<'PY'
-import json, sys
-tz = [json.loads(l)["loss"] for l in open(sys.argv[1])]
-pt = [json.loads(l)["loss"] for l in open(sys.argv[2])]
-d = [abs(a - b) / abs(b) for a, b in zip(tz, pt)]
-ok = len(tz) == len(pt) and max(d) <= 1e-4
-print(json.dumps({"bench": "lora_vs_peft", "case": "loss_per_step", "steps": len(pt),
-                  "max_rel_diff": max(d), "bound": 1e-4, "tierzero": tz, "peft": pt, "pass": ok}))
-PY
-)"
+verdict="$("$py" "$here/hf_peer_common.py" loss_verdict lora_vs_peft peft "$work/tz.jsonl" \
+             "$work/pt.jsonl")"
 emit "$verdict" "$(grep -q '"pass": true' <<< "$verdict" && echo 1 || echo 0)"
 
 # 2. tierzero's adapter in PEFT, and its merged folder in transformers, on an unseen batch.

@@ -15,6 +15,7 @@
 #include <utility>
 
 #include "core/assert.h"
+#include "model/act_bump.h"
 #include "model/hf.h"
 #include "model/init.h"
 #include "ops/ops.h"
@@ -30,10 +31,6 @@ enum BlockTensor : std::size_t {
 // Inside the "wte" unit and the "ln_f" unit.
 constexpr std::size_t kWte = 0, kWpe = 1;
 constexpr std::size_t kLnfW = 0, kLnfB = 1;
-
-constexpr std::size_t kAlignBytes = 256;
-
-std::size_t align_up(std::size_t n) { return (n + kAlignBytes - 1) / kAlignBytes * kAlignBytes; }
 
 Gpt2Options resolve(const Gpt2Shape& shape, Gpt2Options options) {
   if (options.seq == 0) options.seq = shape.seq;
@@ -69,42 +66,37 @@ ActLayout make_layout(const Gpt2Shape& shape, const Gpt2Options& resolved, DType
   const auto h = static_cast<std::size_t>(shape.heads);
   const std::size_t es = dtype_size(act);
   ActLayout l;
-  std::size_t at = 0;
-  const auto take = [&at](std::size_t bytes) {
-    const std::size_t offset = at;
-    at += align_up(bytes);
-    return offset;
-  };
-  l.tokens = take(bt * 4);
-  l.targets = take(bt * 4);
-  for (int i = 0; i <= shape.layers; ++i) l.residual.push_back(take(bt * c * es));
+  ActBump bump;
+  l.tokens = bump.take(bt * 4);
+  l.targets = bump.take(bt * 4);
+  for (int i = 0; i <= shape.layers; ++i) l.residual.push_back(bump.take(bt * c * es));
   const int sets = resolved.checkpointing != 0 ? 1 : shape.layers;
   for (int i = 0; i < sets; ++i) {
     BlockActs b{};
-    b.ln1 = take(bt * c * es);
-    b.ln1_mean = take(bt * 4);
-    b.ln1_rstd = take(bt * 4);
-    b.qkv = take(bt * 3 * c * es);
-    b.atty = take(bt * c * es);
-    b.lse = take(bt * h * 4);
-    b.res2 = take(bt * c * es);
-    b.ln2 = take(bt * c * es);
-    b.ln2_mean = take(bt * 4);
-    b.ln2_rstd = take(bt * 4);
-    b.fch = take(bt * 4 * c * es);
-    b.fch_gelu = take(bt * 4 * c * es);
+    b.ln1 = bump.take(bt * c * es);
+    b.ln1_mean = bump.take(bt * 4);
+    b.ln1_rstd = bump.take(bt * 4);
+    b.qkv = bump.take(bt * 3 * c * es);
+    b.atty = bump.take(bt * c * es);
+    b.lse = bump.take(bt * h * 4);
+    b.res2 = bump.take(bt * c * es);
+    b.ln2 = bump.take(bt * c * es);
+    b.ln2_mean = bump.take(bt * 4);
+    b.ln2_rstd = bump.take(bt * 4);
+    b.fch = bump.take(bt * 4 * c * es);
+    b.fch_gelu = bump.take(bt * 4 * c * es);
     l.blocks.push_back(b);
   }
-  l.lnf = take(bt * c * es);
-  l.lnf_mean = take(bt * 4);
-  l.lnf_rstd = take(bt * 4);
-  l.logits = take(bt * v * es);
-  l.losses = take(bt * 4);
-  l.dres = take(bt * c * es);
-  l.dc = take(bt * c * es);
-  l.d4c = take(bt * 4 * c * es);
-  l.delta = take(bt * h * 4);
-  l.total = at;
+  l.lnf = bump.take(bt * c * es);
+  l.lnf_mean = bump.take(bt * 4);
+  l.lnf_rstd = bump.take(bt * 4);
+  l.logits = bump.take(bt * v * es);
+  l.losses = bump.take(bt * 4);
+  l.dres = bump.take(bt * c * es);
+  l.dc = bump.take(bt * c * es);
+  l.d4c = bump.take(bt * 4 * c * es);
+  l.delta = bump.take(bt * h * 4);
+  l.total = bump.total();
   return l;
 }
 

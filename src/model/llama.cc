@@ -59,11 +59,11 @@ Result<std::unique_ptr<Llama>> Llama::create(const LlamaConfig& config,
   }
   auto impl = std::make_unique<Impl>(config, resolved, engine);
   if (lora != nullptr) {
-    // The spec was checked against the family's modules when parsed; here its numbers only.
-    if (lora->r < 1 || !(lora->alpha > 0) || !(lora->dropout >= 0 && lora->dropout < 1) ||
-        lora->targets.empty()) {
-      return Status::invalid_argument("model " + config.name + ": LoRA needs r >= 1, alpha > 0, "
-                                      "dropout in [0, 1) and a target module");
+    // A parsed spec was checked against the family's modules; one built in code is checked here
+    // for its numbers and a target.
+    TZ_RETURN_IF_ERROR(check_lora_values(*lora, "model " + config.name + ": LoRA"));
+    if (lora->targets.empty()) {
+      return Status::invalid_argument("model " + config.name + ": LoRA needs a target module");
     }
     impl->lora = *lora;
   }

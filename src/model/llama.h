@@ -35,6 +35,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -134,6 +135,10 @@ VocabChunks llama_vocab_chunks(const LlamaConfig& config);
 // The rotary inverse frequencies (head_dim / 2 values) as transformers computes them: 1 /
 // theta^(2i/d), then the llama3 scaling when configured.
 std::vector<float> rope_inv_freq(const LlamaConfig& config);
+
+// Input and output features of a layer's LoRA module `module`, an index into
+// llama_lora_modules() (q, k, v, o, gate, up, down).
+std::pair<std::int64_t, std::int64_t> llama_lora_dims(const LlamaConfig& config, int module);
 
 // The units of `config` in registration order (names and shapes as above); with `lora` the base
 // frozen and the adapter units interleaved after their layers.

@@ -573,15 +573,7 @@ std::vector<zero::UnitSpec> unit_specs(const LlamaConfig& c) {
 std::vector<zero::UnitSpec> unit_specs(const LlamaConfig& c, const LoraSpec* lora) {
   std::vector<zero::UnitSpec> base = unit_specs(c);
   if (lora == nullptr) return base;
-  const std::int64_t h = c.hidden, q = static_cast<std::int64_t>(c.heads) * c.head_dim;
-  const std::int64_t kv = static_cast<std::int64_t>(c.kv_heads) * c.head_dim, f = c.ffn;
-  const auto dims = [&](std::string_view m) -> std::pair<std::int64_t, std::int64_t> {
-    if (m == "q_proj") return {h, q};
-    if (m == "k_proj" || m == "v_proj") return {h, kv};
-    if (m == "o_proj") return {q, h};
-    if (m == "down_proj") return {f, h};
-    return {h, f};  // gate_proj, up_proj
-  };
+  const std::span<const std::string_view> modules = llama_lora_modules();
   std::vector<zero::UnitSpec> units;
   for (zero::UnitSpec& u : base) {
     u.frozen = true;
@@ -591,9 +583,10 @@ std::vector<zero::UnitSpec> unit_specs(const LlamaConfig& c, const LoraSpec* lor
     if (!layer) continue;
     const int i = std::stoi(name.substr(7));
     zero::UnitSpec adapters{name + ".lora", {}};
-    for (const std::string_view m : llama_lora_modules()) {
+    for (std::size_t k = 0; k < modules.size(); ++k) {
+      const std::string_view m = modules[k];
       if (std::find(lora->targets.begin(), lora->targets.end(), m) == lora->targets.end()) continue;
-      const auto [in, out] = dims(m);
+      const auto [in, out] = llama_lora_dims(c, static_cast<int>(k));
       adapters.tensors.push_back({llama_lora_tensor_name(i, m, false), {lora->r, in}});
       adapters.tensors.push_back({llama_lora_tensor_name(i, m, true), {out, lora->r}});
     }
@@ -603,9 +596,7 @@ std::vector<zero::UnitSpec> unit_specs(const LlamaConfig& c, const LoraSpec* lor
 }
 
 bool checkpointing_enabled(const LlamaConfig& config, const ModelOptions& options) {
-  if (options.checkpointing >= 0) return options.checkpointing != 0;
-  constexpr std::uint64_t kGpt2SmallParams = 124439808;
-  return config.param_count() > kGpt2SmallParams;
+  return checkpointing_enabled(options, config.param_count());
 }
 
 }  // namespace tz::model

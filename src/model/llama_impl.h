@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/assert.h"
+#include "model/act_bump.h"
 #include "model/batch_ids.h"
 #include "model/init.h"
 #include "model/llama.h"
@@ -21,24 +22,8 @@
 namespace tz::model {
 namespace llama_internal {
 
-constexpr std::size_t kAlignBytes = 256;
-inline std::size_t align_up(std::size_t n) { return (n + kAlignBytes - 1) / kAlignBytes * kAlignBytes; }
-
 // LoRA's module kinds in layer order (model/lora.h's llama_lora_modules()).
 enum LoraModule : int { kModQ, kModK, kModV, kModO, kModGate, kModUp, kModDown, kLoraModules };
-
-// Input and output features of module `k` of a layer.
-inline std::pair<std::int64_t, std::int64_t> lora_dims(const LlamaConfig& c, int k) {
-  const std::int64_t h = c.hidden, q = static_cast<std::int64_t>(c.heads) * c.head_dim;
-  const std::int64_t kv = static_cast<std::int64_t>(c.kv_heads) * c.head_dim, f = c.ffn;
-  switch (k) {
-    case kModQ: return {h, q};
-    case kModK: case kModV: return {h, kv};
-    case kModO: return {q, h};
-    case kModGate: case kModUp: return {h, f};
-    default: return {f, h};
-  }
-}
 
 // Which modules carry adapters (by LoraModule), from the spec's target names.
 inline std::array<bool, kLoraModules> lora_targeted(const LoraSpec* lora) {
@@ -100,84 +85,80 @@ inline ActLayout make_layout(const LlamaConfig& c, const ModelOptions& o, DType 
   const auto nkv = static_cast<std::size_t>(c.kv_heads);
   const std::size_t es = dtype_size(act);
   ActLayout l;
-  std::size_t at = 0;
-  const auto take = [&at](std::size_t bytes) {
-    const std::size_t offset = at;
-    at += align_up(bytes);
-    return offset;
-  };
-  l.tokens = take(rows * 4);
-  l.targets = take(rows * 4);
-  for (int i = 0; i <= c.layers; ++i) l.residual.push_back(take(rows * h * es));
+  ActBump bump;
+  l.tokens = bump.take(rows * 4);
+  l.targets = bump.take(rows * 4);
+  for (int i = 0; i <= c.layers; ++i) l.residual.push_back(bump.take(rows * h * es));
   const int sets = o.checkpointing != 0 ? 1 : c.layers;
   for (int i = 0; i < sets; ++i) {
     BlockActs b{};
-    b.ln1 = take(rows * h * es);
-    b.rstd1 = take(rows * 4);
+    b.ln1 = bump.take(rows * h * es);
+    b.rstd1 = bump.take(rows * 4);
     if (c.qk_norm) {
-      b.q_raw = take(rows * q * es);
-      b.rstd_q = take(rows * nq * 4);
-      b.k_raw = take(rows * kv * es);
-      b.rstd_k = take(rows * nkv * 4);
+      b.q_raw = bump.take(rows * q * es);
+      b.rstd_q = bump.take(rows * nq * 4);
+      b.k_raw = bump.take(rows * kv * es);
+      b.rstd_k = bump.take(rows * nkv * 4);
     }
-    b.q = take(rows * q * es);
-    b.k = take(rows * kv * es);
-    b.v = take(rows * kv * es);
-    b.att = take(rows * q * es);
-    b.lse = take(rows * nq * 4);
-    b.res2 = take(rows * h * es);
-    b.ln2 = take(rows * h * es);
-    b.rstd2 = take(rows * 4);
-    b.gate = take(rows * f * es);
-    b.up = take(rows * f * es);
-    b.mid = take(rows * f * es);
+    b.q = bump.take(rows * q * es);
+    b.k = bump.take(rows * kv * es);
+    b.v = bump.take(rows * kv * es);
+    b.att = bump.take(rows * q * es);
+    b.lse = bump.take(rows * nq * 4);
+    b.res2 = bump.take(rows * h * es);
+    b.ln2 = bump.take(rows * h * es);
+    b.rstd2 = bump.take(rows * 4);
+    b.gate = bump.take(rows * f * es);
+    b.up = bump.take(rows * f * es);
+    b.mid = bump.take(rows * f * es);
     const std::array<bool, kLoraModules> on = lora_targeted(lora);
     for (int k = 0; k < kLoraModules; ++k) {
       if (!on[static_cast<std::size_t>(k)]) continue;
-      b.lora_u[static_cast<std::size_t>(k)] = take(rows * static_cast<std::size_t>(lora->r) * es);
+      b.lora_u[static_cast<std::size_t>(k)] =
+          bump.take(rows * static_cast<std::size_t>(lora->r) * es);
       if (lora->dropout > 0) {
         b.lora_keep[static_cast<std::size_t>(k)] =
-            take(rows * static_cast<std::size_t>(lora_dims(c, k).first));
+            bump.take(rows * static_cast<std::size_t>(llama_lora_dims(c, k).first));
       }
     }
     l.blocks.push_back(b);
   }
-  l.lnf = take(rows * h * es);
-  l.rstd_f = take(rows * 4);
-  l.logits = take(rows * v * es);
-  l.losses = take(rows * 4);
+  l.lnf = bump.take(rows * h * es);
+  l.rstd_f = bump.take(rows * 4);
+  l.logits = bump.take(rows * v * es);
+  l.losses = bump.take(rows * 4);
   const VocabChunks chunks = llama_vocab_chunks(c);
-  if (chunks.count > 1) l.head_tmp = take(rows * static_cast<std::size_t>(chunks.rows) * es);
-  l.dres = take(rows * h * es);
-  l.dc = take(rows * std::max(h, q) * es);
-  l.dq = take(rows * q * es);
-  l.dk = take(rows * kv * es);
-  l.dv = take(rows * kv * es);
+  if (chunks.count > 1) l.head_tmp = bump.take(rows * static_cast<std::size_t>(chunks.rows) * es);
+  l.dres = bump.take(rows * h * es);
+  l.dc = bump.take(rows * std::max(h, q) * es);
+  l.dq = bump.take(rows * q * es);
+  l.dk = bump.take(rows * kv * es);
+  l.dv = bump.take(rows * kv * es);
   if (c.qk_norm) {
-    l.dq_raw = take(rows * q * es);
-    l.dk_raw = take(rows * kv * es);
+    l.dq_raw = bump.take(rows * q * es);
+    l.dk_raw = bump.take(rows * kv * es);
   }
-  l.dg = take(rows * f * es);
-  l.du = take(rows * f * es);
-  l.dh = take(rows * f * es);
-  l.delta = take(rows * nq * 4);
-  l.inv_freq = take(static_cast<std::size_t>(c.head_dim / 2) * 4);
+  l.dg = bump.take(rows * f * es);
+  l.du = bump.take(rows * f * es);
+  l.dh = bump.take(rows * f * es);
+  l.delta = bump.take(rows * nq * 4);
+  l.inv_freq = bump.take(static_cast<std::size_t>(c.head_dim / 2) * 4);
   if (lora != nullptr) {
     std::int64_t max_in = 0, max_out = 0;
     const std::array<bool, kLoraModules> on = lora_targeted(lora);
     for (int k = 0; k < kLoraModules; ++k) {
       if (!on[static_cast<std::size_t>(k)]) continue;
-      max_in = std::max(max_in, lora_dims(c, k).first);
-      max_out = std::max(max_out, lora_dims(c, k).second);
+      max_in = std::max(max_in, llama_lora_dims(c, k).first);
+      max_out = std::max(max_out, llama_lora_dims(c, k).second);
     }
-    l.lora_tmp = take(rows * static_cast<std::size_t>(max_out) * es);
-    l.lora_du = take(rows * static_cast<std::size_t>(lora->r) * es);
+    l.lora_tmp = bump.take(rows * static_cast<std::size_t>(max_out) * es);
+    l.lora_du = bump.take(rows * static_cast<std::size_t>(lora->r) * es);
     if (lora->dropout > 0) {
-      l.lora_xd = take(rows * static_cast<std::size_t>(max_in) * es);
-      l.lora_dxd = take(rows * static_cast<std::size_t>(max_in) * es);
+      l.lora_xd = bump.take(rows * static_cast<std::size_t>(max_in) * es);
+      l.lora_dxd = bump.take(rows * static_cast<std::size_t>(max_in) * es);
     }
   }
-  l.total = at;
+  l.total = bump.total();
   return l;
 }
 
@@ -343,7 +324,7 @@ struct Llama::Impl {
   // from (seed, micro-batch, layer, module) so the recompute of a checkpointed block draws the
   // same one, and uploaded into the block's activations.
   Status upload_keep(int i, int k, std::int64_t rows) {
-    const std::size_t n = static_cast<std::size_t>(rows * lora_dims(config, k).first);
+    const std::size_t n = static_cast<std::size_t>(rows * llama_lora_dims(config, k).first);
     host_uniform.resize(n);
     host_keep.resize(n);
     fill_uniform(host_uniform, 1.0, engine.options().seed ^ (dropout_draw * 0x9e3779b97f4a7c15ULL),
@@ -369,7 +350,7 @@ struct Llama::Impl {
   Status lora_forward(const zero::UnitViews& lp, int i, int k, ops::ConstTensor x, ops::Tensor y,
                       std::int64_t rows, bool to_output) {
     if (!lora_on(k)) return Status::ok();
-    const auto [in_dim, out_dim] = lora_dims(config, k);
+    const auto [in_dim, out_dim] = llama_lora_dims(config, k);
     const std::int64_t r = lora->r;
     const ops::Tensor u = a(block_acts(i).lora_u[static_cast<std::size_t>(k)]);
     gpu::Stream& st = stream();
@@ -397,7 +378,7 @@ struct Llama::Impl {
                        ops::ConstTensor x, ops::ConstTensor dy, ops::Tensor dx,
                        std::int64_t rows) {
     if (!lora_on(k)) return Status::ok();
-    const auto [in_dim, out_dim] = lora_dims(config, k);
+    const auto [in_dim, out_dim] = llama_lora_dims(config, k);
     const std::int64_t r = lora->r;
     const std::size_t ak = static_cast<std::size_t>(lora_a[static_cast<std::size_t>(k)]);
     const std::size_t bk = static_cast<std::size_t>(lora_b[static_cast<std::size_t>(k)]);

@@ -13,6 +13,18 @@
 
 namespace tz::model {
 
+std::pair<std::int64_t, std::int64_t> llama_lora_dims(const LlamaConfig& c, int k) {
+  const std::int64_t h = c.hidden, q = static_cast<std::int64_t>(c.heads) * c.head_dim;
+  const std::int64_t kv = static_cast<std::int64_t>(c.kv_heads) * c.head_dim, f = c.ffn;
+  switch (k) {
+    case kModQ: return {h, q};
+    case kModK: case kModV: return {h, kv};
+    case kModO: return {q, h};
+    case kModGate: case kModUp: return {h, f};
+    default: return {f, h};
+  }
+}
+
 Status Llama::Impl::init_adapters(std::uint64_t seed) {
   if (lora && !lora->adapter.empty()) {
     // --adapter DIR: its weights (a folder without them starts as PEFT, below).
@@ -124,7 +136,7 @@ Status Llama::save_merged(const std::string& dir, DType dtype) {
       if (!m.lora_on(k)) continue;
       const std::string module = "." + std::string(names[static_cast<std::size_t>(k)]) + ".weight";
       if (!name.ends_with(module)) continue;
-      const auto [in_dim, out_dim] = lora_dims(m.config, k);
+      const auto [in_dim, out_dim] = llama_lora_dims(m.config, k);
       const zero::UnitId lu = m.lora_units[static_cast<std::size_t>(layer)];
       const std::int64_t r = m.lora->r;
       a_values.resize(static_cast<std::size_t>(r * in_dim));

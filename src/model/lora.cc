@@ -62,7 +62,11 @@ Result<double> parse_number(std::string_view value, const std::string& where) {
   return v;
 }
 
-Status check_values(const LoraSpec& s, const std::string& where) {
+}  // namespace
+
+std::span<const std::string_view> llama_lora_modules() { return kLlamaModules; }
+
+Status check_lora_values(const LoraSpec& s, const std::string& where) {
   if (s.r <= 0) {
     return Status::invalid_argument(where + ": r is " + std::to_string(s.r) +
                                     "; the rank must be at least 1");
@@ -77,10 +81,6 @@ Status check_values(const LoraSpec& s, const std::string& where) {
   }
   return Status::ok();
 }
-
-}  // namespace
-
-std::span<const std::string_view> llama_lora_modules() { return kLlamaModules; }
 
 Result<LoraSpec> parse_lora_spec(std::string_view text, std::span<const std::string_view> modules,
                                  std::string_view model, std::string_view flag) {
@@ -141,7 +141,7 @@ Result<LoraSpec> parse_lora_spec(std::string_view text, std::span<const std::str
   if (!have_r) return Status::invalid_argument(f + ": key 'r' is missing (r=R, the rank)");
   if (!have_alpha) spec.alpha = spec.r;
   if (!have_targets) targets = {"q_proj", "v_proj"};
-  TZ_RETURN_IF_ERROR(check_values(spec, f));
+  TZ_RETURN_IF_ERROR(check_lora_values(spec, f));
   TZ_ASSIGN_OR_RETURN(spec.targets, ordered_targets(targets, modules, model, f));
   return spec;
 }
@@ -220,7 +220,7 @@ Result<LoraSpec> read_adapter_config(const std::string& dir,
   spec.alpha = alpha != j.end() && alpha->is_number() ? alpha->get<double>() : 8.0;  // PEFT's
   const auto dropout = j.find("lora_dropout");
   spec.dropout = dropout != j.end() && dropout->is_number() ? dropout->get<double>() : 0.0;
-  TZ_RETURN_IF_ERROR(check_values(spec, path));
+  TZ_RETURN_IF_ERROR(check_lora_values(spec, path));
   const auto tm = j.find("target_modules");
   std::vector<std::string> targets;
   if (tm == j.end() || tm->is_null()) {

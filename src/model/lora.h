@@ -44,6 +44,11 @@ std::span<const std::string_view> llama_lora_modules();
 Result<LoraSpec> parse_lora_spec(std::string_view text, std::span<const std::string_view> modules,
                                  std::string_view model, std::string_view flag = "--lora");
 
+// The spec's numbers: r >= 1, alpha > 0, dropout in [0, 1). kInvalidArgument "WHERE: KEY is V;
+// ..." for the first that is not (parse_lora_spec and read_adapter_config check them; a model
+// checks a spec built in code).
+Status check_lora_values(const LoraSpec& spec, const std::string& where);
+
 // Reads DIR/adapter_config.json as a LoRA spec for a model whose layers hold `modules`. Refused,
 // one line naming the file and the key: not a LoRA adapter (peft_type other than LORA: "ADALORA",
 // "IA3", "LOHA", ... named as unsupported), bias other than "none", modules_to_save, DoRA

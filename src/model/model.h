@@ -26,6 +26,14 @@ struct ModelOptions {
                            // several ranks as threads of one process, give each its share.
 };
 
+// Whether `options` turn activation checkpointing on for a model of `params` parameters: 0 or 1
+// as given; -1 (every family's default) on above GPT-2 small's size (124,439,808 parameters).
+inline bool checkpointing_enabled(const ModelOptions& options, std::uint64_t params) {
+  if (options.checkpointing >= 0) return options.checkpointing != 0;
+  constexpr std::uint64_t kGpt2SmallParams = 124439808;
+  return params > kGpt2SmallParams;
+}
+
 class Model {
  public:
   virtual ~Model() = default;

@@ -138,9 +138,7 @@ std::vector<zero::UnitSpec> unit_specs(const Gpt2Shape& shape) {
 }
 
 bool checkpointing_enabled(const Gpt2Shape& shape, const Gpt2Options& options) {
-  if (options.checkpointing >= 0) return options.checkpointing != 0;
-  constexpr std::uint64_t kGpt2SmallParams = 124439808;
-  return shape.param_count() > kGpt2SmallParams;
+  return checkpointing_enabled(options, shape.param_count());
 }
 
 }  // namespace tz::model

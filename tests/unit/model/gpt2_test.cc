@@ -39,7 +39,7 @@ TEST(Gpt2Test, GradientMatchesCentralFiniteDifferences) {
   const std::vector<std::int32_t> tokens = random_ids(10, shape.vocab, kSeed + 1);
   const std::vector<std::int32_t> targets = random_ids(10, shape.vocab, kSeed + 2);
   int checked = 0;
-  Status s = with_model(testing::config_json(testing::sgd_lr1()), name, options,
+  Status s = with_model(testing::config_json(testing::kSgd1), name, options,
                         [&](zero::Engine& engine, Gpt2& gpt) -> Status {
     TZ_RETURN_IF_ERROR(write_weights(engine, gpt, w0));
     TZ_ASSIGN_OR_RETURN(const double eval0, gpt.eval_loss(tokens, targets));
@@ -113,7 +113,7 @@ TEST(Gpt2Test, CheckpointingGivesBitIdenticalGradients) {
     Gpt2Options options;
     options.micro_batch = 2;
     options.checkpointing = ckpt;
-    Status s = with_model(testing::config_json(testing::sgd_lr1(), 0, false, 0.0, 2), name,
+    Status s = with_model(testing::config_json(testing::kSgd1, 0, false, 0.0, 2), name,
                           options, [&](zero::Engine& engine, Gpt2& gpt) -> Status {
       EXPECT_EQ(gpt.options().checkpointing, ckpt);
       TZ_RETURN_IF_ERROR(write_weights(engine, gpt, w0));
@@ -192,7 +192,7 @@ TEST(Gpt2Test, InitWeightsIsHfsAndSeeded) {
   const auto init = [&](std::uint64_t seed, int ranks, int stage) {
     Weights w;
     std::uint64_t hash = 0;
-    Status s = with_model(testing::config_json(testing::sgd_lr1(), stage), name, {},
+    Status s = with_model(testing::config_json(testing::kSgd1, stage), name, {},
                           [&](zero::Engine& engine, Gpt2& gpt) -> Status {
       TZ_RETURN_IF_ERROR(gpt.init_weights(seed));
       TZ_ASSIGN_OR_RETURN(hash, engine.params_xxh3());
@@ -241,14 +241,14 @@ TEST(Gpt2Test, RejectsBadOptionsAndInputs) {
   const std::string name = "gpt2:layers=1,heads=1,embd=8,vocab=10,seq=6";
   Gpt2Options too_long;
   too_long.seq = 7;
-  Status s = with_model(testing::config_json(testing::sgd_lr1()), name, too_long,
+  Status s = with_model(testing::config_json(testing::kSgd1), name, too_long,
                         [](zero::Engine&, Gpt2&) { return Status::ok(); });
   EXPECT_EQ(s.code(), ErrorCode::kInvalidArgument);
   EXPECT_NE(s.message().find("seq 7"), std::string::npos) << s.message();
 
   Gpt2Options options;
   options.micro_batch = 1;
-  s = with_model(testing::config_json(testing::sgd_lr1()), name, options,
+  s = with_model(testing::config_json(testing::kSgd1), name, options,
                  [](zero::Engine&, Gpt2& gpt) -> Status {
     TZ_RETURN_IF_ERROR(gpt.init_weights(1));
     std::vector<std::int32_t> ok(6, 3), bad(6, 3), short_batch(5, 3);

@@ -23,11 +23,14 @@
 #include "model/llama.h"
 #include "zero/engine.h"
 
+#include "model_harness.h"
+
 namespace tz::model {
 namespace {
 
 namespace fs = std::filesystem;
-using Weights = std::vector<std::vector<std::vector<float>>>;
+using testing::read_weights;  // model_harness.h
+using testing::Weights;
 
 // Qwen2-like (q/k/v biases) with an untied head, so the folder holds every kind of tensor.
 nlohmann::json tiny_config() {
@@ -80,19 +83,6 @@ Status with_net(const ModelDesc& desc, const NetFn& fn) {
     TZ_RETURN_IF_ERROR(engine->finalize());
     return fn(*engine, *net);
   });
-}
-
-Result<Weights> read_weights(zero::Engine& engine, const Model& net) {
-  const std::vector<zero::UnitSpec>& specs = net.unit_specs();
-  Weights w(specs.size());
-  for (std::size_t u = 0; u < specs.size(); ++u) {
-    for (std::size_t t = 0; t < specs[u].tensors.size(); ++t) {
-      std::vector<float> v(specs[u].tensors[t].numel());
-      TZ_RETURN_IF_ERROR(engine.get_tensor(net.unit(u), t, v));
-      w[u].push_back(std::move(v));
-    }
-  }
-  return w;
 }
 
 Status set_random(zero::Engine& engine, const Model& net, std::uint64_t seed) {

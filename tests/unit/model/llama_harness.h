@@ -1,19 +1,21 @@
-// The model tests' harness for the Llama family (llama_test.cc, lora_test.cc): a ModelDesc from
-// a config.json, a DeepSpeed config with one optimizer and stage, a tiny model on the real engine
-// (ranks as threads), random weights in and out, random token ids.
+// The model tests' harness for the Llama family (llama_test.cc, lora_test.cc, vocab_chunks_test.cc)
+// beside the families' common one (model_harness.h): a ModelDesc from a config.json, AdamW, a tiny
+// model on the real engine (ranks as threads).
 #pragma once
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdint>
 #include <functional>
 #include <nlohmann/json.hpp>
-#include <random>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "core/config.h"
 #include "llama_reference.h"
+#include "model_harness.h"
 #include "model/factory.h"
 #include "model/llama.h"
 #include "zero/engine.h"
@@ -32,13 +34,6 @@ inline ModelDesc desc_of(const nlohmann::json& j, const char* name) {
   return d;
 }
 
-inline std::string config_json(const std::string& optimizer, int stage, double clip = 0.0) {
-  return "{\"train_micro_batch_size_per_gpu\": 1, \"gradient_accumulation_steps\": 1, "
-         "\"gradient_clipping\": " +
-         std::to_string(clip) + ", \"optimizer\": " + optimizer +
-         ", \"zero_optimization\": {\"stage\": " + std::to_string(stage) + "}}";
-}
-inline const char* const kSgd1 = "{\"type\": \"SGD\", \"params\": {\"lr\": 1.0}}";
 inline const char* const kAdamW =
     "{\"type\": \"AdamW\", \"params\": {\"lr\": 0.01, \"weight_decay\": 0.1}}";
 
@@ -63,56 +58,100 @@ inline Status with_net(const std::string& config, const ModelDesc& desc,
   });
 }
 
-// Base weights far from HF's init and adapters with B non-zero, so every adapter tensor carries a
-// sizable gradient: matrices normal(0, 0.3), norms 1 + normal(0, 0.2), biases normal(0, 0.1),
-// lora_A and lora_B normal(0, 0.3).
-inline Weights random_weights(const std::vector<zero::UnitSpec>& specs, std::uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<double> normal(0.0, 1.0);
-  Weights w(specs.size());
-  for (std::size_t u = 0; u < specs.size(); ++u) {
-    for (const zero::TensorSpec& t : specs[u].tensors) {
-      std::vector<float> v(t.numel());
-      const bool norm = t.name.ends_with("norm.weight");
-      const bool bias = t.name.ends_with(".bias");
-      for (float& x : v) {
-        const double z = normal(rng);
-        x = static_cast<float>(bias ? 0.1 * z : norm ? 1.0 + 0.2 * z : 0.3 * z);
-      }
-      w[u].push_back(std::move(v));
-    }
-  }
-  return w;
+// One SGD lr-1 step of `tokens` against `targets` from the weights w0: the evaluated and the
+// trained loss each within 2e-6 relative of the reference's `ref_loss`; the trained loss and the
+// weights after the step (w0 - w1 is the gradient).
+struct SgdStep {
+  double loss = 0;
+  Weights w1;
+};
+inline Result<SgdStep> sgd1_step(zero::Engine& engine, Model& net, const Weights& w0,
+                                 std::span<const std::int32_t> tokens,
+                                 std::span<const std::int32_t> targets, double ref_loss) {
+  TZ_RETURN_IF_ERROR(write_weights(engine, net, w0));
+  TZ_ASSIGN_OR_RETURN(const double eval, net.eval_loss(tokens, targets));
+  EXPECT_NEAR(eval, ref_loss, 2e-6 * ref_loss);
+  TZ_ASSIGN_OR_RETURN(const double loss, net.train_micro_batch(tokens, targets));
+  EXPECT_NEAR(loss, ref_loss, 2e-6 * ref_loss);
+  TZ_RETURN_IF_ERROR(engine.step().status());
+  TZ_ASSIGN_OR_RETURN(Weights w1, read_weights(engine, net));
+  return SgdStep{loss, std::move(w1)};
 }
 
-inline Status write_weights(zero::Engine& engine, const Model& net, const Weights& w) {
-  for (std::size_t u = 0; u < w.size(); ++u) {
-    for (std::size_t t = 0; t < w[u].size(); ++t) {
-      TZ_RETURN_IF_ERROR(engine.set_tensor(net.unit(u), t, w[u][t]));
-    }
-  }
-  return Status::ok();
+// The engine's gradient `g` of element i of the reference's tensor `name` against the central
+// difference (h 1e-5) of the reference's loss on B x T tokens: |g - fd| <= 1e-5 + 2e-3 |fd|.
+// Returns |g - fd| / tolerance.
+inline double expect_gradient_matches(Reference& ref, const std::vector<std::int32_t>& tokens,
+                                      const std::vector<std::int32_t>& targets, int B, int T,
+                                      const std::string& name, std::size_t i, double g) {
+  std::vector<double>& values = ref.p[name];
+  constexpr double kH = 1e-5;
+  const double orig = values[i];
+  values[i] = orig + kH;
+  const double plus = ref.loss(tokens, targets, B, T);
+  values[i] = orig - kH;
+  const double minus = ref.loss(tokens, targets, B, T);
+  values[i] = orig;
+  const double fd = (plus - minus) / (2 * kH);
+  const double tol = 1e-5 + 2e-3 * std::abs(fd);
+  EXPECT_LE(std::abs(g - fd), tol) << name << "[" << i << "]: gradient " << g << ", reference "
+                                   << fd;
+  return std::abs(g - fd) / tol;
 }
 
-inline Result<Weights> read_weights(zero::Engine& engine, const Model& net) {
-  const std::vector<zero::UnitSpec>& specs = net.unit_specs();
-  Weights w(specs.size());
-  for (std::size_t u = 0; u < specs.size(); ++u) {
-    for (std::size_t t = 0; t < specs[u].tensors.size(); ++t) {
-      std::vector<float> v(specs[u].tensors[t].numel());
-      TZ_RETURN_IF_ERROR(engine.get_tensor(net.unit(u), t, v));
-      w[u].push_back(std::move(v));
+// Rank 0's side of three AdamW steps with clipping (0.5) on micro-batches of 2 sequences of 6
+// tokens, from init_weights(seed), the tokens and targets drawn from seed + 4 and seed + 5;
+// `engine_seed` is the engine's (LoRA's init and dropout draw on it).
+struct ThreeSteps {
+  std::vector<double> losses;
+  std::uint64_t init_hash = 0;  // params_xxh3 as initialised
+  std::uint64_t hash = 0;       // params_xxh3 after the steps
+};
+
+inline ThreeSteps three_steps(const ModelDesc& desc, int stage, int ranks, int ckpt,
+                              std::uint64_t seed, std::uint64_t engine_seed) {
+  const std::vector<std::int32_t> tokens = random_ids(3 * 2 * 6, desc.vocab, seed + 4);
+  const std::vector<std::int32_t> targets = random_ids(3 * 2 * 6, desc.vocab, seed + 5);
+  ModelOptions o;
+  o.micro_batch = 2;
+  o.seq = 6;
+  o.checkpointing = ckpt;
+  ThreeSteps out;
+  const Status s = with_net(config_json(kAdamW, stage, false, 0.5), desc, o,
+                            [&](zero::Engine& engine, Model& net) -> Status {
+    TZ_RETURN_IF_ERROR(net.init_weights(seed));
+    TZ_ASSIGN_OR_RETURN(const std::uint64_t h_init, engine.params_xxh3());
+    std::vector<double> mine;
+    for (int step = 0; step < 3; ++step) {
+      const std::span<const std::int32_t> tok(tokens.data() + step * 12, 12);
+      const std::span<const std::int32_t> tgt(targets.data() + step * 12, 12);
+      TZ_ASSIGN_OR_RETURN(const double l, net.train_micro_batch(tok, tgt));
+      mine.push_back(l);
+      TZ_RETURN_IF_ERROR(engine.step().status());
     }
-  }
-  return w;
+    TZ_ASSIGN_OR_RETURN(const std::uint64_t h, engine.params_xxh3());
+    if (engine.rank() == 0) out = ThreeSteps{mine, h_init, h};
+    return Status::ok();
+  }, ranks, engine_seed);
+  EXPECT_TRUE(s.is_ok()) << s.to_string();
+  return out;
 }
 
-inline std::vector<std::int32_t> random_ids(std::size_t n, int vocab, std::uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::uniform_int_distribution<int> id(0, vocab - 1);
-  std::vector<std::int32_t> v(n);
-  for (auto& x : v) x = id(rng);
-  return v;
+// Stage 0 on one rank, stage 3 on two (each rank the same micro-batch, so the mean gradient is
+// the one rank's) and stage 0 with checkpointing: identical losses and final weights over
+// three_steps. Returns stage 0's run.
+inline ThreeSteps expect_stage3_and_checkpointing_give_stage0s(const ModelDesc& desc,
+                                                               std::uint64_t seed,
+                                                               std::uint64_t engine_seed) {
+  const ThreeSteps s0 = three_steps(desc, 0, 1, 0, seed, engine_seed);
+  const ThreeSteps s3 = three_steps(desc, 3, 2, 0, seed, engine_seed);
+  const ThreeSteps ck = three_steps(desc, 0, 1, 1, seed, engine_seed);
+  EXPECT_EQ(s0.losses.size(), 3u);
+  EXPECT_EQ(s0.losses, s3.losses);
+  EXPECT_EQ(s0.losses, ck.losses);
+  EXPECT_EQ(s0.hash, s3.hash);
+  EXPECT_EQ(s0.hash, ck.hash);
+  return s0;
 }
 
 }  // namespace tz::model::testing

@@ -15,9 +15,9 @@
 #include "model/lora.h"
 #include "zero/engine.h"
 
-namespace tz::model::testing {
+#include "model_harness.h"  // Weights
 
-using Weights = std::vector<std::vector<std::vector<float>>>;  // unit, tensor, values
+namespace tz::model::testing {
 
 struct Reference {
   const LlamaConfig& c;

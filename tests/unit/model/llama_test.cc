@@ -224,42 +224,25 @@ TEST(LlamaTest, LossAndGradientsMatchAFloat64Reference) {
     o.seq = kT;
     int checked = 0;
     const Status s = with_net(config_json(kSgd1, 0), desc, o, [&](zero::Engine& engine, Model& net) -> Status {
-      TZ_RETURN_IF_ERROR(write_weights(engine, net, w0));
-      TZ_ASSIGN_OR_RETURN(const double eval, net.eval_loss(tokens, targets));
-      EXPECT_NEAR(eval, ref_loss, 2e-6 * ref_loss);
-      TZ_ASSIGN_OR_RETURN(const double loss, net.train_micro_batch(tokens, targets));
-      EXPECT_NEAR(loss, ref_loss, 2e-6 * ref_loss);
-      TZ_RETURN_IF_ERROR(engine.step().status());
-      TZ_ASSIGN_OR_RETURN(const Weights w1, read_weights(engine, net));
+      TZ_ASSIGN_OR_RETURN(const SgdStep step, sgd1_step(engine, net, w0, tokens, targets, ref_loss));
       std::mt19937_64 pick(kSeed + 3);
       double worst = 0;
       for (std::size_t u = 0; u < specs.size(); ++u) {
         for (std::size_t t = 0; t < specs[u].tensors.size(); ++t) {
           const std::string& tn = specs[u].tensors[t].name;
-          std::vector<double>& values = ref.p[tn];
-          const std::size_t n = values.size(), samples = std::min<std::size_t>(n, 6);
+          const std::size_t n = ref.p[tn].size(), samples = std::min<std::size_t>(n, 6);
           std::uniform_int_distribution<std::size_t> index(0, n - 1);
           for (std::size_t k = 0; k < samples; ++k) {
             const std::size_t i = samples == n ? k : index(pick);
-            constexpr double kH = 1e-5;
-            const double orig = values[i];
-            values[i] = orig + kH;
-            const double plus = ref.loss(tokens, targets, kB, kT);
-            values[i] = orig - kH;
-            const double minus = ref.loss(tokens, targets, kB, kT);
-            values[i] = orig;
-            const double fd = (plus - minus) / (2 * kH);
-            const double g = static_cast<double>(w0[u][t][i]) - static_cast<double>(w1[u][t][i]);
-            const double tol = 1e-5 + 2e-3 * std::abs(fd);
-            worst = std::max(worst, std::abs(g - fd) / tol);
-            EXPECT_LE(std::abs(g - fd), tol) << tn << "[" << i << "]: gradient " << g
-                                             << ", reference " << fd;
+            const double g =
+                static_cast<double>(w0[u][t][i]) - static_cast<double>(step.w1[u][t][i]);
+            worst = std::max(worst, expect_gradient_matches(ref, tokens, targets, kB, kT, tn, i, g));
             ++checked;
           }
         }
       }
       std::printf("%s: loss %.9f (reference %.9f), %d gradients, worst error/tolerance %.3f\n",
-                  fam.name, loss, ref_loss, checked, worst);
+                  fam.name, step.loss, ref_loss, checked, worst);
       return Status::ok();
     });
     ASSERT_TRUE(s.is_ok()) << s.to_string();
@@ -274,50 +257,11 @@ TEST(LlamaTest, Stage3AndCheckpointingGiveStage0sLossesAndWeights) {
   for (const Family& fam : kFamilies) {
     SCOPED_TRACE(fam.name);
     const ModelDesc desc = desc_of(fam.config(), fam.name);
-    const int vocab = desc.vocab;
-    const std::vector<std::int32_t> tokens = random_ids(3 * 2 * 6, vocab, kSeed + 4);
-    const std::vector<std::int32_t> targets = random_ids(3 * 2 * 6, vocab, kSeed + 5);
-    std::uint64_t init_hash = 0;  // the weights as initialised (the last run's rank 0)
-    const auto run = [&](int stage, int ranks, int ckpt, std::vector<double>& losses) {
-      ModelOptions o;
-      o.micro_batch = 2;
-      o.seq = 6;
-      o.checkpointing = ckpt;
-      std::uint64_t hash = 0;
-      const Status s = with_net(config_json(kAdamW, stage, 0.5), desc, o,
-                                [&](zero::Engine& engine, Model& net) -> Status {
-        TZ_RETURN_IF_ERROR(net.init_weights(kSeed));
-        TZ_ASSIGN_OR_RETURN(const std::uint64_t h_init, engine.params_xxh3());
-        if (engine.rank() == 0) init_hash = h_init;
-        std::vector<double> mine;
-        for (int step = 0; step < 3; ++step) {
-          const std::span<const std::int32_t> tok(tokens.data() + step * 12, 12);
-          const std::span<const std::int32_t> tgt(targets.data() + step * 12, 12);
-          TZ_ASSIGN_OR_RETURN(const double l, net.train_micro_batch(tok, tgt));
-          mine.push_back(l);
-          TZ_RETURN_IF_ERROR(engine.step().status());
-        }
-        TZ_ASSIGN_OR_RETURN(const std::uint64_t h, engine.params_xxh3());
-        if (engine.rank() == 0) {
-          losses = mine;
-          hash = h;
-        }
-        return Status::ok();
-      }, ranks);
-      EXPECT_TRUE(s.is_ok()) << s.to_string();
-      return hash;
-    };
-    std::vector<double> l0, l3, lc;
-    const std::uint64_t h0 = run(0, 1, 0, l0);
-    const std::uint64_t h3 = run(3, 2, 0, l3);
-    const std::uint64_t hc = run(0, 1, 1, lc);
-    ASSERT_EQ(l0.size(), 3u);
-    EXPECT_EQ(l0, l3);
-    EXPECT_EQ(l0, lc);
-    EXPECT_EQ(h0, h3);
-    EXPECT_EQ(h0, hc);
-    EXPECT_LT(l0[2], l0[0]) << "the loss falls";
-    EXPECT_NE(h0, init_hash) << "the steps changed the weights";
+    const ThreeSteps s0 =
+        expect_stage3_and_checkpointing_give_stage0s(desc, kSeed, zero::EngineOptions{}.seed);
+    ASSERT_EQ(s0.losses.size(), 3u);
+    EXPECT_LT(s0.losses[2], s0.losses[0]) << "the loss falls";
+    EXPECT_NE(s0.hash, s0.init_hash) << "the steps changed the weights";
   }
 }
 

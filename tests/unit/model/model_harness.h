@@ -1,6 +1,7 @@
-// Runs a GPT-2 model on the real engine for the model's tests: HostDevice ranks (threads with a
-// LocalComm), an engine from a JSON config, the model registered and finalized, then the test's
-// body on every rank. Also random weights set through the engine and read back.
+// The model tests' harness, every family: a DeepSpeed config, random weights set through the engine
+// and read back, random token ids; and for GPT-2 a model on the real engine (HostDevice ranks:
+// threads with a LocalComm; an engine from a JSON config, the model registered and finalized,
+// then the test's body on every rank). The Llama family's part is llama_harness.h.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -14,6 +15,7 @@
 
 #include "core/config.h"
 #include "model/gpt2.h"
+#include "model/model.h"
 #include "zero/engine.h"
 
 namespace tz::model::testing {
@@ -27,7 +29,7 @@ inline std::string config_json(const std::string& optimizer, int stage = 0, bool
          optimizer + ", \"zero_optimization\": {\"stage\": " + std::to_string(stage) + "}}";
 }
 // SGD with lr 1 and nothing else: after one step, master_before - master_after is the gradient.
-inline std::string sgd_lr1() { return "{\"type\": \"SGD\", \"params\": {\"lr\": 1.0}}"; }
+inline const char* const kSgd1 = "{\"type\": \"SGD\", \"params\": {\"lr\": 1.0}}";
 
 using ModelFn = std::function<Status(zero::Engine&, Gpt2&)>;
 
@@ -54,48 +56,52 @@ inline Status with_model(const std::string& config, const std::string& model_nam
 // Every tensor's fp32 master weights, unit by unit, in registration order.
 using Weights = std::vector<std::vector<std::vector<float>>>;
 
-inline Result<Weights> read_weights(zero::Engine& engine, const Gpt2& gpt) {
-  const std::vector<zero::UnitSpec> specs = unit_specs(gpt.shape());
+inline Result<Weights> read_weights(zero::Engine& engine, const Model& net) {
+  const std::vector<zero::UnitSpec>& specs = net.unit_specs();
   Weights w(specs.size());
   for (std::size_t u = 0; u < specs.size(); ++u) {
     for (std::size_t t = 0; t < specs[u].tensors.size(); ++t) {
       std::vector<float> v(specs[u].tensors[t].numel());
-      TZ_RETURN_IF_ERROR(engine.get_tensor(gpt.unit(u), t, v));
+      TZ_RETURN_IF_ERROR(engine.get_tensor(net.unit(u), t, v));
       w[u].push_back(std::move(v));
     }
   }
   return w;
 }
 
-inline Status write_weights(zero::Engine& engine, const Gpt2& gpt, const Weights& w) {
+inline Status write_weights(zero::Engine& engine, const Model& net, const Weights& w) {
   for (std::size_t u = 0; u < w.size(); ++u) {
     for (std::size_t t = 0; t < w[u].size(); ++t) {
-      TZ_RETURN_IF_ERROR(engine.set_tensor(gpt.unit(u), t, w[u][t]));
+      TZ_RETURN_IF_ERROR(engine.set_tensor(net.unit(u), t, w[u][t]));
     }
   }
   return Status::ok();
 }
 
 // Weights far from HF's small init, so every path of the model carries a sizable gradient:
-// matrices normal(0, 0.3), LayerNorm weights 1 + normal(0, 0.2), biases normal(0, 0.1).
-inline Weights random_weights(const Gpt2Shape& shape, std::uint64_t seed) {
+// matrices normal(0, 0.3), norm weights (GPT-2's ln_*, the Llama family's *norm.weight)
+// 1 + normal(0, 0.2), biases normal(0, 0.1); LoRA's lora_A and lora_B are matrices (B non-zero, so
+// every adapter tensor has a gradient).
+inline Weights random_weights(const std::vector<zero::UnitSpec>& specs, std::uint64_t seed) {
   std::mt19937_64 rng(seed);
   std::normal_distribution<double> normal(0.0, 1.0);
-  const std::vector<zero::UnitSpec> specs = unit_specs(shape);
   Weights w(specs.size());
   for (std::size_t u = 0; u < specs.size(); ++u) {
     for (const zero::TensorSpec& t : specs[u].tensors) {
       std::vector<float> v(t.numel());
-      const bool ln = t.name.starts_with("ln_");
+      const bool norm = t.name.starts_with("ln_") || t.name.ends_with("norm.weight");
       const bool bias = t.name.ends_with(".bias");
       for (float& x : v) {
         const double z = normal(rng);
-        x = static_cast<float>(bias ? 0.1 * z : ln ? 1.0 + 0.2 * z : 0.3 * z);
+        x = static_cast<float>(bias ? 0.1 * z : norm ? 1.0 + 0.2 * z : 0.3 * z);
       }
       w[u].push_back(std::move(v));
     }
   }
   return w;
+}
+inline Weights random_weights(const Gpt2Shape& shape, std::uint64_t seed) {
+  return random_weights(unit_specs(shape), seed);
 }
 
 inline std::vector<std::int32_t> random_ids(std::size_t n, int vocab, std::uint64_t seed) {

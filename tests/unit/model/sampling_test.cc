@@ -97,7 +97,7 @@ TEST(SamplingTest, GreedyGenerationFollowsLastLogits) {
   const std::string name = "gpt2:layers=1,heads=2,embd=16,vocab=256,seq=8";
   Gpt2Options options;
   options.micro_batch = 1;
-  Status s = testing::with_model(testing::config_json(testing::sgd_lr1()), name, options,
+  Status s = testing::with_model(testing::config_json(testing::kSgd1), name, options,
                                  [&](zero::Engine&, Gpt2& gpt) -> Status {
     TZ_RETURN_IF_ERROR(gpt.init_weights(5));
     const std::vector<std::int32_t> prompt = bytes_to_ids("hello");

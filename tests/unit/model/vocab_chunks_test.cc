@@ -163,7 +163,7 @@ RunResult train(const ModelDesc& desc, int stage, int ranks,
   o.micro_batch = 2;
   o.seq = 6;
   RunResult out;
-  const Status s = with_net(config_json(kAdamW, stage, 0.5), desc, o,
+  const Status s = with_net(config_json(kAdamW, stage, false, 0.5), desc, o,
                             [&](zero::Engine& engine, Model& net) -> Status {
     TZ_RETURN_IF_ERROR(net.init_weights(kSeed));
     TZ_ASSIGN_OR_RETURN(auto initial, whole_weights(engine, net));

@@ -38,7 +38,7 @@ std::string temp_dir(const std::string& name) {
 // The weights of kModel initialised with kSeed.
 Weights initial_weights() {
   Weights w;
-  Status s = with_model(testing::config_json(testing::sgd_lr1()), kModel, {},
+  Status s = with_model(testing::config_json(testing::kSgd1), kModel, {},
                         [&](zero::Engine& engine, Gpt2& gpt) -> Status {
     TZ_RETURN_IF_ERROR(gpt.init_weights(kSeed));
     TZ_ASSIGN_OR_RETURN(w, read_weights(engine, gpt));
@@ -50,7 +50,7 @@ Weights initial_weights() {
 
 // Loads `path` into a fresh kModel; returns the load's status and the weights it produced.
 Status load(const std::string& path, Weights* out = nullptr) {
-  return with_model(testing::config_json(testing::sgd_lr1()), kModel, {},
+  return with_model(testing::config_json(testing::kSgd1), kModel, {},
                     [&](zero::Engine& engine, Gpt2& gpt) -> Status {
     TZ_RETURN_IF_ERROR(gpt.load_safetensors(path));
     if (out != nullptr) {
@@ -143,7 +143,7 @@ TEST(WeightsTest, SaveThenLoadIsExactInEveryDtype) {
                                     std::pair{DType::kF16, "F16"}}) {
     const std::string dir = temp_dir(name);
     const std::string path = dir + "/model.safetensors";
-    Status s = with_model(testing::config_json(testing::sgd_lr1()), kModel, {},
+    Status s = with_model(testing::config_json(testing::kSgd1), kModel, {},
                           [&](zero::Engine&, Gpt2& gpt) -> Status {
       TZ_RETURN_IF_ERROR(gpt.init_weights(kSeed));
       return gpt.save_safetensors(path, dtype);
@@ -216,6 +216,27 @@ TEST(WeightsTest, EveryMalformedFileGivesItsOneLineError) {
     ADD_FAILURE() << "no " << name;
     return t[0];
   };
+  // A file whose header is written here: each tensor's dtype, bytes and first offset as `entry`
+  // leaves them (the data follow in order).
+  using Entry = std::function<void(const Tensor&, std::string& dtype, std::string& bytes,
+                                   std::uint64_t& begin)>;
+  const auto raw = [&](Entry entry) {
+    return [&w, entry](const std::string& path) {
+      std::vector<Tensor> t = hf_tensors(w, "F32", "transformer.");
+      nlohmann::json header = nlohmann::json::object();
+      std::string data;
+      for (const Tensor& x : t) {
+        std::string dtype = x.dtype;
+        std::string bytes = encode(x);
+        std::uint64_t begin = data.size();
+        entry(x, dtype, bytes, begin);
+        header[x.name] = {{"dtype", dtype}, {"shape", x.shape},
+                          {"data_offsets", {begin, begin + bytes.size()}}};
+        data += bytes;
+      }
+      write_raw(path, header, data);
+    };
+  };
   std::vector<Case> cases = {
       {"missing", "transformer.h.1.mlp.c_fc.bias", "missing",
        with([](std::vector<Tensor>& t) {
@@ -242,54 +263,21 @@ TEST(WeightsTest, EveryMalformedFileGivesItsOneLineError) {
          t.push_back({"lm_head.weight", "F32", {10, 8}, std::vector<float>(80, 0.0f)});
        })},
       {"dtype", "transformer.ln_f.bias", "dtype",
-       [&](const std::string& path) {
+       raw([](const Tensor& x, std::string& dtype, std::string& bytes, std::uint64_t&) {
          // ln_f.bias declared F64: 8 values of 8 bytes.
-         std::vector<Tensor> t = hf_tensors(w, "F32", "transformer.");
-         nlohmann::json header = nlohmann::json::object();
-         std::string data;
-         for (const Tensor& x : t) {
-           std::string bytes = encode(x);
-           std::string dtype = x.dtype;
-           if (x.name == "transformer.ln_f.bias") {
-             bytes.assign(64, '\0');
-             dtype = "F64";
-           }
-           header[x.name] = {{"dtype", dtype}, {"shape", x.shape},
-                             {"data_offsets", {data.size(), data.size() + bytes.size()}}};
-           data += bytes;
-         }
-         write_raw(path, header, data);
-       }},
+         if (x.name != "transformer.ln_f.bias") return;
+         bytes.assign(64, '\0');
+         dtype = "F64";
+       })},
       {"dtype disagrees with bytes", "transformer.h.0.ln_1.weight", "data_offsets",
-       [&](const std::string& path) {
+       raw([](const Tensor& x, std::string& dtype, std::string&, std::uint64_t&) {
          // Declared BF16 but holding 4-byte values: the byte range is twice the shape's.
-         std::vector<Tensor> t = hf_tensors(w, "F32", "transformer.");
-         nlohmann::json header = nlohmann::json::object();
-         std::string data;
-         for (const Tensor& x : t) {
-           const std::string bytes = encode(x);
-           header[x.name] = {{"dtype", x.name == "transformer.h.0.ln_1.weight" ? "BF16" : x.dtype},
-                             {"shape", x.shape},
-                             {"data_offsets", {data.size(), data.size() + bytes.size()}}};
-           data += bytes;
-         }
-         write_raw(path, header, data);
-       }},
+         if (x.name == "transformer.h.0.ln_1.weight") dtype = "BF16";
+       })},
       {"offsets past the end", "transformer.ln_f.bias", "data_offsets",
-       [&](const std::string& path) {
-         std::vector<Tensor> t = hf_tensors(w, "F32", "transformer.");
-         nlohmann::json header = nlohmann::json::object();
-         std::string data;
-         for (const Tensor& x : t) {
-           const std::string bytes = encode(x);
-           std::uint64_t begin = data.size();
-           if (x.name == "transformer.ln_f.bias") begin += 4096;  // the header lies (last tensor)
-           header[x.name] = {{"dtype", x.dtype}, {"shape", x.shape},
-                             {"data_offsets", {begin, begin + bytes.size()}}};
-           data += bytes;
-         }
-         write_raw(path, header, data);
-       }},
+       raw([](const Tensor& x, std::string&, std::string&, std::uint64_t& begin) {
+         if (x.name == "transformer.ln_f.bias") begin += 4096;  // the header lies (last tensor)
+       })},
   };
   for (const Case& c : cases) {
     const std::string path = dir + "/" + std::to_string(&c - cases.data()) + ".safetensors";

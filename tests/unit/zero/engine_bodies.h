@@ -195,6 +195,26 @@ inline RunResult run(const Launcher& launch, const RunSpec& r, const RunHooks& h
   return result;
 }
 
+// Every stage with every placement DeepSpeed allows (optimizer offload needs stage >= 1,
+// parameter offload stage 3), in stage, optimizer, parameter order: `base` with each.
+inline std::vector<RunSpec> every_placement(const RunSpec& base) {
+  std::vector<RunSpec> v;
+  for (int stage = 0; stage <= 3; ++stage) {
+    for (const std::string opt : {"none", "cpu", "nvme"}) {
+      if (stage == 0 && opt != "none") continue;
+      for (const std::string param : {"none", "cpu", "nvme"}) {
+        if (stage != 3 && param != "none") continue;
+        RunSpec r = base;
+        r.stage = stage;
+        r.offload_optimizer = opt;
+        r.offload_param = param;
+        v.push_back(r);
+      }
+    }
+  }
+  return v;
+}
+
 // Every stage and every placement the build supports: the same fp32 masters after 5 steps (of
 // the trainable units; `shape` may freeze some). Returns the stage-0 run.
 inline RunResult expect_bit_identical(const Launcher& launch, int ranks, const std::string& dtype,
@@ -207,24 +227,14 @@ inline RunResult expect_bit_identical(const Launcher& launch, int ranks, const s
   base.shape = shape;
   const RunResult ref = run(launch, base);
   EXPECT_NE(ref.hash, 0u);
-  for (int stage = 0; stage <= 3; ++stage) {
-    for (const std::string opt : {"none", "cpu", "nvme"}) {
-      if (stage == 0 && opt != "none") continue;  // DeepSpeed's rule: offload needs stage >= 1
-      std::vector<std::string> params = {"none"};
-      if (stage == 3) params = {"none", "cpu", "nvme"};
-      for (const std::string& param : params) {
-        for (long persistence : {-1L, 0L}) {
-          if (stage != 3 && persistence == 0) continue;
-          RunSpec r = base;
-          r.stage = stage;
-          r.offload_optimizer = opt;
-          r.offload_param = param;
-          r.persistence = persistence;
-          const RunResult got = run(launch, r);
-          EXPECT_EQ(got.hash, ref.hash) << describe(r) << " differs from " << describe(base);
-          EXPECT_EQ(got.weights, ref.weights) << describe(r) << " (every unit, frozen too)";
-        }
-      }
+  for (const RunSpec& placed : every_placement(base)) {
+    for (long persistence : {-1L, 0L}) {
+      if (placed.stage != 3 && persistence == 0) continue;
+      RunSpec r = placed;
+      r.persistence = persistence;
+      const RunResult got = run(launch, r);
+      EXPECT_EQ(got.hash, ref.hash) << describe(r) << " differs from " << describe(base);
+      EXPECT_EQ(got.weights, ref.weights) << describe(r) << " (every unit, frozen too)";
     }
   }
   return ref;

@@ -4,6 +4,7 @@
 // setting to change; DESIGN.md's formula for every stage.
 #include <gtest/gtest.h>
 
+#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -48,6 +49,15 @@ std::vector<UnitLayout> two_units_two_ranks() {
   return v;
 }
 
+// One single-tensor unit "u<numel>" of each size, laid out for one rank.
+std::vector<UnitLayout> one_rank_units(std::initializer_list<std::int64_t> numels) {
+  std::vector<UnitLayout> v;
+  for (const std::int64_t n : numels) {
+    v.push_back(plan_unit_layout(unit("u" + std::to_string(n), {n}), 1));
+  }
+  return v;
+}
+
 TEST(ZeroPlan, LayoutsAreTheOnesTheTestAssumes) {
   const auto u = two_units_two_ranks();
   EXPECT_EQ(u[0].numel, 5300u);
@@ -59,16 +69,9 @@ TEST(ZeroPlan, LayoutsAreTheOnesTheTestAssumes) {
 
 // Stage 3, bf16, Adam, parameters on the host, optimizer on NVMe, 2 ranks, defaults elsewhere.
 TEST(ZeroPlan, Stage3ParamsCpuOptimizerNvmeByHand) {
-  PlanInputs in;
-  in.stage = 3;
-  in.compute_dtype = DType::kBF16;
-  in.optimizer = Placement::kNvme;
-  in.param = Placement::kHost;
-  in.grad = Placement::kHost;
-  in.optimizer_states = 2;
-  in.world_size = 2;
-  in.activation_bytes = 1000000;
-  in.device_budget_bytes = 1ull << 30;
+  PlanInputs in{.stage = 3, .compute_dtype = DType::kBF16, .optimizer = Placement::kNvme,
+                .param = Placement::kHost, .grad = Placement::kHost, .optimizer_states = 2,
+                .world_size = 2, .activation_bytes = 1000000, .device_budget_bytes = 1ull << 30};
   Config config;
   const auto units = two_units_two_ranks();
   auto got = plan_memory(in, config, units);
@@ -128,11 +131,8 @@ TEST(ZeroPlan, Stage3ParamsCpuOptimizerNvmeByHand) {
 
 // Stage 1 on the device: everything in the device tier; no gather buffers below stage 3.
 TEST(ZeroPlan, Stage1OnDeviceByHand) {
-  PlanInputs in;
-  in.stage = 1;
-  in.compute_dtype = DType::kBF16;
-  in.world_size = 2;
-  in.device_budget_bytes = 1ull << 30;
+  PlanInputs in{.stage = 1, .compute_dtype = DType::kBF16, .world_size = 2,
+                .device_budget_bytes = 1ull << 30};
   Config config;
   const auto units = two_units_two_ranks();
   auto got = plan_memory(in, config, units);
@@ -161,17 +161,11 @@ TEST(ZeroPlan, Stage1OnDeviceByHand) {
 // 8192 and 32768 elements (padded as they are for one rank), stage 3, fp32 (4 B), nothing
 // persistent.
 TEST(ZeroPlan, BuffersHoldTheThreeLargestUnits) {
-  PlanInputs in;
-  in.stage = 3;
-  in.compute_dtype = DType::kF32;
-  in.world_size = 1;
-  in.device_budget_bytes = 1ull << 30;
+  PlanInputs in{.stage = 3, .compute_dtype = DType::kF32, .world_size = 1,
+                .device_budget_bytes = 1ull << 30};
   Config config;
   config.zero.stage3_param_persistence_threshold = 0;
-  std::vector<UnitLayout> units;
-  for (std::int64_t n : {4096, 16384, 8192, 32768}) {
-    units.push_back(plan_unit_layout(unit("u" + std::to_string(n), {n}), 1));
-  }
+  const std::vector<UnitLayout> units = one_rank_units({4096, 16384, 8192, 32768});
   auto got = plan_memory(in, config, units);
   ASSERT_TRUE(got.is_ok()) << got.status().to_string();
   EXPECT_EQ(term_of(*got, Tier::kDevice, "gather buffers"), (32768u + 16384u + 8192u) * 4);
@@ -194,18 +188,10 @@ TEST(ZeroPlan, BuffersHoldTheThreeLargestUnits) {
 // 1, bf16, optimizer on the host, one rank, a large unit (32768 elements) and a small one (4096):
 // no gathers, the two gradients in bf16; get_tensor's fp32 copy of the large one is bigger.
 TEST(ZeroPlan, ScratchIsWhatTheFp32UnitNeedsBeyondTheBuffers) {
-  PlanInputs in;
-  in.stage = 1;
-  in.compute_dtype = DType::kBF16;
-  in.optimizer = Placement::kHost;
-  in.grad = Placement::kHost;
-  in.world_size = 1;
-  in.device_budget_bytes = 1ull << 30;
+  PlanInputs in{.stage = 1, .compute_dtype = DType::kBF16, .optimizer = Placement::kHost,
+                .grad = Placement::kHost, .world_size = 1, .device_budget_bytes = 1ull << 30};
   Config config;
-  std::vector<UnitLayout> units;
-  for (std::int64_t n : {32768, 4096}) {
-    units.push_back(plan_unit_layout(unit("u" + std::to_string(n), {n}), 1));
-  }
+  const std::vector<UnitLayout> units = one_rank_units({32768, 4096});
   auto got = plan_memory(in, config, units);
   ASSERT_TRUE(got.is_ok()) << got.status().to_string();
   EXPECT_EQ(term_of(*got, Tier::kDevice, "gather buffers"), 0u);
@@ -221,13 +207,8 @@ TEST(ZeroPlan, ScratchIsWhatTheFp32UnitNeedsBeyondTheBuffers) {
 // gets slabs of 8 blocks, so the pool is finite and one block of slack per slab is an eighth of
 // it (with 1 GiB slabs each slab would need more slack than it holds, and the sizing never ended).
 TEST(ZeroPlan, BlocksOverHalfAGibGetSlabsOfEightBlocks) {
-  PlanInputs in;
-  in.stage = 1;
-  in.compute_dtype = DType::kF32;
-  in.optimizer = Placement::kHost;
-  in.grad = Placement::kHost;
-  in.world_size = 1;
-  in.device_budget_bytes = 64ull << 30;
+  PlanInputs in{.stage = 1, .compute_dtype = DType::kF32, .optimizer = Placement::kHost,
+                .grad = Placement::kHost, .world_size = 1, .device_budget_bytes = 64ull << 30};
   Config config;
   std::vector<UnitLayout> units{plan_unit_layout(unit("wte", {400000000}), 1)};
   auto got = plan_memory(in, config, units);
@@ -246,13 +227,8 @@ TEST(ZeroPlan, BlocksOverHalfAGibGetSlabsOfEightBlocks) {
 // largest block of slack per slab: one unit of 80,001,024 elements (padded), stage 1, optimizer
 // on the CPU, fp32, one rank: master + m + v + gradient = 16 B per element on the host.
 TEST(ZeroPlan, PoolSlackIsOneLargestBlockPerSlab) {
-  PlanInputs in;
-  in.stage = 1;
-  in.compute_dtype = DType::kF32;
-  in.optimizer = Placement::kHost;
-  in.grad = Placement::kHost;
-  in.world_size = 1;
-  in.device_budget_bytes = 8ull << 30;
+  PlanInputs in{.stage = 1, .compute_dtype = DType::kF32, .optimizer = Placement::kHost,
+                .grad = Placement::kHost, .world_size = 1, .device_budget_bytes = 8ull << 30};
   Config config;
   std::vector<UnitLayout> units{plan_unit_layout(unit("big", {80000000}), 1)};
   ASSERT_EQ(units[0].padded, 80001024u);
@@ -279,11 +255,8 @@ TEST(ZeroPlan, PoolSlackIsOneLargestBlockPerSlab) {
 }
 
 TEST(ZeroPlan, DeviceOverBudgetNamesBytesAndSetting) {
-  PlanInputs in;
-  in.stage = 1;
-  in.compute_dtype = DType::kBF16;
-  in.world_size = 2;
-  in.device_budget_bytes = 1u << 20;
+  PlanInputs in{.stage = 1, .compute_dtype = DType::kBF16, .world_size = 2,
+                .device_budget_bytes = 1u << 20};
   Config config;
   const auto units = two_units_two_ranks();
   auto got = plan_memory(in, config, units);
@@ -299,14 +272,9 @@ TEST(ZeroPlan, DeviceOverBudgetNamesBytesAndSetting) {
 }
 
 TEST(ZeroPlan, HostOverBudgetNamesTheKey) {
-  PlanInputs in;
-  in.stage = 2;
-  in.compute_dtype = DType::kBF16;
-  in.optimizer = Placement::kHost;
-  in.grad = Placement::kHost;
-  in.world_size = 2;
-  in.device_budget_bytes = 1ull << 30;
-  in.host_budget_bytes = 4096;
+  PlanInputs in{.stage = 2, .compute_dtype = DType::kBF16, .optimizer = Placement::kHost,
+                .grad = Placement::kHost, .world_size = 2, .host_budget_bytes = 4096,
+                .device_budget_bytes = 1ull << 30};
   Config config;
   const auto units = two_units_two_ranks();
   auto got = plan_memory(in, config, units);
@@ -335,14 +303,9 @@ TEST(ZeroPlan, HostOverBudgetNamesTheKey) {
 // only a budget below the minimum with them on NVMe is refused. With two units moving them would
 // not lower the minimum (two units' gradients come back in flight), so they stay.
 TEST(ZeroPlan, GradientShardsMoveToNvmeWhenTheHostBudgetCannotHoldThem) {
-  PlanInputs in;
-  in.stage = 3;
-  in.compute_dtype = DType::kBF16;
-  in.optimizer = Placement::kNvme;
-  in.param = Placement::kHost;
-  in.grad = Placement::kHost;
-  in.world_size = 2;
-  in.device_budget_bytes = 1ull << 30;
+  PlanInputs in{.stage = 3, .compute_dtype = DType::kBF16, .optimizer = Placement::kNvme,
+                .param = Placement::kHost, .grad = Placement::kHost, .world_size = 2,
+                .device_budget_bytes = 1ull << 30};
   Config config;
   in.host_budget_bytes = 4096;
   const auto two = two_units_two_ranks();
@@ -412,10 +375,7 @@ TEST(ZeroPlan, EmptyUnitListIsRefused) {
 // DESIGN.md's table with bf16 and Adam: 16Φ, 4Φ+12Φ/N, 2Φ+14Φ/N, 16Φ/N; offload moves terms.
 TEST(ZeroPlan, FormulaPerStage) {
   const std::uint64_t phi = 1000000;
-  PlanInputs in;
-  in.compute_dtype = DType::kBF16;
-  in.optimizer_states = 2;
-  in.world_size = 4;
+  PlanInputs in{.compute_dtype = DType::kBF16, .optimizer_states = 2, .world_size = 4};
   const std::uint64_t want[4] = {16 * phi, 4 * phi + 12 * phi / 4, 2 * phi + 14 * phi / 4,
                                  16 * phi / 4};
   for (int stage = 0; stage <= 3; ++stage) {
@@ -482,16 +442,9 @@ std::vector<UnitLayout> bench_zero_units() {
 }
 
 PlanInputs bench_zero_inputs(std::uint64_t device_budget) {
-  PlanInputs in;
-  in.stage = 3;
-  in.compute_dtype = DType::kBF16;
-  in.optimizer = Placement::kNvme;
-  in.param = Placement::kNvme;
-  in.grad = Placement::kHost;
-  in.optimizer_states = 2;
-  in.world_size = 1;
-  in.device_budget_bytes = device_budget;
-  return in;
+  return PlanInputs{.stage = 3, .compute_dtype = DType::kBF16, .optimizer = Placement::kNvme,
+                    .param = Placement::kNvme, .grad = Placement::kHost, .optimizer_states = 2,
+                    .world_size = 1, .device_budget_bytes = device_budget};
 }
 
 // The device cache (the tunable term) shrinks to what the 32 MiB budget leaves after the gather
@@ -601,15 +554,9 @@ namespace {
 // its optimizer on the host. Stage 3, bf16, Adam, 2 ranks. The frozen unit costs its bf16 shard
 // at the parameter tier and nothing else: no gradient buffer, master, states or staging.
 TEST(ZeroPlan, FrozenUnitCostsItsParametersOnly) {
-  PlanInputs in;
-  in.stage = 3;
-  in.compute_dtype = DType::kBF16;
-  in.optimizer = Placement::kHost;
-  in.param = Placement::kNvme;
-  in.grad = Placement::kHost;
-  in.optimizer_states = 2;
-  in.world_size = 2;
-  in.device_budget_bytes = 1ull << 30;
+  PlanInputs in{.stage = 3, .compute_dtype = DType::kBF16, .optimizer = Placement::kHost,
+                .param = Placement::kNvme, .grad = Placement::kHost, .optimizer_states = 2,
+                .world_size = 2, .device_budget_bytes = 1ull << 30};
   Config config;
   UnitSpec frozen = unit("b", {200000});
   frozen.frozen = true;
@@ -648,14 +595,9 @@ TEST(ZeroPlan, FrozenUnitCostsItsParametersOnly) {
 
 // DESIGN.md's formula with a frozen part: its bf16 parameters only, sharded at stage 3.
 TEST(ZeroPlan, FormulaWithFrozenParameters) {
-  PlanInputs in;
-  in.stage = 3;
-  in.compute_dtype = DType::kBF16;
-  in.optimizer_states = 2;
-  in.world_size = 4;
-  in.param = Placement::kNvme;
-  in.optimizer = Placement::kHost;
-  in.grad = Placement::kHost;
+  PlanInputs in{.stage = 3, .compute_dtype = DType::kBF16, .optimizer = Placement::kHost,
+                .param = Placement::kNvme, .grad = Placement::kHost, .optimizer_states = 2,
+                .world_size = 4};
   const TierBytes b = formula_bytes(in, 1000000, 900000);
   EXPECT_EQ(b.device, 0u);
   EXPECT_EQ(b.nvme, 2u * 1000000 / 4);
