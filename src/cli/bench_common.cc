@@ -215,45 +215,6 @@ Result<CopyCeiling> measure_stack_copies(store::TieredStack& stack, gpu::Device&
   return out;
 }
 
-Status measure_file_disk(const std::string& what, const std::string& dir, std::uint64_t bytes,
-                         double* write_bytes_per_s, double* read_bytes_per_s) {
-  std::string tag = what;  // "bench zero" -> "tierzero-bench-zero-probe.<pid>"
-  std::replace(tag.begin(), tag.end(), ' ', '-');
-  const std::string path = dir + "/tierzero-" + tag + "-probe." + std::to_string(getpid());
-  int fd = open(path.c_str(), O_CREAT | O_RDWR | O_DIRECT | O_TRUNC, 0600);
-  if (fd < 0) fd = open(path.c_str(), O_CREAT | O_RDWR | O_TRUNC, 0600);
-  if (fd < 0) return Status::from_errno(errno, what + ": cannot create the disk probe", path);
-  constexpr std::size_t kChunk = 8u << 20;
-  void* buf = std::aligned_alloc(4096, kChunk);
-  if (buf == nullptr) {
-    close(fd);
-    unlink(path.c_str());
-    return Status::out_of_memory(what + ": disk probe buffer");
-  }
-  std::memset(buf, 0x5a, kChunk);
-  const std::uint64_t count = std::max<std::uint64_t>(1, bytes / kChunk);
-  Status st = Status::ok();
-  double t0 = now_s();
-  for (std::uint64_t i = 0; i < count && st.is_ok(); ++i) {
-    if (pwrite(fd, buf, kChunk, static_cast<off_t>(i * kChunk)) != static_cast<ssize_t>(kChunk)) {
-      st = Status::from_errno(errno, what + ": disk probe write", path);
-    }
-  }
-  if (st.is_ok() && fsync(fd) != 0) st = Status::from_errno(errno, what + ": fsync", path);
-  *write_bytes_per_s = static_cast<double>(count * kChunk) / (now_s() - t0);
-  t0 = now_s();
-  for (std::uint64_t i = 0; i < count && st.is_ok(); ++i) {
-    if (pread(fd, buf, kChunk, static_cast<off_t>(i * kChunk)) != static_cast<ssize_t>(kChunk)) {
-      st = Status::from_errno(errno, what + ": disk probe read", path);
-    }
-  }
-  *read_bytes_per_s = static_cast<double>(count * kChunk) / (now_s() - t0);
-  std::free(buf);
-  close(fd);
-  unlink(path.c_str());
-  return st;
-}
-
 std::vector<double> memcpy_gbps_samples(void* dst, const void* src, std::size_t bytes,
                                         int repeats) {
   std::vector<double> gbps;
@@ -283,21 +244,9 @@ Status measure_engine_ceilings(const std::string& what, bool device_is_host_memo
   }
   const std::vector<std::string> paths = zero::swap_paths(eo);
   if (paths.empty()) return Status::ok();  // the engine refuses the config, naming the key
-  const std::size_t n = paths.size();
-  std::vector<double> write(n, 0), read(n, 0);
-  std::vector<Status> status(n, Status::ok());
-  {
-    std::vector<std::thread> probes;
-    for (std::size_t i = 0; i < n; ++i) {
-      probes.emplace_back([&, i] {
-        status[i] = measure_file_disk(what, paths[i], disk_bytes, &write[i], &read[i]);
-      });
-    }
-    for (std::thread& t : probes) t.join();
-  }
-  for (Status& st : status) TZ_RETURN_IF_ERROR(std::move(st));
-  eo.nvme_write_bytes_per_s = static_cast<double>(n) * *std::min_element(write.begin(), write.end());
-  eo.nvme_read_bytes_per_s = static_cast<double>(n) * *std::min_element(read.begin(), read.end());
+  TZ_ASSIGN_OR_RETURN(const DiskCeiling disk, measure_engine_disk(paths, disk_bytes, what));
+  eo.nvme_write_bytes_per_s = disk.write_gbps * 1e9;
+  eo.nvme_read_bytes_per_s = disk.read_gbps * 1e9;
   return Status::ok();
 }
 

@@ -95,11 +95,13 @@ Result<DiskCeiling> measure_stack_disk(store::TieredStack& stack, std::uint64_t 
 // `device`. Errors: the allocations' and the copies'.
 Result<CopyCeiling> measure_stack_copies(store::TieredStack& stack, gpu::Device& device,
                                          std::uint64_t bytes);
-// The disk through plain files (no stack): a sequential write (fsync'd) then read of `bytes` in
-// 8 MiB requests in a probe file of `dir`, O_DIRECT where the filesystem allows it, buffered
-// otherwise; bytes per second. `what` names the bench in errors.
-Status measure_file_disk(const std::string& what, const std::string& dir, std::uint64_t bytes,
-                         double* write_bytes_per_s, double* read_bytes_per_s);
+// The disk's ceiling through the NVMe engine (bench nvme's rig: the engine `auto` picks, 1 MiB
+// requests, 32 in flight per file, O_DIRECT, registered pinned buffers): one probe
+// file per path, `bytes_per_path` written sequentially, then read; bytes per second over all
+// paths at once (GB/s; no mixed pass). The files are removed. `what` names the command in errors
+// and file names.
+Result<DiskCeiling> measure_engine_disk(const std::vector<std::string>& paths,
+                                        std::uint64_t bytes_per_path, const std::string& what);
 // Single-thread memcpy of `bytes` from `src` to `dst`, `repeats` times: GB/s of each.
 std::vector<double> memcpy_gbps_samples(void* dst, const void* src, std::size_t bytes,
                                         int repeats);
@@ -113,12 +115,11 @@ std::vector<double> memcpy_gbps_samples(std::size_t bytes, int repeats);
 //   On a GPU memcpy says nothing of PCIe, so the copy term is left at 0 (out of the bound).
 // - NVMe, when `eo`'s config puts the parameters or the optimizer's states on nvme: the disk
 //   under every directory the run's swap files go to (zero::swap_paths: EngineOptions::nvme_path,
-//   else the offload sections' nvme_path), measure_file_disk's sequential write then read of
-//   `disk_bytes` in each, all paths at once, its probe file removed. The store stripes blocks
-//   evenly over the paths, so their sum runs at the slowest one's rate times their count (paths
-//   on one drive measured at once share it).
+//   else the offload sections' nvme_path), measure_engine_disk's sequential write then read of
+//   `disk_bytes` in each, all paths at once through the engine at a deep queue (a ceiling: a
+//   probe of one request at a time measured a virtio disk at a third of what the run got).
 // Bandwidths not measured are left as `eo` has them. `what` names the command in errors.
-// Errors: measure_file_disk's (the path that failed).
+// Errors: measure_engine_disk's.
 Status measure_engine_ceilings(const std::string& what, bool device_is_host_memory,
                                std::uint64_t disk_bytes, zero::EngineOptions& eo);
 

@@ -297,6 +297,40 @@ int run(const BenchNvmeOptions& o) {
   return 0;
 }
 
+}  // namespace
+
+// bench_common.h: the engine's sequential write then read over one file per path, as `bench
+// nvme --rw write` then `--rw read` measure them (the same rig), files removed.
+Result<DiskCeiling> measure_engine_disk(const std::vector<std::string>& paths,
+                                        std::uint64_t bytes_per_path, const std::string& what) {
+  BenchNvmeOptions o;
+  o.paths = paths;
+  o.bs = "1M";  // 32 MiB of pinned buffers in flight, not bench nvme's 256
+  o.size = std::to_string(bytes_per_path * paths.size());
+  o.file_name = "tierzero-" + what + "-probe." + std::to_string(::getpid());
+  std::replace(o.file_name.begin(), o.file_name.end(), ' ', '-');
+  TZ_ASSIGN_OR_RETURN(const NvmeSizes z, parse(o));
+  NvmeRig rig;
+  Status st = build_queue(o, z, rig);
+  if (st.is_ok()) st = open_files(o, z, rig);
+  if (!st.is_ok()) return std::move(st).with_context(what + ": disk probe");
+  const double bytes = static_cast<double>(z.file_bytes) * static_cast<double>(z.nfiles);
+  const auto pass_gbps = [&](bool read) {
+    const auto t0 = std::chrono::steady_clock::now();
+    st = rig.queue->run(transfers_for(z, rig, read, !read, nullptr));
+    const auto t1 = std::chrono::steady_clock::now();
+    return bytes / 1e9 / std::chrono::duration<double>(t1 - t0).count();
+  };
+  DiskCeiling c;
+  c.write_gbps = pass_gbps(false);
+  if (st.is_ok()) c.read_gbps = pass_gbps(true);
+  remove_files(rig);
+  if (!st.is_ok()) return std::move(st).with_context(what + ": disk probe");
+  return c;
+}
+
+namespace {
+
 TZ_REGISTER_COMMAND([](tz::cli::CommandTree& tree) {
   CLI::App* bench = tree.group("bench", "Measure the offload path");
   CLI::App* cmd = bench->add_subcommand(

@@ -111,7 +111,8 @@ TEST(ZeroStreamUpdate, SetTensorRightAfterAStepWaitsForTheUpdate) {
   for (std::size_t i = 0; i < n; ++i) value[i] = 0.25f - static_cast<float>(i % 7) / 16.0f;
   std::vector<testing::Weights> after(2);
   for (int with_set = 0; with_set < 2; ++with_set) {
-    Status s = run_local_ranks(r.ranks, 64u << 20, [&](int rank, gpu::Device& dev, comm::Comm& comm) {
+    Status s = run_local_ranks(r.ranks, 64u << 20, [&](int rank, gpu::Device& dev,
+                                                       comm::Comm& comm) {
       TZ_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::create(opts, dev, comm));
       testing::EngineModel model(*engine, r.shape);
       TZ_RETURN_IF_ERROR(model.build());
