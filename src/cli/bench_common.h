@@ -97,8 +97,8 @@ Result<CopyCeiling> measure_stack_copies(store::TieredStack& stack, gpu::Device&
                                          std::uint64_t bytes);
 // The disk's ceiling through the NVMe engine (bench nvme's rig: the engine `auto` picks, 1 MiB
 // requests, 32 in flight per file, O_DIRECT, registered pinned buffers): one probe
-// file per path, `bytes_per_path` written sequentially, then read; bytes per second over all
-// paths at once (GB/s; no mixed pass). The files are removed. `what` names the command in errors
+// file per path, `bytes_per_path` written sequentially, then read, the best of three passes each
+// way; over all paths at once (GB/s; no mixed pass). The files are removed. `what` names the command in errors
 // and file names.
 Result<DiskCeiling> measure_engine_disk(const std::vector<std::string>& paths,
                                         std::uint64_t bytes_per_path, const std::string& what);

@@ -299,7 +299,7 @@ int run(const BenchNvmeOptions& o) {
 
 }  // namespace
 
-// bench_common.h: the engine's sequential write then read over one file per path, as `bench
+// bench_common.h: the engine's sequential writes then reads over one file per path, as `bench
 // nvme --rw write` then `--rw read` measure them (the same rig), files removed.
 Result<DiskCeiling> measure_engine_disk(const std::vector<std::string>& paths,
                                         std::uint64_t bytes_per_path, const std::string& what) {
@@ -321,9 +321,16 @@ Result<DiskCeiling> measure_engine_disk(const std::vector<std::string>& paths,
     const auto t1 = std::chrono::steady_clock::now();
     return bytes / 1e9 / std::chrono::duration<double>(t1 - t0).count();
   };
+  // The best of three passes each way: a virtio disk's speed moves from second to second (a
+  // probe right after a run's writes saw 0.2 GB/s, the next second 2.7), and a ceiling is the
+  // best the disk did.
   DiskCeiling c;
-  c.write_gbps = pass_gbps(false);
-  if (st.is_ok()) c.read_gbps = pass_gbps(true);
+  for (int pass = 0; pass < 3 && st.is_ok(); ++pass) {
+    c.write_gbps = std::max(c.write_gbps, pass_gbps(false));
+  }
+  for (int pass = 0; pass < 3 && st.is_ok(); ++pass) {
+    c.read_gbps = std::max(c.read_gbps, pass_gbps(true));
+  }
   remove_files(rig);
   if (!st.is_ok()) return std::move(st).with_context(what + ": disk probe");
   return c;
