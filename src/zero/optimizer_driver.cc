@@ -32,14 +32,16 @@ Status OptimizerDriver::init() {
 Status OptimizerDriver::update_all(const cpu::StepArgs& args) {
   TZ_ASSERT(ctx_.store != nullptr, "update before finalize");
   TZ_ASSERT(args.step >= 1, "update numbers are 1-based");
+  return for_each_update([&](Unit& u) { return update_unit(u, args); });
+}
+
+Status OptimizerDriver::for_each_update(const std::function<Status(Unit&)>& fn) {
   for (std::size_t i = 0; i < ctx_.units.size(); ++i) {
     if (ctx_.units[i].frozen()) continue;
-    // NVMe-homed optimizer state: the next trainable unit's reads start while this one
-    // updates (the previous unit's write-back is already in flight from its unpin).
     if (ctx_.opt_place == Placement::kNvme) {
       if (const Unit* next = ctx_.next_trainable(i)) prefetch_states(*next);
     }
-    TZ_RETURN_IF_ERROR(update_unit(ctx_.units[i], args));
+    TZ_RETURN_IF_ERROR(fn(ctx_.units[i]));
   }
   return Status::ok();
 }

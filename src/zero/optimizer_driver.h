@@ -5,7 +5,9 @@
 // optimizer's spec and the CPU optimizer. The overlap modes (overlap.h) decide when it runs.
 #pragma once
 
+#include <functional>
 #include <optional>
+#include <string>
 
 #include "cpu/optimizer.h"
 #include "zero/engine_context.h"
@@ -54,6 +56,12 @@ class OptimizerDriver {
 
   // The unit's master and states start loading into the host tier (NVMe-homed states).
   void prefetch_states(const Unit& u);
+
+  // Every trainable unit in registration order through `fn`, the next trainable unit's
+  // NVMe-homed states read ahead while `fn` works on this one (the previous unit's write-back is
+  // already in flight from its unpin); stops at the first error. update_all and the overlap
+  // modes' workers walk the units with it.
+  Status for_each_update(const std::function<Status(Unit&)>& fn);
 
   // The CPU optimizer's update of one unit off the rank's thread (the overlap modes' workers):
   // master and states pinned in the host tier, the fp32 gradient shard `grad` (opt_elems

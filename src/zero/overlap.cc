@@ -154,12 +154,7 @@ Status ExactOverlap::apply(const StepDecision& decision, std::int64_t step, std:
 
 Status ExactOverlap::run_update(const cpu::StepArgs& args) {
   EngineContext& ctx = deps_.ctx;
-  for (std::size_t i = 0; i < ctx.units.size(); ++i) {
-    Unit& u = ctx.units[i];
-    if (u.frozen()) continue;
-    if (ctx.opt_place == Placement::kNvme) {
-      if (const Unit* next = ctx.next_trainable(i)) deps_.driver.prefetch_states(*next);
-    }
+  return deps_.driver.for_each_update([&](Unit& u) -> Status {
     // The reduced gradient (zeroed here once read, for the next step's accumulation) and this
     // rank's parameter shard in the host tier, overwritten in place.
     TZ_ASSIGN_OR_RETURN(Lease acc, ctx.pin_for(u, "streamed update: gradient", u.grad_acc,
@@ -180,8 +175,8 @@ Status ExactOverlap::run_update(const cpu::StepArgs& args) {
       done_[u.id] = true;
     }
     progress_.notify_all();
-  }
-  return Status::ok();
+    return Status::ok();
+  });
 }
 
 Status ExactOverlap::wait_unit(const Unit& u) {

@@ -55,19 +55,13 @@ Status DelayedOverlap::apply(const StepDecision& decision, std::int64_t step, st
 }
 
 Status DelayedOverlap::run_update(const cpu::StepArgs& args) {
-  EngineContext& ctx = deps_.ctx;
-  for (std::size_t i = 0; i < ctx.units.size(); ++i) {
-    Unit& u = ctx.units[i];
-    if (u.frozen()) continue;
-    if (ctx.opt_place == Placement::kNvme) {
-      if (const Unit* next = ctx.next_trainable(i)) deps_.driver.prefetch_states(*next);
-    }
+  return deps_.driver.for_each_update([&](Unit& u) -> Status {
     TZ_ASSIGN_OR_RETURN(const double seconds,
                         deps_.driver.update_unit_on_host(u, args, grad_[u.id].data(),
                                                          params_[u.id].data(), "delayed update"));
     worker_optimizer_s_ += seconds;
-  }
-  return Status::ok();
+    return Status::ok();
+  });
 }
 
 // The rank's thread stalls on the optimizer; the job's error, if any, comes back here.
