@@ -49,6 +49,7 @@
 set -euo pipefail
 
 here="$(cd "$(dirname "$0")" && pwd)"
+export PYTHONPATH="$here${PYTHONPATH:+:$PYTHONPATH}"  # peer.py imports bench/hf_peer_common.py
 root="$(cd "$here/.." && pwd)"
 build="$root/build/peers"
 venv="$root/build/peers-venv"
@@ -155,6 +156,7 @@ import json, statistics, sys, time
 import numpy as np, torch
 from safetensors.torch import load_file as load_torch
 from transformers import GPT2Config, GPT2LMHeadModel
+from hf_peer_common import batch  # llm.c's batch order, shared with the other HF peers
 
 def load_file(path):
     # Every tensor as float32 numpy (bf16 widens exactly; numpy has no bf16).
@@ -177,15 +179,6 @@ def load_tokens(path):
     toks = np.fromfile(path, dtype="<u2", offset=256 * 4, count=int(header[2]))
     assert toks.size == header[2], f"{path}: fewer tokens than the header says"
     return toks.astype(np.int64)
-
-def batch(toks, b, B, T):
-    # llm.c's order on one rank: micro-batch b holds sequences b*B .. b*B+B-1 of the corpus cut
-    # into T-token sequences (targets shifted by one), starting over when a full batch no longer fits.
-    rounds = ((toks.size - 1) // T) // B
-    first = (b % rounds) * B
-    x = np.stack([toks[(first + r) * T:(first + r) * T + T] for r in range(B)])
-    y = np.stack([toks[(first + r) * T + 1:(first + r) * T + T + 1] for r in range(B)])
-    return torch.from_numpy(x), torch.from_numpy(y)
 
 def mean_ce(model, x, y):
     logits = model(x).logits

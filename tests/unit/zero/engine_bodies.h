@@ -382,6 +382,46 @@ inline void expect_delayed_equals_stale_reference(const Launcher& launch, int ra
   EXPECT_NE(got.hash, plain.hash) << "delayed equals a run without staleness";
 }
 
+// set_tensor of unit `unit`'s weight right after two steps, while the mode's update of step 2 may
+// still be pending: the call waits for it first, so the value set is what the weights hold (the
+// update does not overwrite it afterwards) and every other tensor equals a run without the
+// set_tensor (the update is kept).
+inline void expect_set_tensor_after_steps_sticks(const Launcher& launch, const RunSpec& r,
+                                                 UnitId unit) {
+  EngineOptions opts;
+  opts.config = make_config(config_json(r));
+  const auto n = static_cast<std::size_t>(r.shape.width) * static_cast<std::size_t>(r.shape.width);
+  std::vector<float> value(n);
+  for (std::size_t i = 0; i < n; ++i) value[i] = 0.25f - static_cast<float>(i % 7) / 16.0f;
+  std::vector<Weights> after(2);
+  for (int with_set = 0; with_set < 2; ++with_set) {
+    Status s = launch(r.ranks, 64u << 20, [&](int rank, gpu::Device& dev, comm::Comm& comm) {
+      TZ_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::create(opts, dev, comm));
+      EngineModel model(*engine, r.shape);
+      TZ_RETURN_IF_ERROR(model.build());
+      TZ_RETURN_IF_ERROR(model.init(kSeed));
+      for (int step = 0; step < 2; ++step) {
+        TZ_RETURN_IF_ERROR(model.train_step(step, r.batch, kSeed).status());
+      }
+      if (with_set == 1) TZ_RETURN_IF_ERROR(engine->set_tensor(unit, 0, value));
+      TZ_ASSIGN_OR_RETURN(Weights w, model.weights());
+      if (rank == 0) after[static_cast<std::size_t>(with_set)] = std::move(w);
+      return Status::ok();
+    });
+    ASSERT_TRUE(s.is_ok()) << s.to_string() << " for " << describe(r);
+  }
+  ASSERT_EQ(after[1].size(), after[0].size());
+  const std::size_t weight = 2 * static_cast<std::size_t>(unit);  // per unit: weight, then bias
+  ASSERT_LT(weight, after[0].size());
+  EXPECT_EQ(after[1][weight], value);
+  EXPECT_NE(after[0][weight], value);
+  for (std::size_t t = 0; t < after[0].size(); ++t) {
+    if (t != weight) {
+      EXPECT_EQ(after[1][t], after[0][t]) << t;
+    }
+  }
+}
+
 // "eager" against "exact" of the same config, bit for bit; `expect_rollbacks` is whether every
 // step that is not skipped should have rolled back (clip threshold that triggers) or none.
 inline void expect_eager_equals_exact(const Launcher& launch, RunSpec r, bool expect_rollbacks,
