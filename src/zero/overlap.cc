@@ -36,7 +36,7 @@ Result<Overlap> overlap_from_config(const Config& config, Placement optimizer, i
 
 bool streams_update(const Config& config, int stage, Placement param, Placement gradients,
                     Placement optimizer) {
-  return config.tierzero.overlap == "exact" && config.tierzero.stream_update && stage == 3 &&
+  return config.tierzero.overlap != "delayed" && config.tierzero.stream_update && stage == 3 &&
          param != Placement::kDevice && gradients != Placement::kDevice &&
          optimizer != Placement::kDevice;
 }

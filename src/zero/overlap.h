@@ -16,6 +16,7 @@
 
 #include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -45,9 +46,10 @@ struct OverlapDeps {
 // tierzero.overlap and what the mode needs.
 Result<Overlap> overlap_from_config(const Config& config, Placement optimizer, int stage);
 
-// exact: whether the update is streamed into the next forward (tierzero.stream_update, and every
-// part of the update is host work: stage 3 with the parameters, the gradient accumulators and the
-// optimizer off the device).
+// Whether the update runs on a worker thread beside the model's compute (tierzero.stream_update,
+// and every part of the update is host work: stage 3 with the parameters, the gradient
+// accumulators and the optimizer off the device): exact streams it into the next forward, eager
+// runs each early update beside the backward. delayed always has its worker.
 bool streams_update(const Config& config, int stage, Placement param, Placement gradients,
                     Placement optimizer);
 
@@ -180,7 +182,11 @@ class ExactOverlap final : public OverlapMode {
 
 // eager: a unit's update as soon as its last micro-batch's gradient is reduced, with the
 // multiplier the step has when it neither clips nor overflows (1 / (scale N k)); apply() rolls the
-// early updates back when the decision says the step clipped or overflowed.
+// early updates back when the decision says the step clipped or overflowed. Streamed (where the
+// update is host work, as exact's): on_reduced() queues the unit for a worker that snapshots and
+// updates it while the model computes the next unit's gradient; the unit's next gather waits for
+// its own update, and step() (publish) waits for them all before the global norm. Same
+// arithmetic, same bits.
 class EagerOverlap final : public OverlapMode {
  public:
   EagerOverlap(const OverlapDeps& deps, bool snapshot);
@@ -188,10 +194,21 @@ class EagerOverlap final : public OverlapMode {
   Overlap kind() const override { return Overlap::kEager; }
   Status finalize(std::uint64_t overlap_bytes) override;
   Status on_reduced(Unit& u, double loss_scale, std::int64_t next_update) override;
+  Status wait() override;
+  Status wait_unit(const Unit& u) override;
+  Status publish() override { return wait(); }
   Status apply(const StepDecision& decision, std::int64_t step, std::int64_t update) override;
   void finish_step() override;
 
  private:
+  // The worker's job: the queued units' early updates (snapshot first when one is kept), in the
+  // order they were reduced, the next queued unit's NVMe states read ahead; returns once wait()
+  // closed the queue and it is empty, or at the first error. Touches only the store, the CPU
+  // optimizer, the snapshots and the queue and marks (under mu_).
+  Status run_queue(const cpu::StepArgs& args);
+  // One unit's early update on the host (the worker's): gradient and parameter shard pinned in
+  // the host tier, the accumulator kept for step()'s norm.
+  Status update_on_host(Unit& u, const cpu::StepArgs& args);
   // The unit's master and optimizer states into its snapshot, or back from it.
   Status copy_snapshot(Unit& u, bool to_snapshot);
   // Every unit updated early gets its master and states back; on overflow its parameters are
@@ -201,9 +218,19 @@ class EagerOverlap final : public OverlapMode {
 
   const bool snapshot_;                             // keep master and states to roll back
   std::optional<cpu::StepArgs> args_;               // the step's speculative update arguments
-  std::vector<bool> updated_early_;                 // per unit, this step
+  std::vector<bool> updated_early_;                 // per unit, this step (queued, if streamed)
   std::vector<PinnedBuffer> snapshot_host_;         // per unit: master then states
   std::vector<gpu::DeviceBuffer> snapshot_device_;  // the optimizer on the device
+  // Streamed only.
+  std::mutex mu_;  // guards queue_, done_, closed_ and job_over_
+  std::condition_variable progress_;
+  std::deque<Unit*> queue_;        // reduced units whose early update has not started
+  std::vector<bool> done_;         // per unit: its early update finished this step
+  bool closed_ = false;            // wait(): the job ends once the queue is empty
+  bool job_over_ = false;          // the job returned (queue closed and empty, or an error)
+  bool running_ = false;           // the rank's thread: a job was submitted, not waited for
+  double worker_optimizer_s_ = 0;  // the worker's CPU optimizer time
+  std::unique_ptr<UpdateWorker> worker_;  // last: its job reads the members above
 };
 
 // delayed: step t's update runs on the worker during step t+1's forward and backward (parameters

@@ -1,7 +1,10 @@
 // eager overlap (overlap.h): a unit's update as its gradient arrives, a snapshot of master and
 // states to roll back when the step turns out to clip or overflow.
-#include "zero/optimizer_driver.h"
 #include "zero/overlap.h"
+
+#include <algorithm>
+
+#include "zero/optimizer_driver.h"
 
 namespace tz::zero::impl {
 
@@ -9,6 +12,9 @@ EagerOverlap::EagerOverlap(const OverlapDeps& deps, bool snapshot)
     : OverlapMode(deps), snapshot_(snapshot) {}
 
 EagerOverlap::~EagerOverlap() {
+  // A running job's status has nowhere to go; it must end before the engine's blocks do.
+  if (worker_) wait().ignore();
+  worker_.reset();
   // The snapshots are the pool's: they go first (the members' order says so too).
   snapshot_host_.clear();
   snapshot_device_.clear();
@@ -20,6 +26,11 @@ Status EagerOverlap::finalize(std::uint64_t overlap_bytes) {
   EngineContext& ctx = deps_.ctx;
   TZ_ASSERT(updated_early_.empty() && ctx.store != nullptr, "eager finalized twice or early");
   updated_early_.assign(ctx.units.size(), false);
+  if (streams_update(ctx.config, ctx.stage, ctx.param_place, ctx.grad_place, ctx.opt_place)) {
+    TZ_ASSERT(deps_.driver.cpu_optimizer() != nullptr, "an offloaded optimizer runs on the CPU");
+    done_.assign(ctx.units.size(), false);
+    worker_ = std::make_unique<UpdateWorker>();
+  }
   if (!snapshot_) return OverlapMode::finalize(overlap_bytes);
   TZ_ASSERT(overlap_bytes > 0, "eager's snapshot has no bytes in the plan");
   const std::uint64_t state_bytes_per_elem = 4ull * (1 + static_cast<std::uint64_t>(ctx.states));
@@ -55,11 +66,114 @@ Status EagerOverlap::on_reduced(Unit& u, double loss_scale, std::int64_t next_up
     args_ = deps_.driver.update_args(1.0 / divisor, next_update);
   }
   TZ_ASSERT(args_->step == next_update, "eager: one update number per step");
-  if (snapshot_) TZ_RETURN_IF_ERROR(copy_snapshot(u, /*to_snapshot=*/true));
-  TZ_RETURN_IF_ERROR(deps_.driver.update_unit(u, *args_));
   updated_early_[u.id] = true;
+  if (worker_) {
+    bool first = false;
+    {
+      std::lock_guard lock(mu_);
+      first = queue_.empty();
+      queue_.push_back(&u);
+    }
+    progress_.notify_all();
+    // The worker reads ahead the unit after the one it starts; a unit that arrives while the
+    // queue is empty is the next one it starts, so its states start loading now.
+    if (first && ctx.opt_place == Placement::kNvme) deps_.driver.prefetch_states(u);
+    if (!running_) {
+      {
+        std::lock_guard lock(mu_);
+        closed_ = false;
+        job_over_ = false;
+      }
+      running_ = true;
+      worker_->submit([this, args = *args_] {
+        Status s = run_queue(args);
+        {
+          std::lock_guard lock(mu_);
+          job_over_ = true;
+        }
+        progress_.notify_all();
+        return s;
+      });
+    }
+  } else {
+    if (snapshot_) TZ_RETURN_IF_ERROR(copy_snapshot(u, /*to_snapshot=*/true));
+    TZ_RETURN_IF_ERROR(deps_.driver.update_unit(u, *args_));
+  }
   ctx.counters.early_update_s += seconds_since(t0);
   return Status::ok();
+}
+
+Status EagerOverlap::run_queue(const cpu::StepArgs& args) {
+  for (;;) {
+    Unit* u = nullptr;
+    Unit* next = nullptr;
+    {
+      std::unique_lock lock(mu_);
+      progress_.wait(lock, [&] { return !queue_.empty() || closed_; });
+      if (queue_.empty()) return Status::ok();
+      u = queue_.front();
+      queue_.pop_front();
+      if (!queue_.empty()) next = queue_.front();
+    }
+    if (next != nullptr && deps_.ctx.opt_place == Placement::kNvme) {
+      deps_.driver.prefetch_states(*next);
+    }
+    if (snapshot_) TZ_RETURN_IF_ERROR(copy_snapshot(*u, /*to_snapshot=*/true));
+    TZ_RETURN_IF_ERROR(update_on_host(*u, args));
+    {
+      std::lock_guard lock(mu_);
+      done_[u->id] = true;
+    }
+    progress_.notify_all();
+  }
+}
+
+Status EagerOverlap::update_on_host(Unit& u, const cpu::StepArgs& args) {
+  EngineContext& ctx = deps_.ctx;
+  TZ_ASSIGN_OR_RETURN(Lease acc, ctx.pin_for(u, "eager update: gradient", u.grad_acc, Tier::kHost,
+                                             Access::kRead));
+  TZ_ASSIGN_OR_RETURN(Lease param, ctx.pin_for(u, "eager update: parameters", u.param,
+                                               Tier::kHost, Access::kWrite));
+  TZ_RETURN_IF_ERROR(ctx.with_unit(u, "eager update: gradient", acc.wait()));
+  TZ_RETURN_IF_ERROR(ctx.with_unit(u, "eager update: parameters", param.wait()));
+  TZ_ASSIGN_OR_RETURN(const double seconds, deps_.driver.update_unit_on_host(
+                                                u, args, acc.data(), param.data(), "eager update"));
+  worker_optimizer_s_ += seconds;
+  param.release();
+  acc.release();
+  return Status::ok();
+}
+
+// The rank's thread stalls on the queued early updates; the job's error, if any, comes back here.
+Status EagerOverlap::wait() {
+  if (!running_) return Status::ok();
+  {
+    std::lock_guard lock(mu_);
+    closed_ = true;
+  }
+  progress_.notify_all();
+  Status s = worker_->wait();
+  running_ = false;
+  {
+    std::lock_guard lock(mu_);
+    queue_.clear();  // what an error left unstarted
+  }
+  deps_.ctx.counters.optimizer_s += worker_optimizer_s_;
+  worker_optimizer_s_ = 0;
+  return s;
+}
+
+Status EagerOverlap::wait_unit(const Unit& u) {
+  TZ_RETURN_IF_ERROR(OverlapMode::wait_unit(u));
+  if (!running_ || u.frozen() || !updated_early_[u.id]) return Status::ok();
+  bool done = false;
+  {
+    std::unique_lock lock(mu_);
+    progress_.wait(lock, [&] { return done_[u.id] || job_over_; });
+    done = done_[u.id];
+  }
+  // The job ended without this unit: its error comes back now.
+  return done ? Status::ok() : wait();
 }
 
 Status EagerOverlap::apply(const StepDecision& decision, std::int64_t step, std::int64_t update) {
@@ -67,6 +181,7 @@ Status EagerOverlap::apply(const StepDecision& decision, std::int64_t step, std:
             "eager updates early or now, never in the background");
   TZ_ASSERT(!decision.roll_back || decision.update != StepUpdate::kEarlyKept,
             "eager keeps no early update it rolled back");
+  TZ_RETURN_IF_ERROR(wait());  // step() published (waited) already; nothing runs past here
   if (decision.roll_back) TZ_RETURN_IF_ERROR(roll_back(decision.skip, step));
   if (decision.update != StepUpdate::kEarlyKept) return update_now(decision, update);
   // The early updates were this step's: every trainable unit had one, with this update number.
@@ -78,7 +193,9 @@ Status EagerOverlap::apply(const StepDecision& decision, std::int64_t step, std:
 }
 
 void EagerOverlap::finish_step() {
+  TZ_ASSERT(!running_, "eager: a step finished with early updates still running");
   std::fill(updated_early_.begin(), updated_early_.end(), false);
+  std::fill(done_.begin(), done_.end(), false);
   args_.reset();
 }
 

@@ -3,7 +3,8 @@
 // unit's state is either the last completed step's or the failed step's own update (nothing
 // half-written), compared bit for bit with a fault-free run. With the update streamed into the
 // next forward (stage 3, tierzero.stream_update) the error surfaces after step() returned, from
-// the next call that waits for the update, with the same guarantee.
+// the next call that waits for the update, with the same guarantee; so does an eager early update
+// run on the worker beside the backward (from the step that waits for it).
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -26,12 +27,15 @@ using testing::ModelShape;
 constexpr std::uint64_t kSeed = 77;
 constexpr int kLayers = 8;
 
-// Stage 2 updates inside step(); streamed: stage 3 with host-homed parameters, the update
-// streamed into the next forward.
-Config fault_config(bool streamed) {
+// Stage 2 updates inside step(); streamed: stage 3 with host-homed parameters, the update on the
+// worker (exact: streamed into the next forward; eager: beside the backward).
+// eager runs without clipping: its early updates are then the step's own (no snapshot kept).
+Config fault_config(bool streamed, const std::string& overlap) {
   const std::string path = ::testing::TempDir();
   return make_config(
-      R"({"train_micro_batch_size_per_gpu": 4, "gradient_clipping": 1.0,
+      R"({"train_micro_batch_size_per_gpu": 4, "gradient_clipping": )" +
+      std::string(overlap == "eager" ? "0" : "1.0") + R"(,
+          "tierzero": {"overlap": ")" + overlap + R"("},
           "optimizer": {"type": "AdamW", "params": {"lr": 0.01}},
           "zero_optimization": {"stage": )" + std::string(streamed ? "3" : "2") +
       R"(, "offload_optimizer": {"device": "nvme", "nvme_path": ")" + path + R"("})" +
@@ -50,11 +54,11 @@ struct Outcome {
 };
 
 // fail_request = 0: fault-free, records the reference states; otherwise that request fails.
-Outcome run(std::uint64_t fail_request, bool streamed = false) {
+Outcome run(std::uint64_t fail_request, bool streamed, const std::string& overlap) {
   Outcome out;
   std::atomic<nvme::FaultEngine*> faults{nullptr};
   EngineOptions opts;
-  opts.config = fault_config(streamed);
+  opts.config = fault_config(streamed, overlap);
   // The whole host tier: four units' state of eight and the gradient shards in the store (and
   // streamed, the host-homed parameter shards), plus the engine's staging at this shape (278,528
   // bytes; the plan's error names it if it changes).
@@ -117,9 +121,10 @@ Outcome run(std::uint64_t fail_request, bool streamed = false) {
 // requests at one place in the step may all pass unnoticed; requests spread over the whole step
 // cannot (step 3 writes every unit's new state). Returns how many runs reported the error after
 // step 3 returned (the streamed update's).
-int expect_failed_update_names_unit_and_keeps_state(bool streamed) {
+int expect_failed_update_names_unit_and_keeps_state(bool streamed,
+                                                   const std::string& overlap = "exact") {
   std::printf("seed %llu\n", static_cast<unsigned long long>(kSeed));
-  const Outcome ref = run(0, streamed);
+  const Outcome ref = run(0, streamed, overlap);
   EXPECT_TRUE(ref.step3_status.is_ok() && ref.update_status.is_ok())
       << ref.step3_status.to_string() << " " << ref.update_status.to_string();
   EXPECT_GT(ref.requests_after_two_steps, 0u);
@@ -129,7 +134,7 @@ int expect_failed_update_names_unit_and_keeps_state(bool streamed) {
   int after_step = 0;
   for (std::uint64_t k = 0; k < kTries; ++k) {
     const std::uint64_t extra = 1 + (ref.step3_requests - 1) * k / (kTries - 1);
-    const Outcome got = run(ref.requests_after_two_steps + extra, streamed);
+    const Outcome got = run(ref.requests_after_two_steps + extra, streamed, overlap);
     const Status& failed = got.step3_status.is_ok() ? got.update_status : got.step3_status;
     std::printf("request +%llu: step %s, after it %s\n", static_cast<unsigned long long>(extra),
                 got.step3_status.to_string().c_str(), got.update_status.to_string().c_str());
@@ -176,6 +181,13 @@ TEST(ZeroFault, EioOnOptimizerStateNamesUnitAndShardAndKeepsState) {
 TEST(ZeroFault, EioInAStreamedUpdateSurfacesAtTheNextWaitAndKeepsState) {
   EXPECT_GT(expect_failed_update_names_unit_and_keeps_state(true), 0)
       << "no error of the streamed update came after step() returned";
+}
+
+// eager's early updates on the worker (no clipping, so they are the step's updates): the step
+// that waits for them (its gathers, step()) fails, and no unit holds a half-written state.
+TEST(ZeroFault, EioInAnEagerUpdateOnTheWorkerFailsItsStepAndKeepsState) {
+  EXPECT_EQ(expect_failed_update_names_unit_and_keeps_state(true, "eager"), 0)
+      << "an eager early update reported its error after its step returned";
 }
 
 }  // namespace

@@ -77,7 +77,7 @@ TEST(OverlapModeConfig, EagerKeepsASnapshotOnlyWhenAStepCanUndoIt) {
 
 // Streamed only where the whole update is host work, in exact mode, unless the key turns it off
 // (rows from docs/zero.md's rule: stage 3, parameters, gradients and optimizer off the device).
-TEST(OverlapModeConfig, ExactStreamsTheUpdateOnlyWhereItIsHostWork) {
+TEST(OverlapModeConfig, StreamsTheUpdateOnlyWhereItIsHostWork) {
   using P = Placement;
   struct Row {
     std::string mode;
@@ -95,7 +95,12 @@ TEST(OverlapModeConfig, ExactStreamsTheUpdateOnlyWhereItIsHostWork) {
       {"exact", true, 3, P::kDevice, P::kHost, P::kNvme, false},
       {"exact", true, 3, P::kNvme, P::kDevice, P::kDevice, false},
       {"exact", true, 3, P::kNvme, P::kHost, P::kDevice, false},
-      {"eager", true, 3, P::kNvme, P::kHost, P::kNvme, false},
+      {"eager", true, 3, P::kNvme, P::kHost, P::kNvme, true},
+      {"eager", true, 3, P::kHost, P::kHost, P::kHost, true},
+      {"eager", false, 3, P::kNvme, P::kHost, P::kNvme, false},
+      {"eager", true, 2, P::kDevice, P::kHost, P::kNvme, false},
+      {"eager", true, 3, P::kDevice, P::kHost, P::kNvme, false},
+      {"eager", true, 3, P::kNvme, P::kHost, P::kDevice, false},
       {"delayed", true, 3, P::kNvme, P::kHost, P::kNvme, false},
   };
   for (const Row& r : rows) {

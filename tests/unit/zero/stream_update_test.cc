@@ -1,8 +1,10 @@
-// Exact mode's streamed update (tierzero.stream_update; docs/zero.md, "Overlap modes"): the
+// The update on a worker (tierzero.stream_update; docs/zero.md, "Overlap modes"). exact: the
 // update handed to a worker at step() and waited for unit by unit at the next gather gives the
 // same bits as the update inside step(), on HostDevice ranks (LocalComm threads), over the
 // placements where it applies, gradient accumulation, persistent and released units, and fp16
 // steps an overflow skips; set_tensor and get_tensor right after step() see the finished update.
+// eager: each early update queued for the worker in reduce() gives the same bits as eager's
+// update inside reduce(), and as exact, with and without a snapshot, rolled back or kept.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -34,6 +36,8 @@ void expect_streamed_equals_in_step(RunSpec r, const RunHooks& hooks = {}) {
     EXPECT_EQ(s.grad_norm, in_step.reports[i].grad_norm) << testing::describe(r) << " step " << i;
     EXPECT_EQ(s.skipped, in_step.reports[i].skipped) << testing::describe(r) << " step " << i;
     EXPECT_EQ(s.loss_scale, in_step.reports[i].loss_scale) << testing::describe(r) << " step " << i;
+    EXPECT_EQ(s.rolled_back, in_step.reports[i].rolled_back) << testing::describe(r) << " step "
+                                                             << i;
   }
 }
 
@@ -107,6 +111,51 @@ TEST(ZeroStreamUpdate, SetTensorRightAfterAStepWaitsForTheUpdate) {
   // The last unit: the one the streamed update reaches last.
   testing::expect_set_tensor_after_steps_sticks(launch_local, r,
                                                 static_cast<UnitId>(r.shape.layers - 1));
+}
+
+// eager without clipping or loss scaling (no snapshot): the early updates on the worker beside
+// the backward are the step's; the same bits as eager inside reduce() and as exact.
+TEST(ZeroStreamUpdate, EagerOnTheWorkerEqualsEagerInReduceAndExact) {
+  for (const std::string param : {"cpu", "nvme"}) {
+    for (const std::string opt : {"cpu", "nvme"}) {
+      RunSpec r = stage3("bf16", param, opt);
+      r.overlap = "eager";
+      r.clip = 0;
+      r.persistence = 0;
+      SCOPED_TRACE(testing::describe(r));
+      expect_streamed_equals_in_step(r);
+      testing::expect_eager_equals_exact(launch_local, r, /*expect_rollbacks=*/false);
+    }
+  }
+}
+
+// A clip threshold below every norm: the worker snapshots each unit before its early update, and
+// every step rolls back and is redone exactly; fp32 with accumulation too.
+TEST(ZeroStreamUpdate, EagerOnTheWorkerRollsBackWhenClippingTriggers) {
+  RunSpec r = stage3("bf16", "nvme", "nvme");
+  r.overlap = "eager";
+  r.clip = 1e-3;
+  r.persistence = 0;
+  expect_streamed_equals_in_step(r);
+  testing::expect_eager_equals_exact(launch_local, r, /*expect_rollbacks=*/true);
+  r.dtype = "fp32";
+  r.accumulation = 2;
+  r.clip = 1e6;  // kept, never triggered
+  expect_streamed_equals_in_step(r);
+  testing::expect_eager_equals_exact(launch_local, r, /*expect_rollbacks=*/false);
+}
+
+// fp16 with an Inf on rank 0 at step 2: the worker's early updates of that step are rolled back
+// and the step skipped on every rank.
+TEST(ZeroStreamUpdate, EagerOnTheWorkerRollsBackAnInjectedInfUnderFp16) {
+  RunSpec r = stage3("fp16", "cpu", "nvme");
+  r.overlap = "eager";
+  r.clip = 1e6;
+  r.persistence = 0;
+  RunHooks hooks;
+  hooks.poison_steps = {2};
+  expect_streamed_equals_in_step(r, hooks);
+  testing::expect_eager_equals_exact(launch_local, r, /*expect_rollbacks=*/false, {2});
 }
 
 }  // namespace
