@@ -466,8 +466,17 @@ Status HostDevice::optimizer_step(const OptimizerStepArgs& args, Stream& stream)
     dispatch_dtype(args.param_copy != nullptr ? args.copy_dtype : DType::kF32, [&](auto copy_tag) {
       using G = decltype(grad_tag);
       using C = decltype(copy_tag);
+      // Element-wise, so chunks on the OpenMP team of the stream's thread (as many threads as
+      // its matmuls use) give the same bits as one loop.
       host_stream(stream).enqueue("optimizer_step", [args] {
-        for (std::size_t i = 0; i < args.n; ++i) optimizer_element<G, C>(args, i);
+        constexpr std::size_t kChunk = std::size_t{1} << 16;
+        const auto chunks = static_cast<std::int64_t>((args.n + kChunk - 1) / kChunk);
+#pragma omp parallel for schedule(static) if (chunks > 1)
+        for (std::int64_t c = 0; c < chunks; ++c) {
+          const std::size_t begin = static_cast<std::size_t>(c) * kChunk;
+          const std::size_t end = std::min(args.n, begin + kChunk);
+          for (std::size_t i = begin; i < end; ++i) optimizer_element<G, C>(args, i);
+        }
       });
     });
   });

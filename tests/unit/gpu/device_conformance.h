@@ -411,8 +411,7 @@ inline void check_callback_order(Device& device) {
 // The optimizer step gives the same bits as the shared functors of cpu/optimizer_math.h applied
 // on the host (the CPU optimizer's math), for every optimizer, gradient dtype and copy dtype,
 // over three steps.
-inline void check_optimizer_step_matches_shared_functors(Device& device) {
-  const std::size_t n = 2053;
+inline void check_optimizer_step_matches_shared_functors(Device& device, std::size_t n = 2053) {
   std::mt19937 rng(test_seed() + 3);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   for (auto kind : {optim::OptimizerKind::kAdam, optim::OptimizerKind::kSgd,

@@ -18,6 +18,12 @@ TEST(HostDeviceOptimizer, MatchesSharedFunctorsBitForBit) {
   testing::check_optimizer_step_matches_shared_functors(*make_device());
 }
 
+// Shards of several 64Ki-element chunks, the last one ragged: HostDevice splits them over the
+// stream thread's OpenMP team, and the bits stay the functors'.
+TEST(HostDeviceOptimizer, ChunkedOverThreadsMatchesSharedFunctorsBitForBit) {
+  testing::check_optimizer_step_matches_shared_functors(*make_device(), 3 * 65536 + 7);
+}
+
 // AdamW for 10 steps against float64 math written from the paper (Loshchilov & Hutter).
 TEST(HostDeviceOptimizer, AdamWTracksFloat64Reference) {
   auto device = make_device();
