@@ -195,6 +195,7 @@ Status EagerOverlap::apply(const StepDecision& decision, std::int64_t step, std:
 void EagerOverlap::finish_step() {
   TZ_ASSERT(!running_, "eager: a step finished with early updates still running");
   std::fill(updated_early_.begin(), updated_early_.end(), false);
+  std::lock_guard lock(mu_);
   std::fill(done_.begin(), done_.end(), false);
   args_.reset();
 }
