@@ -259,13 +259,16 @@ Status EngineImpl::get_tensor(UnitId id, std::size_t tensor, std::span<float> ou
   if (u.frozen()) return get_frozen_tensor(u, tensor, out);
   const std::size_t off = u.layout.offsets[tensor];
   const std::size_t n = u.spec.tensors[tensor].numel();
-  if (ctx_.stage == 0) return read_block(block, off * 4, out.data(), n * 4);
+  if (ctx_.stage == 0) {
+    return ctx_.with_unit(u, "get_tensor", read_block(block, off * 4, out.data(), n * 4));
+  }
   // All-gather the fp32 shards into a device buffer, then copy the tensor out.
   const std::size_t s = u.layout.shard;
   TZ_ASSIGN_OR_RETURN(gpu::DeviceBuffer full, ctx_.buffers.allocate(u.layout.padded * 4));
   auto* base = full.as<std::byte>();
-  TZ_RETURN_IF_ERROR(
-      read_block_to_device(block, 0, base + static_cast<std::size_t>(ctx_.rank) * s * 4, s * 4));
+  TZ_RETURN_IF_ERROR(ctx_.with_unit(
+      u, "get_tensor",
+      read_block_to_device(block, 0, base + static_cast<std::size_t>(ctx_.rank) * s * 4, s * 4)));
   gpu::Stream& st = ctx_.stream();
   TZ_RETURN_IF_ERROR(ctx_.comm.all_gather(base + static_cast<std::size_t>(ctx_.rank) * s * 4, base,
                                           s, DType::kF32, st));

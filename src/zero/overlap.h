@@ -184,9 +184,12 @@ class ExactOverlap final : public OverlapMode {
 // multiplier the step has when it neither clips nor overflows (1 / (scale N k)); apply() rolls the
 // early updates back when the decision says the step clipped or overflowed. Streamed (where the
 // update is host work, as exact's): on_reduced() queues the unit for a worker that snapshots and
-// updates it while the model computes the next unit's gradient; the unit's next gather waits for
-// its own update, and step() (publish) waits for them all before the global norm. Same
-// arithmetic, same bits.
+// updates it while the model computes the next unit's gradient, reading the accumulator only, so
+// step()'s global norm reads the accumulators while the worker runs. A step that keeps its early
+// updates leaves the rest of the queue running into the next forward (each accumulator zeroed
+// once its update is done: by the worker after the decision, by apply() before it); a rollback
+// or a redone update waits for the queue first. A unit's next gather or gradient waits for its
+// own update. Same arithmetic, same bits.
 class EagerOverlap final : public OverlapMode {
  public:
   EagerOverlap(const OverlapDeps& deps, bool snapshot);
@@ -196,19 +199,23 @@ class EagerOverlap final : public OverlapMode {
   Status on_reduced(Unit& u, double loss_scale, std::int64_t next_update) override;
   Status wait() override;
   Status wait_unit(const Unit& u) override;
-  Status publish() override { return wait(); }
+  bool update_pending() const override { return running_; }
   Status apply(const StepDecision& decision, std::int64_t step, std::int64_t update) override;
   void finish_step() override;
 
  private:
   // The worker's job: the queued units' early updates (snapshot first when one is kept), in the
-  // order they were reduced, the next queued unit's NVMe states read ahead; returns once wait()
-  // closed the queue and it is empty, or at the first error. Touches only the store, the CPU
-  // optimizer, the snapshots and the queue and marks (under mu_).
+  // order they were reduced, the next queued unit's NVMe states read ahead, each accumulator
+  // zeroed after its update once the step kept them (zero_after_update_); returns once the queue
+  // is closed and empty, or at the first error. Touches only the store, the CPU optimizer, the
+  // snapshots and the queue and marks (under mu_).
   Status run_queue(const cpu::StepArgs& args);
   // One unit's early update on the host (the worker's): gradient and parameter shard pinned in
   // the host tier, the accumulator kept for step()'s norm.
   Status update_on_host(Unit& u, const cpu::StepArgs& args);
+  // Zeroes the unit's gradient accumulator in the host tier (the streamed update's own zeroing,
+  // step() zeroes the others).
+  Status zero_accumulator(Unit& u);
   // The unit's master and optimizer states into its snapshot, or back from it.
   Status copy_snapshot(Unit& u, bool to_snapshot);
   // Every unit updated early gets its master and states back; on overflow its parameters are
@@ -222,14 +229,17 @@ class EagerOverlap final : public OverlapMode {
   std::vector<PinnedBuffer> snapshot_host_;         // per unit: master then states
   std::vector<gpu::DeviceBuffer> snapshot_device_;  // the optimizer on the device
   // Streamed only.
-  std::mutex mu_;  // guards queue_, done_, closed_ and job_over_
+  std::mutex mu_;  // guards queue_, queued_, done_, closed_, zero_after_update_ and job_over_
   std::condition_variable progress_;
-  std::deque<Unit*> queue_;        // reduced units whose early update has not started
-  std::vector<bool> done_;         // per unit: its early update finished this step
-  bool closed_ = false;            // wait(): the job ends once the queue is empty
-  bool job_over_ = false;          // the job returned (queue closed and empty, or an error)
-  bool running_ = false;           // the rank's thread: a job was submitted, not waited for
-  double worker_optimizer_s_ = 0;  // the worker's CPU optimizer time
+  std::deque<Unit*> queue_;          // reduced units whose early update has not started
+  std::vector<bool> queued_;         // per unit: handed to the running job
+  std::vector<bool> done_;           // per unit: the running job finished its early update
+  bool closed_ = false;              // no more units come: the job ends once the queue is empty
+  bool zero_after_update_ = false;   // the step kept its early updates: the job zeroes
+  bool job_over_ = false;            // the job returned (queue closed and empty, or an error)
+  bool running_ = false;             // the rank's thread: a job was submitted, not waited for
+  bool closed_by_step_ = false;      // the rank's thread: apply() left the job running
+  double worker_optimizer_s_ = 0;    // the worker's CPU optimizer time
   std::unique_ptr<UpdateWorker> worker_;  // last: its job reads the members above
 };
 

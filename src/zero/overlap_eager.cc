@@ -3,6 +3,7 @@
 #include "zero/overlap.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include "zero/optimizer_driver.h"
 
@@ -28,6 +29,7 @@ Status EagerOverlap::finalize(std::uint64_t overlap_bytes) {
   updated_early_.assign(ctx.units.size(), false);
   if (streams_update(ctx.config, ctx.stage, ctx.param_place, ctx.grad_place, ctx.opt_place)) {
     TZ_ASSERT(deps_.driver.cpu_optimizer() != nullptr, "an offloaded optimizer runs on the CPU");
+    queued_.assign(ctx.units.size(), false);
     done_.assign(ctx.units.size(), false);
     worker_ = std::make_unique<UpdateWorker>();
   }
@@ -68,22 +70,28 @@ Status EagerOverlap::on_reduced(Unit& u, double loss_scale, std::int64_t next_up
   TZ_ASSERT(args_->step == next_update, "eager: one update number per step");
   updated_early_[u.id] = true;
   if (worker_) {
+    // The previous step's job ran into this step's forward, whose gathers waited for each of
+    // its units: it has only to return.
+    if (running_ && closed_by_step_) TZ_RETURN_IF_ERROR(wait());
     bool first = false;
     {
       std::lock_guard lock(mu_);
+      if (!running_) {
+        std::fill(queued_.begin(), queued_.end(), false);
+        std::fill(done_.begin(), done_.end(), false);
+        closed_ = false;
+        zero_after_update_ = false;
+        job_over_ = false;
+      }
       first = queue_.empty();
       queue_.push_back(&u);
+      queued_[u.id] = true;
     }
     progress_.notify_all();
     // The worker reads ahead the unit after the one it starts; a unit that arrives while the
     // queue is empty is the next one it starts, so its states start loading now.
     if (first && ctx.opt_place == Placement::kNvme) deps_.driver.prefetch_states(u);
     if (!running_) {
-      {
-        std::lock_guard lock(mu_);
-        closed_ = false;
-        job_over_ = false;
-      }
       running_ = true;
       worker_->submit([this, args = *args_] {
         Status s = run_queue(args);
@@ -120,12 +128,32 @@ Status EagerOverlap::run_queue(const cpu::StepArgs& args) {
     }
     if (snapshot_) TZ_RETURN_IF_ERROR(copy_snapshot(*u, /*to_snapshot=*/true));
     TZ_RETURN_IF_ERROR(update_on_host(*u, args));
+    // Before the step's decision the unit is done as it is (apply() zeroes the accumulators of
+    // the units done by then); after it, the job zeroes the accumulator first. One lock hold
+    // decides, so every accumulator is zeroed once.
+    bool zero = false;
     {
+      std::lock_guard lock(mu_);
+      zero = zero_after_update_;
+      if (!zero) done_[u->id] = true;
+    }
+    if (zero) {
+      TZ_RETURN_IF_ERROR(zero_accumulator(*u));
       std::lock_guard lock(mu_);
       done_[u->id] = true;
     }
     progress_.notify_all();
   }
+}
+
+Status EagerOverlap::zero_accumulator(Unit& u) {
+  EngineContext& ctx = deps_.ctx;
+  TZ_ASSIGN_OR_RETURN(Lease acc, ctx.pin_for(u, "eager update: zeroing the gradient", u.grad_acc,
+                                             Tier::kHost, Access::kWrite));
+  TZ_RETURN_IF_ERROR(ctx.with_unit(u, "eager update: zeroing the gradient", acc.wait()));
+  std::memset(acc.data(), 0, u.layout.shard * 4);
+  acc.release();
+  return Status::ok();
 }
 
 Status EagerOverlap::update_on_host(Unit& u, const cpu::StepArgs& args) {
@@ -154,6 +182,7 @@ Status EagerOverlap::wait() {
   progress_.notify_all();
   Status s = worker_->wait();
   running_ = false;
+  closed_by_step_ = false;
   {
     std::lock_guard lock(mu_);
     queue_.clear();  // what an error left unstarted
@@ -165,10 +194,11 @@ Status EagerOverlap::wait() {
 
 Status EagerOverlap::wait_unit(const Unit& u) {
   TZ_RETURN_IF_ERROR(OverlapMode::wait_unit(u));
-  if (!running_ || u.frozen() || !updated_early_[u.id]) return Status::ok();
+  if (!running_ || u.frozen()) return Status::ok();
   bool done = false;
   {
     std::unique_lock lock(mu_);
+    if (!queued_[u.id]) return Status::ok();
     progress_.wait(lock, [&] { return done_[u.id] || job_over_; });
     done = done_[u.id];
   }
@@ -181,7 +211,27 @@ Status EagerOverlap::apply(const StepDecision& decision, std::int64_t step, std:
             "eager updates early or now, never in the background");
   TZ_ASSERT(!decision.roll_back || decision.update != StepUpdate::kEarlyKept,
             "eager keeps no early update it rolled back");
-  TZ_RETURN_IF_ERROR(wait());  // step() published (waited) already; nothing runs past here
+  if (running_ && decision.update == StepUpdate::kEarlyKept) {
+    // Kept: the rest of the queue runs into the next forward. The accumulators of the units
+    // done by now are zeroed here, the job zeroes the others after their updates.
+    std::vector<Unit*> zero_now;
+    {
+      std::lock_guard lock(mu_);
+      closed_ = true;
+      zero_after_update_ = true;
+      for (Unit& u : deps_.ctx.units) {
+        TZ_ASSERT(u.frozen() != queued_[u.id], "eager: a trainable unit missed its update");
+        if (done_[u.id]) zero_now.push_back(&u);
+      }
+    }
+    progress_.notify_all();
+    closed_by_step_ = true;
+    TZ_ASSERT(args_ && args_->step == update, "eager: the kept updates are this step's");
+    for (Unit* u : zero_now) TZ_RETURN_IF_ERROR(zero_accumulator(*u));
+    return Status::ok();
+  }
+  // A rollback, or an update redone now, needs every early update finished first.
+  TZ_RETURN_IF_ERROR(wait());
   if (decision.roll_back) TZ_RETURN_IF_ERROR(roll_back(decision.skip, step));
   if (decision.update != StepUpdate::kEarlyKept) return update_now(decision, update);
   // The early updates were this step's: every trainable unit had one, with this update number.
@@ -193,10 +243,8 @@ Status EagerOverlap::apply(const StepDecision& decision, std::int64_t step, std:
 }
 
 void EagerOverlap::finish_step() {
-  TZ_ASSERT(!running_, "eager: a step finished with early updates still running");
+  // A job still running (kept updates streamed into the next forward) keeps its own marks.
   std::fill(updated_early_.begin(), updated_early_.end(), false);
-  std::lock_guard lock(mu_);
-  std::fill(done_.begin(), done_.end(), false);
   args_.reset();
 }
 

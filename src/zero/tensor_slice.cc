@@ -32,8 +32,9 @@ Status EngineImpl::set_tensor_slice(UnitId id, std::size_t tensor, std::size_t f
                                     std::to_string(first_elem) + ", " + std::to_string(last) +
                                     ") past its " + std::to_string(n));
   }
-  // delayed: the pending update finishes and is published first, so the value set here is not
-  // overwritten by parameters computed before it.
+  // An update still running finishes first (delayed: and is published), so the value set here
+  // is not overwritten by parameters computed before it.
+  TZ_RETURN_IF_ERROR(overlap_->wait());
   TZ_RETURN_IF_ERROR(overlap_->publish());
   const std::size_t off = u.layout.offsets[tensor];
   const auto shard = u.layout.shard_part(u.spec.tensors, tensor, ctx_.rank);

@@ -4,7 +4,7 @@
 // half-written), compared bit for bit with a fault-free run. With the update streamed into the
 // next forward (stage 3, tierzero.stream_update) the error surfaces after step() returned, from
 // the next call that waits for the update, with the same guarantee; so does an eager early update
-// run on the worker beside the backward (from the step that waits for it).
+// run on the worker beside the backward and into the next forward.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -50,6 +50,7 @@ struct Outcome {
   std::vector<std::vector<float>> after2, after3;  // masters, unit by unit (weights only)
   Status step3_status;
   Status update_status;  // streamed: what the first call after step 3 that waits for it returned
+  Status before_status;  // the first error before step 3 (the failing request came earlier)
   std::vector<Result<std::vector<float>>> after_fault;
 };
 
@@ -91,11 +92,14 @@ Outcome run(std::uint64_t fail_request, bool streamed, const std::string& overla
       return m;
     };
     std::vector<float> probe(static_cast<std::size_t>(shape.width * shape.width));
-    for (int step = 0; step < 2; ++step) {
-      TZ_RETURN_IF_ERROR(model.train_step(step, 4, kSeed).status());
+    // The request counts move by a request or two from run to run, so a request meant for
+    // step 3 can fail before it (in step 2's streamed update): recorded, not a test failure.
+    for (int step = 0; step < 2 && out.before_status.is_ok(); ++step) {
+      out.before_status = model.train_step(step, 4, kSeed).status();
     }
     // A streamed update of step 2 finishes before the count (get_tensor waits for it).
-    TZ_RETURN_IF_ERROR(engine->get_tensor(0, 0, probe));
+    if (out.before_status.is_ok()) out.before_status = engine->get_tensor(0, 0, probe);
+    if (!out.before_status.is_ok()) return Status::ok();
     out.requests_after_two_steps = faults.load()->counts().requests;
     if (fail_request == 0) {
       for (auto& m : masters()) out.after2.push_back(*m);
@@ -125,16 +129,23 @@ int expect_failed_update_names_unit_and_keeps_state(bool streamed,
                                                    const std::string& overlap = "exact") {
   std::printf("seed %llu\n", static_cast<unsigned long long>(kSeed));
   const Outcome ref = run(0, streamed, overlap);
-  EXPECT_TRUE(ref.step3_status.is_ok() && ref.update_status.is_ok())
+  EXPECT_TRUE(ref.before_status.is_ok() && ref.step3_status.is_ok() && ref.update_status.is_ok())
       << ref.step3_status.to_string() << " " << ref.update_status.to_string();
   EXPECT_GT(ref.requests_after_two_steps, 0u);
   EXPECT_GT(ref.step3_requests, 0u);
-  constexpr std::uint64_t kTries = 8;
+  constexpr std::uint64_t kTries = 12;
   int failures_seen = 0;
   int after_step = 0;
+  int before_step3 = 0;
   for (std::uint64_t k = 0; k < kTries; ++k) {
     const std::uint64_t extra = 1 + (ref.step3_requests - 1) * k / (kTries - 1);
     const Outcome got = run(ref.requests_after_two_steps + extra, streamed, overlap);
+    if (!got.before_status.is_ok()) {
+      std::printf("request +%llu: failed before step 3: %s\n",
+                  static_cast<unsigned long long>(extra), got.before_status.to_string().c_str());
+      ++before_step3;
+      continue;
+    }
     const Status& failed = got.step3_status.is_ok() ? got.update_status : got.step3_status;
     std::printf("request +%llu: step %s, after it %s\n", static_cast<unsigned long long>(extra),
                 got.step3_status.to_string().c_str(), got.update_status.to_string().c_str());
@@ -145,8 +156,11 @@ int expect_failed_update_names_unit_and_keeps_state(bool streamed,
     SCOPED_TRACE("request +" + std::to_string(extra) + ": " + msg);
     EXPECT_NE(msg.find("unit 'layer"), std::string::npos);
     EXPECT_NE(msg.find("shard 0 of 1"), std::string::npos);
-    if (got.step3_status.is_ok()) {
-      EXPECT_NE(msg.find("streamed update"), std::string::npos);
+    // After step 3 the error is the update's, or (the request counts move) the probe's own read
+    // of unit 0 once the update is done.
+    if (got.step3_status.is_ok() && msg.find("get_tensor") == std::string::npos) {
+      EXPECT_NE(msg.find(overlap == "eager" ? "eager update" : "streamed update"),
+                std::string::npos);
     }
     int unchanged = 0;
     int unreadable = 0;
@@ -170,6 +184,9 @@ int expect_failed_update_names_unit_and_keeps_state(bool streamed,
     EXPECT_GT(unchanged + unreadable, 0) << "the failed step updated every unit, silently";
   }
   EXPECT_GT(failures_seen, 0) << "no injected EIO reached step 3's update";
+  // The counts move by a few requests (more with eager's queue, whose read ahead depends on
+  // when each unit is reduced): the first tries may land in step 2's update.
+  EXPECT_LE(before_step3, static_cast<int>(kTries / 4)) << "the request counts moved too far";
   return after_step;
 }
 
@@ -184,10 +201,11 @@ TEST(ZeroFault, EioInAStreamedUpdateSurfacesAtTheNextWaitAndKeepsState) {
 }
 
 // eager's early updates on the worker (no clipping, so they are the step's updates): the step
-// that waits for them (its gathers, step()) fails, and no unit holds a half-written state.
-TEST(ZeroFault, EioInAnEagerUpdateOnTheWorkerFailsItsStepAndKeepsState) {
-  EXPECT_EQ(expect_failed_update_names_unit_and_keeps_state(true, "eager"), 0)
-      << "an eager early update reported its error after its step returned";
+// keeps them and the rest of the queue runs into the next forward, so the error comes from the
+// next call that waits for it, naming "eager update"; no unit holds a half-written state.
+TEST(ZeroFault, EioInAnEagerUpdateOnTheWorkerSurfacesAtTheNextWaitAndKeepsState) {
+  EXPECT_GT(expect_failed_update_names_unit_and_keeps_state(true, "eager"), 0)
+      << "no error of the eager updates came after step() returned";
 }
 
 }  // namespace
