@@ -33,18 +33,13 @@ while [[ $# -gt 0 ]]; do
     *) echo "adam_vs_peers: unknown argument $1" >&2; exit 2 ;;
   esac
 done
-if [[ "${CI:-}" == "true" ]]; then
-  echo "adam_vs_peers: peers are never run in CI" >&2
-  exit 0
-fi
+# shellcheck source=bench/common.sh
+source "$here/common.sh"
+bench_peer_start adam_vs_peers
 venv="${venv:-$build/../peers-venv}"
-out="${out:-$build/adam_vs_peers.$(date -u +%Y%m%dT%H%M%SZ).jsonl}"
-tierzero="$build/src/cli/tierzero"
-[[ -x "$tierzero" ]] || { echo "adam_vs_peers: $tierzero not built (ninja -C $build tierzero)" >&2; exit 1; }
+bench_default_out adam_vs_peers
 
 # --- the peers' environment -------------------------------------------------------------------
-# shellcheck source=bench/peers_venv.sh
-source "$here/peers_venv.sh"
 # A missing peer is reported by adam_peers.py's check below, not fatal: run with what installs.
 peers_venv_need "$venv" adam_vs_peers "torch, numpy" torch numpy ninja || true
 DS_BUILD_OPS=0 peers_venv_need "$venv" adam_vs_peers "deepspeed" --no-build-isolation deepspeed || true

@@ -42,42 +42,25 @@ while [[ $# -gt 0 ]]; do
     *) echo "lora_vs_peft: unknown argument $1" >&2; exit 2 ;;
   esac
 done
-if [[ "${CI:-}" == "true" ]]; then
-  echo "lora_vs_peft: peers are never run in CI" >&2
-  exit 0
-fi
-tierzero="$build/src/cli/tierzero"
-[[ -x "$tierzero" ]] || { echo "lora_vs_peft: $tierzero not built (cmake --build $build --target tierzero)" >&2; exit 1; }
-out="${out:-$build/lora_vs_peft.$(date -u +%Y%m%dT%H%M%SZ).jsonl}"
+# shellcheck source=bench/common.sh
+source "$here/common.sh"
+bench_peer_start lora_vs_peft
+bench_default_out lora_vs_peft
 
-# shellcheck source=bench/peers_venv.sh
-source "$here/peers_venv.sh"
 peers_venv_need "$venv" lora_vs_peft "torch, transformers, peft, safetensors, numpy" \
   torch transformers peft safetensors numpy || exit 1
 py="$(peers_python "$venv")"
 export OMP_NUM_THREADS=2 MKL_NUM_THREADS=2 OPENBLAS_NUM_THREADS=2
 export HF_HUB_DISABLE_PROGRESS_BARS=1 TRANSFORMERS_VERBOSITY=error HF_HUB_OFFLINE=1
 export PYTHONPATH="$here${PYTHONPATH:+:$PYTHONPATH}"  # peer.py imports bench/hf_peer_common.py
-mkdir -p "$build"
-work="$(mktemp -d "$build/lora_vs_peft.XXXXXX")"
-if [[ "$keep_work" == 1 ]]; then echo "lora_vs_peft: work folder $work (kept)" >&2; else trap 'rm -rf "$work"' EXIT; fi
+bench_work_folder lora_vs_peft "$keep_work"
 nvme="${nvme:-$work/nvme}"
 mkdir -p "$nvme"
 : > "$out"
 
 B=4
 T=32
-optimizer='"optimizer": {"type": "AdamW", "params": {"lr": 0.003, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1}}'
-cat > "$work/stage0.json" <<EOF
-{"train_micro_batch_size_per_gpu": $B, "gradient_accumulation_steps": 1, "gradient_clipping": 1.0,
- $optimizer, "zero_optimization": {"stage": 0}, "steps_per_print": 1000}
-EOF
-cat > "$work/stage3.json" <<EOF
-{"train_micro_batch_size_per_gpu": $B, "gradient_accumulation_steps": 1, "gradient_clipping": 1.0,
- $optimizer,
- "zero_optimization": {"stage": 3, "offload_param": {"device": "nvme"}, "offload_optimizer": {"device": "nvme"}},
- "steps_per_print": 1000}
-EOF
+bench_write_adamw_configs "$work" "$B"
 
 cat > "$work/peer.py" <<'PY'
 """PEFT's side of lora_vs_peft.sh: writes the base and the adapter, trains, evaluates."""

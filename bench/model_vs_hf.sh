@@ -32,23 +32,17 @@ while [[ $# -gt 0 ]]; do
     *) echo "model_vs_hf: unknown argument $1" >&2; exit 2 ;;
   esac
 done
-if [[ "${CI:-}" == "true" ]]; then
-  echo "model_vs_hf: peers are never run in CI" >&2
-  exit 0
-fi
-tierzero="$build/src/cli/tierzero"
-[[ -x "$tierzero" ]] || { echo "model_vs_hf: $tierzero not built (ninja -C $build tierzero)" >&2; exit 1; }
-out="${out:-$build/model_vs_hf.$(date -u +%Y%m%dT%H%M%SZ).jsonl}"
+# shellcheck source=bench/common.sh
+source "$here/common.sh"
+bench_peer_start model_vs_hf
+bench_default_out model_vs_hf
 
-# shellcheck source=bench/peers_venv.sh
-source "$here/peers_venv.sh"
 peers_venv_need "$venv" model_vs_hf "torch, transformers, safetensors, numpy" \
   torch transformers safetensors numpy || exit 1
 py="$venv/bin/python"
 export OMP_NUM_THREADS="$threads" MKL_NUM_THREADS="$threads"
 export HF_HUB_DISABLE_PROGRESS_BARS=1 TRANSFORMERS_VERBOSITY=error
-work="$(mktemp -d "$build/model_vs_hf.XXXXXX")"
-trap 'rm -rf "$work"' EXIT
+bench_work_folder model_vs_hf 0
 
 # --- 1 and 2: weights both ways, loss and logits -------------------------------------------------
 small="gpt2:layers=2,heads=4,embd=64,vocab=96,seq=32"

@@ -1,6 +1,6 @@
 # shellcheck shell=bash
 # The Python peers' environment, shared by the bench scripts that compare tierzero with PyTorch,
-# transformers and DeepSpeed (adam_vs_peers.sh, model_vs_hf.sh, train_vs_pytorch.sh): one
+# transformers, PEFT, tokenizers and DeepSpeed (through bench/common.sh, which sources it): one
 # throw-away virtual environment under build/ (never in CI), created and filled on first use.
 # Source it, then call peers_venv_need once per group of packages.
 #

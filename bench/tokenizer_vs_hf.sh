@@ -40,14 +40,9 @@ while [[ $# -gt 0 ]]; do
     *) echo "tokenizer_vs_hf: unknown argument $1" >&2; exit 2 ;;
   esac
 done
-if [[ "${CI:-}" == "true" ]]; then
-  echo "tokenizer_vs_hf: peers are never run in CI" >&2
-  exit 0
-fi
-tierzero="$build/src/cli/tierzero"
-[[ -x "$tierzero" ]] || { echo "tokenizer_vs_hf: $tierzero not built (ninja -C $build tierzero)" >&2; exit 1; }
-# shellcheck source=bench/peers_venv.sh
-source "$here/peers_venv.sh"
+# shellcheck source=bench/common.sh
+source "$here/common.sh"
+bench_peer_start tokenizer_vs_hf
 peers_venv_need "$venv" tokenizer_vs_hf tokenizers tokenizers || exit 1
 py="$(peers_python "$venv")"
 

@@ -99,18 +99,13 @@ first="${first:-${side_list[0]}}"
 first_index=-1
 for ((i = 0; i < ${#side_list[@]}; ++i)); do [[ "${side_list[i]}" != "$first" ]] || first_index=$i; done
 ((first_index >= 0)) || { echo "train_vs_pytorch: --first $first is not one of --sides ($sides)" >&2; exit 2; }
-if [[ "${CI:-}" == "true" ]]; then
-  echo "train_vs_pytorch: peers are never run in CI" >&2
-  exit 0
-fi
 [[ "$model" == gpt2:* ]] || { echo "train_vs_pytorch: --model must be a gpt2:layers=..,heads=..,embd=..,vocab=256,seq=.. shape" >&2; exit 2; }
 [[ "$model" == *vocab=256* ]] || { echo "train_vs_pytorch: --model needs vocab=256 (the corpus is byte-level)" >&2; exit 2; }
-tierzero="$build/src/cli/tierzero"
-[[ -x "$tierzero" ]] || { echo "train_vs_pytorch: $tierzero not built (cmake --build $build --target tierzero)" >&2; exit 1; }
-out="${out:-$build/train_vs_pytorch.$(date -u +%Y%m%dT%H%M%SZ).jsonl}"
+# shellcheck source=bench/common.sh
+source "$here/common.sh"
+bench_peer_start train_vs_pytorch
+bench_default_out train_vs_pytorch
 
-# shellcheck source=bench/peers_venv.sh
-source "$here/peers_venv.sh"
 peers_venv_need "$venv" train_vs_pytorch "torch, transformers, safetensors, numpy" \
   torch transformers safetensors numpy || exit 1
 py="$(peers_python "$venv")"
@@ -118,8 +113,7 @@ py="$(peers_python "$venv")"
 # optimizer's threads in tierzero, and the BLAS/OpenMP pools of either through these.
 export OMP_NUM_THREADS="$threads" MKL_NUM_THREADS="$threads" OPENBLAS_NUM_THREADS="$threads"
 export HF_HUB_DISABLE_PROGRESS_BARS=1 TRANSFORMERS_VERBOSITY=error
-mkdir -p "$build"
-work="$(mktemp -d "$build/train_vs_pytorch.XXXXXX")"
+bench_work_folder train_vs_pytorch "$keep_work"
 # The NVMe side's swap folder of the run under way: removed after the run, and here if it fails.
 nvme_run=""
 # shellcheck disable=SC2317  # invoked by the EXIT trap
@@ -128,7 +122,6 @@ cleanup() {
   [[ "$keep_work" == 1 ]] || rm -rf "$work"
 }
 trap cleanup EXIT
-[[ "$keep_work" != 1 ]] || echo "train_vs_pytorch: work folder $work (kept)" >&2
 nvme_dir="${nvme_dir:-$work/nvme}"
 if has_side tierzero-nvme; then
   if ! mkdir -p "$nvme_dir" || [[ ! -w "$nvme_dir" ]]; then

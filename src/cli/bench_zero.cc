@@ -23,6 +23,7 @@
 #include "cli/command.h"
 #include "core/config.h"
 #include "core/dtype.h"
+#include "core/dtype_element.h"
 #include "core/units.h"
 #include "ops/gemm.h"
 #include "train/report.h"
@@ -52,32 +53,6 @@ struct BenchZeroOptions {
 };
 
 int fail(const Status& st) { return report_failure("bench zero", st); }
-
-float load(const zero::TensorView& v, std::size_t i) {
-  switch (v.dtype) {
-    case DType::kF32:
-      return v.as<float>()[i];
-    case DType::kBF16:
-      return bf16_to_f32(v.as<bf16>()[i]);
-    case DType::kF16:
-      return fp16_to_f32(v.as<fp16>()[i]);
-  }
-  return 0;
-}
-
-void store_value(const zero::TensorView& v, std::size_t i, float x) {
-  switch (v.dtype) {
-    case DType::kF32:
-      v.as<float>()[i] = x;
-      return;
-    case DType::kBF16:
-      v.as<bf16>()[i] = f32_to_bf16(x);
-      return;
-    case DType::kF16:
-      v.as<fp16>()[i] = f32_to_fp16(x);
-      return;
-  }
-}
 
 // The synthetic model on one rank's engine.
 class LayeredModel {
@@ -127,7 +102,7 @@ class LayeredModel {
       const zero::UnitId id = units_[static_cast<std::size_t>(l)];
       TZ_ASSIGN_OR_RETURN(zero::UnitViews v, e_.gather(id));
       TZ_RETURN_IF_ERROR(e_.compute_stream().synchronize());
-      for (std::size_t i = 0; i < h * h; ++i) w[i] = load(v[0], i);
+      for (std::size_t i = 0; i < h * h; ++i) w[i] = load_element(v[0].data, v[0].dtype, i);
       TZ_RETURN_IF_ERROR(e_.release(id));
       auto& in = acts[static_cast<std::size_t>(l)];
       auto& out = acts[static_cast<std::size_t>(l) + 1];
@@ -153,7 +128,7 @@ class LayeredModel {
       TZ_ASSIGN_OR_RETURN(zero::UnitViews v, e_.gather(id));
       TZ_ASSIGN_OR_RETURN(zero::UnitViews g, e_.grad(id));
       TZ_RETURN_IF_ERROR(e_.compute_stream().synchronize());
-      for (std::size_t i = 0; i < h * h; ++i) w[i] = load(v[0], i);
+      for (std::size_t i = 0; i < h * h; ++i) w[i] = load_element(v[0].data, v[0].dtype, i);
       const auto& in = acts[static_cast<std::size_t>(l)];
       const auto& out = acts[static_cast<std::size_t>(l) + 1];
       if (l + 1 < layers_) {
@@ -162,7 +137,7 @@ class LayeredModel {
       // dW[h x h] = dz^T * in; din[t x h] = dz * W
       ops::cpu_sgemm(gt, true, false, h, h, t, dh.data(), h, in.data(), h, 0.0f, dw.data(), h);
       ops::cpu_sgemm(gt, false, false, t, h, h, dh.data(), h, w.data(), h, 0.0f, din.data(), h);
-      for (std::size_t i = 0; i < h * h; ++i) store_value(g[0], i, dw[i]);
+      for (std::size_t i = 0; i < h * h; ++i) store_element(g[0].data, g[0].dtype, i, dw[i]);
       TZ_RETURN_IF_ERROR(e_.release(id));
       TZ_RETURN_IF_ERROR(e_.reduce(id));
       dh.swap(din);

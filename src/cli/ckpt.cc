@@ -68,8 +68,8 @@ Status read_verified(const SafetensorsReader& master, const SafetensorsEntry& en
                      const std::string& checksum, std::span<float> values) {
   TZ_RETURN_IF_ERROR(master.read_f32(entry, values));
   if (zero::tensor_checksum(values) != checksum) {
-    return Status::corrupt(master.path() + ": tensor '" + entry.name +
-                           "' does not match its checksum");
+    return Status::corrupt(tensor_context(master.path(), entry.name) +
+                           " does not match its checksum");
   }
   return Status::ok();
 }
@@ -90,7 +90,7 @@ Status export_llama_folder(const nlohmann::json& manifest, const SafetensorsRead
   for (const nlohmann::json& t : manifest["tensors"]) {
     const std::string key = t.value("name", "");
     const SafetensorsEntry* e = master.find(key);
-    if (e == nullptr) return Status::not_found(master.path() + ": tensor '" + key + "' is missing");
+    if (e == nullptr) return Status::not_found(tensor_context(master.path(), key) + " is missing");
     const std::string hf = t.value("tensor", "");
     const auto [it, added] = index.emplace(hf, tensors.size());
     if (added) {
@@ -100,7 +100,7 @@ Status export_llama_folder(const nlohmann::json& manifest, const SafetensorsRead
       std::vector<std::int64_t>& shape = tensors[it->second].shape;
       if (e->shape.empty() || shape.size() != e->shape.size() ||
           !std::equal(shape.begin() + 1, shape.end(), e->shape.begin() + 1)) {
-        return Status::corrupt(master.path() + ": tensor '" + key + "' is a part of '" + hf +
+        return Status::corrupt(tensor_context(master.path(), key) + " is a part of '" + hf +
                                "' whose shape does not match the others'");
       }
       shape[0] += e->shape[0];
@@ -139,7 +139,7 @@ Status export_gpt2_file(const nlohmann::json& manifest, const SafetensorsReader&
   for (const nlohmann::json& t : manifest["tensors"]) {
     const std::string key = t.value("name", "");
     const SafetensorsEntry* e = master.find(key);
-    if (e == nullptr) return Status::not_found(master.path() + ": tensor '" + key + "' is missing");
+    if (e == nullptr) return Status::not_found(tensor_context(master.path(), key) + " is missing");
     zero::UnitSpec unit;
     unit.name = t.value("unit", "");
     zero::TensorSpec tensor{t.value("tensor", ""), e->shape};

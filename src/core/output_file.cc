@@ -7,6 +7,7 @@
 
 #include <cerrno>
 #include <filesystem>
+#include <optional>
 #include <utility>
 
 #include "core/host_probe.h"
@@ -16,6 +17,24 @@ namespace tz {
 namespace fs = std::filesystem;
 
 namespace {
+
+// Writes all of `bytes` at `offset` (pwrite), or at the file's position without one (write);
+// EINTR and short writes are retried. Returns 0, or the errno of the failed call.
+int write_fully(int fd, std::span<const std::byte> bytes, std::optional<std::uint64_t> offset) {
+  std::size_t done = 0;
+  while (done < bytes.size()) {
+    const std::byte* p = bytes.data() + done;
+    const std::size_t left = bytes.size() - done;
+    const ssize_t n =
+        offset ? ::pwrite(fd, p, left, static_cast<off_t>(*offset + done)) : ::write(fd, p, left);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return errno;
+    }
+    done += static_cast<std::size_t>(n);
+  }
+  return 0;
+}
 
 std::string folder_of(const std::string& path) {
   const std::string parent = fs::path(path).parent_path().string();
@@ -170,16 +189,9 @@ void OutputFile::abandon() {
 
 Status OutputFile::write(std::span<const std::byte> bytes) {
   TZ_ASSERT(fd_ >= 0);
-  std::size_t done = 0;
-  while (done < bytes.size()) {
-    const ssize_t n = ::write(fd_, bytes.data() + done, bytes.size() - done);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      const int err = errno;
-      abandon();
-      return Status::from_errno(err, "write", path_);
-    }
-    done += static_cast<std::size_t>(n);
+  if (const int err = write_fully(fd_, bytes, std::nullopt); err != 0) {
+    abandon();
+    return Status::from_errno(err, "write", path_);
   }
   bytes_ += bytes.size();
   return Status::ok();
@@ -187,17 +199,9 @@ Status OutputFile::write(std::span<const std::byte> bytes) {
 
 Status OutputFile::write_at(std::uint64_t offset, std::span<const std::byte> bytes) {
   TZ_ASSERT(fd_ >= 0);
-  std::size_t done = 0;
-  while (done < bytes.size()) {
-    const ssize_t n = ::pwrite(fd_, bytes.data() + done, bytes.size() - done,
-                               static_cast<off_t>(offset + done));
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      const int err = errno;
-      abandon();
-      return Status::from_errno(err, "write", path_);
-    }
-    done += static_cast<std::size_t>(n);
+  if (const int err = write_fully(fd_, bytes, offset); err != 0) {
+    abandon();
+    return Status::from_errno(err, "write", path_);
   }
   return Status::ok();
 }

@@ -40,10 +40,6 @@ Status corrupt(const std::string& path, const std::string& what) {
   return Status::corrupt(path + ": " + what);
 }
 
-std::string tensor_ctx(const std::string& path, std::string_view name) {
-  return path + ": tensor '" + std::string(name) + "'";
-}
-
 // Full-length pread/pwrite with EINTR and short transfers retried.
 Status pread_all(int fd, void* dst, std::size_t bytes, std::uint64_t offset,
                  const std::string& what) {
@@ -76,15 +72,6 @@ Status pwrite_all(int fd, const void* src, std::size_t bytes, std::uint64_t offs
     offset += static_cast<std::uint64_t>(n);
   }
   return Status::ok();
-}
-
-std::string shape_text(const std::vector<std::int64_t>& shape) {
-  std::string s = "[";
-  for (std::size_t i = 0; i < shape.size(); ++i) {
-    if (i) s += ", ";
-    s += std::to_string(shape[i]);
-  }
-  return s + "]";
 }
 
 // Parses the header text into entries and metadata, checking each entry on its own; the checks
@@ -120,7 +107,7 @@ Status parse_header(const std::string& path, std::string_view text,
     const std::string dtype_text = dt->get<std::string>();
     const std::optional<DType> dtype = parse_st_dtype(dtype_text);
     if (!dtype) {
-      return Status::invalid_argument(tensor_ctx(path, name) + ": dtype " + dtype_text +
+      return Status::invalid_argument(tensor_context(path, name) + ": dtype " + dtype_text +
                                       " is not one tierzero reads (F32, F16, BF16)");
     }
     e.dtype = *dtype;
@@ -163,6 +150,19 @@ std::string_view safetensors_dtype_name(DType dtype) {
     case DType::kF16: return "F16";
   }
   return "?";
+}
+
+std::string shape_text(const std::vector<std::int64_t>& shape) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < shape.size(); ++i) {
+    if (i > 0) s += ", ";
+    s += std::to_string(shape[i]);
+  }
+  return s + "]";
+}
+
+std::string tensor_context(const std::string& path, std::string_view name) {
+  return path + ": tensor '" + std::string(name) + "'";
 }
 
 // ---- Reader -------------------------------------------------------------------------------------
@@ -252,20 +252,20 @@ Status SafetensorsReader::read_raw(const SafetensorsEntry& entry, std::span<std:
                                    std::uint64_t first_byte) const {
   const std::uint64_t bytes = entry.end - entry.begin;
   if (first_byte > bytes || out.size() > bytes - first_byte) {
-    return Status::invalid_argument(tensor_ctx(path_, entry.name) + ": read of bytes past its end");
+    return Status::invalid_argument(tensor_context(path_, entry.name) +
+                                    ": read of bytes past its end");
   }
   return pread_all(fd_, out.data(), out.size(), data_start_ + entry.begin + first_byte,
-                   tensor_ctx(path_, entry.name));
+                   tensor_context(path_, entry.name));
 }
 
 Status SafetensorsReader::read_f32(const SafetensorsEntry& entry, std::span<float> out,
                                    std::uint64_t first_elem) const {
   const std::uint64_t n = entry.numel();
   if (first_elem > n || out.size() > n - first_elem) {
-    return Status::invalid_argument(tensor_ctx(path_, entry.name) + ": read of elements [" +
-                                    std::to_string(first_elem) + ", " +
-                                    std::to_string(first_elem + out.size()) + ") past its " +
-                                    std::to_string(n));
+    return Status::invalid_argument(
+        tensor_context(path_, entry.name) + ": read of elements [" + std::to_string(first_elem) +
+        ", " + std::to_string(first_elem + out.size()) + ") past its " + std::to_string(n));
   }
   const std::size_t es = dtype_size(entry.dtype);
   if (entry.dtype == DType::kF32) {
@@ -303,13 +303,16 @@ Result<SafetensorsWriter> SafetensorsWriter::create(
   std::uint64_t offset = 0;
   for (const SafetensorsTensorSpec& t : tensors) {
     if (t.name == "__metadata__" || !names.insert(t.name).second) {
-      return Status::invalid_argument(tensor_ctx(path, t.name) + ": duplicate or reserved name");
+      return Status::invalid_argument(tensor_context(path, t.name) +
+                                      ": duplicate or reserved name");
     }
     SafetensorsEntry e;
     e.name = t.name;
     e.dtype = t.dtype;
     for (const std::int64_t d : t.shape) {
-      if (d < 0) return Status::invalid_argument(tensor_ctx(path, t.name) + ": negative dimension");
+      if (d < 0) {
+        return Status::invalid_argument(tensor_context(path, t.name) + ": negative dimension");
+      }
       e.shape.push_back(d);
     }
     e.begin = offset;
@@ -402,14 +405,16 @@ Status SafetensorsWriter::write_f32(std::string_view name, std::span<const float
   for (const SafetensorsEntry& e : entries_) {
     if (e.name == name) entry = &e;
   }
-  if (entry == nullptr) return Status::not_found(tensor_ctx(path_, name) + ": not in the file");
-  if (fd_ < 0) return Status::invalid_argument(tensor_ctx(path_, name) + ": writer is finished");
+  if (entry == nullptr) return Status::not_found(tensor_context(path_, name) + ": not in the file");
+  if (fd_ < 0) {
+    return Status::invalid_argument(tensor_context(path_, name) + ": writer is finished");
+  }
   const std::uint64_t n = entry->numel();
   if (first_elem > n || values.size() > n - first_elem) {
-    return Status::invalid_argument(tensor_ctx(path_, name) + ": write of elements past its " +
+    return Status::invalid_argument(tensor_context(path_, name) + ": write of elements past its " +
                                     std::to_string(n));
   }
-  const std::string what = tensor_ctx(path_, name);
+  const std::string what = tensor_context(path_, name);
   const std::size_t es = dtype_size(entry->dtype);
   const std::uint64_t base = data_start_ + entry->begin + first_elem * es;
   if (entry->dtype == DType::kF32) {

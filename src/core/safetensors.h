@@ -31,6 +31,11 @@ struct SafetensorsEntry {
 // "F32", "BF16", "F16" for the dtypes tierzero reads and writes.
 std::string_view safetensors_dtype_name(DType dtype);
 
+// How error messages about tensors write them, the same in every module that reads or checks a
+// file: a shape as "[2, 3]" ("[]" for a scalar), and the context "PATH: tensor 'NAME'".
+std::string shape_text(const std::vector<std::int64_t>& shape);
+std::string tensor_context(const std::string& path, std::string_view name);
+
 // Reads a file. Move-only; owns the descriptor.
 class SafetensorsReader {
  public:

@@ -1,4 +1,5 @@
-// model/batch_ids.h: id checks and the upload of a micro-batch's tokens and targets.
+// model/batch_ids.h: id checks and the upload of a micro-batch's tokens and targets, the checks
+// of the logits calls, and losses and logits back to the host.
 #include "model/batch_ids.h"
 
 #include <string>
@@ -48,6 +49,45 @@ Status check_micro_batch(const char* call, std::string_view model_name, int micr
         std::to_string(tokens.size()) + " and " + std::to_string(targets.size()));
   }
   return Status::ok();
+}
+
+Status check_logits_request(std::string_view model_name, int micro_batch, int seq,
+                            std::size_t tokens, int batch, int length) {
+  if (batch < 1 || batch > micro_batch || length < 1 || length > seq ||
+      tokens != static_cast<std::size_t>(batch) * static_cast<std::size_t>(length)) {
+    return Status::invalid_argument(
+        "logits: model " + std::string(model_name) + " takes 1.." + std::to_string(micro_batch) +
+        " sequences of 1.." + std::to_string(seq) + " tokens; got " + std::to_string(tokens) +
+        " tokens as " + std::to_string(batch) + " x " + std::to_string(length));
+  }
+  return Status::ok();
+}
+
+Status check_last_logits_request(std::string_view model_name, int seq, std::size_t tokens) {
+  if (tokens == 0 || tokens > static_cast<std::size_t>(seq)) {
+    return Status::invalid_argument("last_logits: model " + std::string(model_name) + " takes 1.." +
+                                    std::to_string(seq) + " tokens, not " + std::to_string(tokens));
+  }
+  return Status::ok();
+}
+
+Result<std::vector<float>> download_f32(gpu::Device& device, gpu::Stream& stream, const void* src,
+                                        DType dtype, std::size_t n) {
+  std::vector<float> values(n);
+  if (dtype == DType::kF32) {
+    TZ_RETURN_IF_ERROR(device.copy_async(values.data(), src, n * sizeof(float),
+                                         gpu::CopyKind::kDeviceToHost, stream));
+    TZ_RETURN_IF_ERROR(stream.synchronize());
+    return values;
+  }
+  std::vector<std::uint16_t> bits(n);
+  TZ_RETURN_IF_ERROR(device.copy_async(bits.data(), src, n * sizeof(std::uint16_t),
+                                       gpu::CopyKind::kDeviceToHost, stream));
+  TZ_RETURN_IF_ERROR(stream.synchronize());
+  for (std::size_t i = 0; i < n; ++i) {
+    values[i] = dtype == DType::kBF16 ? bf16_to_f32(bf16{bits[i]}) : fp16_to_f32(fp16{bits[i]});
+  }
+  return values;
 }
 
 Result<double> mean_loss(gpu::Device& device, gpu::Stream& stream, const float* losses,

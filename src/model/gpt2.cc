@@ -353,26 +353,8 @@ struct Gpt2::Impl {
 
   // Copies `rows` rows of logits to the host as fp32.
   Result<std::vector<float>> download_logits(std::size_t rows) {
-    const std::size_t n = rows * static_cast<std::size_t>(shape.vocab);
-    std::vector<float> values(n);
-    if (act == DType::kF32) {
-      TZ_RETURN_IF_ERROR(engine.device().copy_async(values.data(), base() + layout.logits,
-                                                    n * sizeof(float),
-                                                    gpu::CopyKind::kDeviceToHost, stream()));
-    } else {
-      // 16-bit logits are copied as stored and widened on the host.
-      std::vector<std::uint16_t> bits(n);
-      TZ_RETURN_IF_ERROR(engine.device().copy_async(bits.data(), base() + layout.logits,
-                                                    n * sizeof(std::uint16_t),
-                                                    gpu::CopyKind::kDeviceToHost, stream()));
-      TZ_RETURN_IF_ERROR(stream().synchronize());
-      for (std::size_t i = 0; i < n; ++i) {
-        values[i] = act == DType::kBF16 ? bf16_to_f32(bf16{bits[i]}) : fp16_to_f32(fp16{bits[i]});
-      }
-      return values;
-    }
-    TZ_RETURN_IF_ERROR(stream().synchronize());
-    return values;
+    return download_f32(engine.device(), stream(), base() + layout.logits, act,
+                        rows * static_cast<std::size_t>(shape.vocab));
   }
 };
 
@@ -482,14 +464,8 @@ Result<double> Gpt2::eval_loss(std::span<const std::int32_t> tokens,
 Result<std::vector<float>> Gpt2::logits(std::span<const std::int32_t> tokens, int batch,
                                         int length) {
   Impl& m = *impl_;
-  if (batch < 1 || batch > m.options.micro_batch || length < 1 || length > m.options.seq ||
-      tokens.size() != static_cast<std::size_t>(batch) * static_cast<std::size_t>(length)) {
-    return Status::invalid_argument(
-        "logits: model " + m.shape.name + " takes 1.." + std::to_string(m.options.micro_batch) +
-        " sequences of 1.." + std::to_string(m.options.seq) + " tokens; got " +
-        std::to_string(tokens.size()) + " tokens as " + std::to_string(batch) + " x " +
-        std::to_string(length));
-  }
+  TZ_RETURN_IF_ERROR(check_logits_request(m.shape.name, m.options.micro_batch, m.options.seq,
+                                          tokens.size(), batch, length));
   TZ_RETURN_IF_ERROR(m.upload(tokens, {}));
   TZ_RETURN_IF_ERROR(m.forward_logits(batch, length, /*last_only=*/false));
   return m.download_logits(tokens.size());
@@ -497,11 +473,7 @@ Result<std::vector<float>> Gpt2::logits(std::span<const std::int32_t> tokens, in
 
 Result<std::vector<float>> Gpt2::last_logits(std::span<const std::int32_t> tokens) {
   Impl& m = *impl_;
-  if (tokens.empty() || tokens.size() > static_cast<std::size_t>(m.options.seq)) {
-    return Status::invalid_argument("last_logits: model " + m.shape.name + " takes 1.." +
-                                    std::to_string(m.options.seq) + " tokens, not " +
-                                    std::to_string(tokens.size()));
-  }
+  TZ_RETURN_IF_ERROR(check_last_logits_request(m.shape.name, m.options.seq, tokens.size()));
   TZ_RETURN_IF_ERROR(m.upload(tokens, {}));
   TZ_RETURN_IF_ERROR(
       m.forward_logits(1, static_cast<std::int64_t>(tokens.size()), /*last_only=*/true));

@@ -26,15 +26,6 @@ namespace fs = std::filesystem;
 constexpr const char* kSingleFile = "model.safetensors";
 constexpr const char* kIndexFile = "model.safetensors.index.json";
 
-std::string shape_text(const std::vector<std::int64_t>& shape) {
-  std::string s = "[";
-  for (std::size_t i = 0; i < shape.size(); ++i) {
-    if (i > 0) s += ", ";
-    s += std::to_string(shape[i]);
-  }
-  return s + "]";
-}
-
 // Buffers older transformers saved beside the parameters.
 bool is_buffer(const std::string& name) { return name.ends_with("rotary_emb.inv_freq"); }
 
@@ -86,10 +77,6 @@ struct Wanted {
   const SafetensorsReader* reader = nullptr;
   const SafetensorsEntry* entry = nullptr;
 };
-
-std::string tensor_ctx(const std::string& path, std::string_view name) {
-  return path + ": tensor '" + std::string(name) + "'";
-}
 
 }  // namespace
 
@@ -157,22 +144,21 @@ Status load_hf_weights_folder(zero::Engine& engine, const std::vector<zero::Unit
         // The tied head: its values are the embedding's, but it must have the embedding's shape.
         const HfTensor& embed = tensors.front();
         if (entry.shape != embed.shape) {
-          return Status::invalid_argument(tensor_ctx(file, entry.name) + ": shape " +
-                                          shape_text(entry.shape) + ", expected " +
-                                          shape_text(embed.shape) + " (tied to " + embed.name +
-                                          ")");
+          return Status::invalid_argument(
+              tensor_context(file, entry.name) + ": shape " + shape_text(entry.shape) +
+              ", expected " + shape_text(embed.shape) + " (tied to " + embed.name + ")");
         }
         continue;
       }
       if (it == wanted.end()) {
-        return Status::invalid_argument(tensor_ctx(file, entry.name) +
+        return Status::invalid_argument(tensor_context(file, entry.name) +
                                         ": unexpected, not a parameter of the model");
       }
       const HfTensor& spec = *it->second.tensor;
       if (entry.shape != spec.shape) {
-        return Status::invalid_argument(tensor_ctx(file, entry.name) + ": wrong shape: expected " +
-                                        shape_text(spec.shape) + ", found " +
-                                        shape_text(entry.shape));
+        return Status::invalid_argument(tensor_context(file, entry.name) +
+                                        ": wrong shape: expected " + shape_text(spec.shape) +
+                                        ", found " + shape_text(entry.shape));
       }
       it->second.reader = reader.get();
       it->second.entry = &entry;
@@ -182,7 +168,7 @@ Status load_hf_weights_folder(zero::Engine& engine, const std::vector<zero::Unit
   const std::string where = files.index.empty() ? files.single : files.index;
   for (const HfTensor& t : tensors) {
     if (wanted.at(t.name).entry == nullptr) {
-      return Status::invalid_argument(where + ": tensor '" + t.name + "' is missing");
+      return Status::invalid_argument(tensor_context(where, t.name) + " is missing");
     }
   }
   for (const HfTensor& t : tensors) {
@@ -207,7 +193,7 @@ Status load_tensor_part(zero::Engine& engine, zero::UnitId unit, std::size_t ten
     TZ_RETURN_IF_ERROR(
         check_finite_weights(piece, reader.path(), entry.name, entry_first_elem + at));
     Status s = engine.set_tensor_slice(unit, tensor, at, piece);
-    if (!s.is_ok()) return std::move(s).with_context(tensor_ctx(reader.path(), entry.name));
+    if (!s.is_ok()) return std::move(s).with_context(tensor_context(reader.path(), entry.name));
   }
   return Status::ok();
 }
@@ -266,7 +252,7 @@ Status write_hf_folder(bool writes, const std::vector<FolderTensor>& tensors,
   for (std::size_t i = 0; i < tensors.size(); ++i) {
     values.resize(numel_of(tensors[i]));
     Status s = source(i, values);
-    if (!s.is_ok()) return std::move(s).with_context(tensor_ctx(dir, tensors[i].name));
+    if (!s.is_ok()) return std::move(s).with_context(tensor_context(dir, tensors[i].name));
     if (writers[shard_of[i]] && write_error.is_ok()) {
       write_error = writers[shard_of[i]]->write_f32(tensors[i].name, values);
     }

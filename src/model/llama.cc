@@ -180,14 +180,8 @@ Result<double> Llama::eval_loss(std::span<const std::int32_t> tokens,
 Result<std::vector<float>> Llama::logits(std::span<const std::int32_t> tokens, int batch,
                                          int length) {
   Impl& m = *impl_;
-  if (batch < 1 || batch > m.options.micro_batch || length < 1 || length > m.options.seq ||
-      tokens.size() != static_cast<std::size_t>(batch) * static_cast<std::size_t>(length)) {
-    return Status::invalid_argument(
-        "logits: model " + m.config.name + " takes 1.." + std::to_string(m.options.micro_batch) +
-        " sequences of 1.." + std::to_string(m.options.seq) + " tokens; got " +
-        std::to_string(tokens.size()) + " tokens as " + std::to_string(batch) + " x " +
-        std::to_string(length));
-  }
+  TZ_RETURN_IF_ERROR(check_logits_request(m.config.name, m.options.micro_batch, m.options.seq,
+                                          tokens.size(), batch, length));
   TZ_RETURN_IF_ERROR(m.upload(tokens, {}));
   TZ_RETURN_IF_ERROR(m.forward_trunk(batch, length));
   TZ_RETURN_IF_ERROR(m.head_forward(0, static_cast<std::int64_t>(tokens.size())));
@@ -196,11 +190,7 @@ Result<std::vector<float>> Llama::logits(std::span<const std::int32_t> tokens, i
 
 Result<std::vector<float>> Llama::last_logits(std::span<const std::int32_t> tokens) {
   Impl& m = *impl_;
-  if (tokens.empty() || tokens.size() > static_cast<std::size_t>(m.options.seq)) {
-    return Status::invalid_argument("last_logits: model " + m.config.name + " takes 1.." +
-                                    std::to_string(m.options.seq) + " tokens, not " +
-                                    std::to_string(tokens.size()));
-  }
+  TZ_RETURN_IF_ERROR(check_last_logits_request(m.config.name, m.options.seq, tokens.size()));
   const auto n = static_cast<std::int64_t>(tokens.size());
   TZ_RETURN_IF_ERROR(m.upload(tokens, {}));
   TZ_RETURN_IF_ERROR(m.forward_trunk(1, n));

@@ -790,24 +790,8 @@ struct Llama::Impl {
   }
 
   Result<std::vector<float>> download_logits(std::size_t rows) {
-    const std::size_t n = rows * static_cast<std::size_t>(config.vocab);
-    std::vector<float> values(n);
-    if (act == DType::kF32) {
-      TZ_RETURN_IF_ERROR(engine.device().copy_async(values.data(), base() + layout.logits,
-                                                    n * sizeof(float),
-                                                    gpu::CopyKind::kDeviceToHost, stream()));
-      TZ_RETURN_IF_ERROR(stream().synchronize());
-      return values;
-    }
-    std::vector<std::uint16_t> bits(n);
-    TZ_RETURN_IF_ERROR(engine.device().copy_async(bits.data(), base() + layout.logits,
-                                                  n * sizeof(std::uint16_t),
-                                                  gpu::CopyKind::kDeviceToHost, stream()));
-    TZ_RETURN_IF_ERROR(stream().synchronize());
-    for (std::size_t i = 0; i < n; ++i) {
-      values[i] = act == DType::kBF16 ? bf16_to_f32(bf16{bits[i]}) : fp16_to_f32(fp16{bits[i]});
-    }
-    return values;
+    return download_f32(engine.device(), stream(), base() + layout.logits, act,
+                        rows * static_cast<std::size_t>(config.vocab));
   }
 
   Status ensure_cache() {

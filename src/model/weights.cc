@@ -15,31 +15,15 @@
 #include "model/hf_folder.h"
 
 namespace tz::model {
-namespace {
-
-std::string shape_text(const std::vector<std::int64_t>& shape) {
-  std::string s = "[";
-  for (std::size_t i = 0; i < shape.size(); ++i) {
-    if (i > 0) s += ", ";
-    s += std::to_string(shape[i]);
-  }
-  return s + "]";
-}
-
-std::string tensor_ctx(const std::string& path, std::string_view name) {
-  return path + ": tensor '" + std::string(name) + "'";
-}
-
-}  // namespace
 
 Status check_finite_weights(std::span<const float> values, const std::string& path,
                             std::string_view name, std::uint64_t first_elem) {
   for (std::size_t i = 0; i < values.size(); ++i) {
     if (std::isfinite(values[i])) continue;
     const char* what = std::isnan(values[i]) ? "NaN" : (values[i] > 0 ? "inf" : "-inf");
-    return Status::invalid_argument(tensor_ctx(path, name) + ": element " +
-                                    std::to_string(first_elem + i) +
-                                    " is " + what + "; weights must be finite");
+    return Status::invalid_argument(tensor_context(path, name) + ": element " +
+                                    std::to_string(first_elem + i) + " is " + what +
+                                    "; weights must be finite");
   }
   return Status::ok();
 }
@@ -64,7 +48,7 @@ Status load_hf_weights(zero::Engine& engine, const Gpt2Shape& shape,
     if (name == "lm_head.weight") {
       // The tied head is wte; a file may carry the copy, which must at least have its shape.
       if (entry.shape != wte_shape) {
-        return Status::invalid_argument(tensor_ctx(path, entry.name) + ": shape " +
+        return Status::invalid_argument(tensor_context(path, entry.name) + ": shape " +
                                         shape_text(entry.shape) + ", but model " + shape.name +
                                         " ties it to wte " + shape_text(wte_shape));
       }
@@ -73,16 +57,16 @@ Status load_hf_weights(zero::Engine& engine, const Gpt2Shape& shape,
     if (is_hf_non_parameter(name)) continue;
     const auto it = wanted.find(name);
     if (it == wanted.end()) {
-      return Status::invalid_argument(tensor_ctx(path, entry.name) +
+      return Status::invalid_argument(tensor_context(path, entry.name) +
                                       ": unexpected, not a parameter of model " + shape.name);
     }
     if (it->second.entry != nullptr) {
-      return Status::invalid_argument(tensor_ctx(path, entry.name) + ": given twice (as '" +
+      return Status::invalid_argument(tensor_context(path, entry.name) + ": given twice (as '" +
                                       it->second.entry->name + "' too)");
     }
     const zero::TensorSpec& spec = specs[it->second.unit].tensors[it->second.tensor];
     if (entry.shape != spec.shape) {
-      return Status::invalid_argument(tensor_ctx(path, entry.name) + ": shape " +
+      return Status::invalid_argument(tensor_context(path, entry.name) + ": shape " +
                                       shape_text(entry.shape) + ", but model " + shape.name +
                                       " has " + shape_text(spec.shape));
     }
@@ -93,7 +77,7 @@ Status load_hf_weights(zero::Engine& engine, const Gpt2Shape& shape,
     for (const zero::TensorSpec& t : specs[u].tensors) {
       const std::string name = hf_tensor_name(specs[u], t);
       if (wanted.at(name).entry == nullptr) {
-        return Status::invalid_argument(tensor_ctx(path, std::string(kHfPrefix) + name) +
+        return Status::invalid_argument(tensor_context(path, std::string(kHfPrefix) + name) +
                                         ": missing (model " + shape.name + " needs it)");
       }
     }
@@ -135,7 +119,7 @@ Status save_hf_weights(zero::Engine& engine, const Gpt2Shape& shape,
     for (std::size_t t = 0; t < specs[u].tensors.size(); ++t, ++index) {
       values.resize(specs[u].tensors[t].numel());
       Status s = engine.get_tensor(units[u], t, values);
-      if (!s.is_ok()) return std::move(s).with_context(tensor_ctx(path, layout[index].name));
+      if (!s.is_ok()) return std::move(s).with_context(tensor_context(path, layout[index].name));
       if (writer && write_error.is_ok()) write_error = writer->write_f32(layout[index].name, values);
     }
   }

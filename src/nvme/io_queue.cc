@@ -271,28 +271,23 @@ void IoQueue::complete(std::size_t slot, std::int64_t result) {
 }
 
 Status IoQueue::pump(bool block) {
-  fill();
-  if (!batch_.empty()) {
+  // Queues what the free depth allows (fill) and hands it to the engine.
+  const auto fill_and_submit = [this]() -> Status {
+    fill();
+    if (batch_.empty()) return Status::ok();
     stats_.requests += batch_.size();
     Status st = engine_->submit(batch_);
     batch_.clear();
-    TZ_RETURN_IF_ERROR(std::move(st).with_context("io queue: submit"));
-  }
+    return std::move(st).with_context("io queue: submit");
+  };
+  TZ_RETURN_IF_ERROR(fill_and_submit());
   if (engine_->in_flight() == 0) return Status::ok();
   TZ_ASSIGN_OR_RETURN(const std::size_t n, engine_->reap(cqes_, block ? 1 : 0));
   for (std::size_t i = 0; i < n; ++i) {
     complete(static_cast<std::size_t>(cqes_[i].user_data), cqes_[i].result);
   }
-  if (n > 0) {
-    // Refill at once: completions free depth, and pending work should not wait a round trip.
-    fill();
-    if (!batch_.empty()) {
-      stats_.requests += batch_.size();
-      Status st = engine_->submit(batch_);
-      batch_.clear();
-      TZ_RETURN_IF_ERROR(std::move(st).with_context("io queue: submit"));
-    }
-  }
+  // Refill at once: completions free depth, and pending work should not wait a round trip.
+  if (n > 0) TZ_RETURN_IF_ERROR(fill_and_submit());
   // A blocking caller comes straight back to reap (submit and wait in one syscall); anyone else
   // needs the requests in the kernel now.
   if (!block) TZ_RETURN_IF_ERROR(engine_->flush());

@@ -388,7 +388,7 @@ Result<CheckpointExtra> load_checkpoint(Engine& engine, const std::string& check
       ++matched;
       const nlohmann::json& entry = *it->second;
       if (entry["shape"] != nlohmann::json(spec.shape)) {
-        return Status::invalid_argument(checkpoint_dir + ": tensor '" + key + "' has shape " +
+        return Status::invalid_argument(tensor_context(checkpoint_dir, key) + " has shape " +
                                         entry["shape"].dump() + " there but " +
                                         nlohmann::json(spec.shape).dump() + " in this model");
       }
@@ -397,18 +397,18 @@ Result<CheckpointExtra> load_checkpoint(Engine& engine, const std::string& check
         const SafetensorsReader& reader = readers[static_cast<std::size_t>(s)];
         const SafetensorsEntry* e = reader.find(key);
         if (e == nullptr) {
-          return Status::not_found(reader.path() + ": tensor '" + key + "' is missing");
+          return Status::not_found(tensor_context(reader.path(), key) + " is missing");
         }
         if (e->numel() != spec.numel() || e->dtype != DType::kF32) {
-          return Status::invalid_argument(reader.path() + ": tensor '" + key +
-                                          "' does not hold fp32 of the model's shape");
+          return Status::invalid_argument(tensor_context(reader.path(), key) +
+                                          " does not hold fp32 of the model's shape");
         }
         TZ_RETURN_IF_ERROR(reader.read_f32(*e, values));
         const std::string want = entry["xxh3"].value(kStateFiles[s], "");
         if (tensor_checksum(values) != want) {
-          return Status::corrupt(reader.path() + ": tensor '" + key +
-                                 "' does not match its checksum (xxh3 " +
-                                 tensor_checksum(values) + ", manifest " + want + ")");
+          return Status::corrupt(tensor_context(reader.path(), key) +
+                                 " does not match its checksum (xxh3 " + tensor_checksum(values) +
+                                 ", manifest " + want + ")");
         }
         TZ_RETURN_IF_ERROR(engine.set_tensor(u, t, values, kStates[s]));
       }
@@ -444,7 +444,9 @@ Result<CheckpointSummary> verify_checkpoint(const std::string& checkpoint_dir) {
     for (std::size_t s = 0; s < readers.size(); ++s) {
       const SafetensorsReader& reader = readers[s];
       const SafetensorsEntry* e = reader.find(key);
-      if (e == nullptr) return Status::not_found(reader.path() + ": tensor '" + key + "' is missing");
+      if (e == nullptr) {
+        return Status::not_found(tensor_context(reader.path(), key) + " is missing");
+      }
       if (s == 0) summary.params += e->numel();
       summary.bytes += e->end - e->begin;
       XXH3_state_t* state = XXH3_createState();
@@ -463,9 +465,9 @@ Result<CheckpointSummary> verify_checkpoint(const std::string& checkpoint_dir) {
       const std::string want =
           t["xxh3"].value(summary.manifest["files"][s].get<std::string>(), "");
       if (hex64(got) != want) {
-        return Status::corrupt(reader.path() + ": tensor '" + key +
-                               "' does not match its checksum (xxh3 " + hex64(got) +
-                               ", manifest " + want + ")");
+        return Status::corrupt(tensor_context(reader.path(), key) +
+                               " does not match its checksum (xxh3 " + hex64(got) + ", manifest " +
+                               want + ")");
       }
     }
   }

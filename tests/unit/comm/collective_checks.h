@@ -17,6 +17,7 @@
 
 #include "comm/comm.h"
 #include "core/dtype.h"
+#include "core/dtype_element.h"
 #include "gpu/device.h"
 
 namespace tz::comm::testing {
@@ -33,43 +34,11 @@ inline int input_value(std::uint32_t seed, int rank, std::size_t i) {
 }
 
 inline void store(DType t, std::vector<std::uint8_t>& buf, std::size_t i, double v) {
-  const float f = static_cast<float>(v);
-  switch (t) {
-    case DType::kF32:
-      std::memcpy(&buf[i * 4], &f, 4);
-      return;
-    case DType::kBF16: {
-      const bf16 h = f32_to_bf16(f);
-      std::memcpy(&buf[i * 2], &h, 2);
-      return;
-    }
-    case DType::kF16: {
-      const fp16 h = f32_to_fp16(f);
-      std::memcpy(&buf[i * 2], &h, 2);
-      return;
-    }
-  }
+  store_element(buf.data(), t, i, static_cast<float>(v));
 }
 
 inline double load(DType t, const std::vector<std::uint8_t>& buf, std::size_t i) {
-  switch (t) {
-    case DType::kF32: {
-      float f;
-      std::memcpy(&f, &buf[i * 4], 4);
-      return f;
-    }
-    case DType::kBF16: {
-      bf16 h;
-      std::memcpy(&h, &buf[i * 2], 2);
-      return bf16_to_f32(h);
-    }
-    case DType::kF16: {
-      fp16 h;
-      std::memcpy(&h, &buf[i * 2], 2);
-      return fp16_to_f32(h);
-    }
-  }
-  return 0;
+  return load_element(buf.data(), t, i);
 }
 
 // Relative tolerance of one rounding to the dtype (the average's division).

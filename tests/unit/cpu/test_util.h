@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "core/dtype_element.h"
 #include "cpu/optimizer.h"
 
 namespace tz::cpu::test {
@@ -108,40 +109,10 @@ struct ShardBuffers {
   }
 
   static float set(std::vector<std::uint8_t>& buf, DType t, std::size_t i, float x) {
-    switch (t) {
-      case DType::kF32: std::memcpy(buf.data() + 4 * i, &x, 4); return x;
-      case DType::kBF16: {
-        const bf16 h = f32_to_bf16(x);
-        std::memcpy(buf.data() + 2 * i, &h, 2);
-        return bf16_to_f32(h);
-      }
-      case DType::kF16: {
-        const fp16 h = f32_to_fp16(x);
-        std::memcpy(buf.data() + 2 * i, &h, 2);
-        return fp16_to_f32(h);
-      }
-    }
-    return 0;
+    return store_element(buf.data(), t, i, x);
   }
   static float get(const std::vector<std::uint8_t>& buf, DType t, std::size_t i) {
-    switch (t) {
-      case DType::kF32: {
-        float x;
-        std::memcpy(&x, buf.data() + 4 * i, 4);
-        return x;
-      }
-      case DType::kBF16: {
-        bf16 h;
-        std::memcpy(&h, buf.data() + 2 * i, 2);
-        return bf16_to_f32(h);
-      }
-      case DType::kF16: {
-        fp16 h;
-        std::memcpy(&h, buf.data() + 2 * i, 2);
-        return fp16_to_f32(h);
-      }
-    }
-    return 0;
+    return load_element(buf.data(), t, i);
   }
 };
 

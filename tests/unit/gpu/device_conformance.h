@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "core/dtype_element.h"
 #include "cpu/optimizer_math.h"
 #include "gpu/device.h"
 #include "gpu/elementwise.h"
@@ -47,49 +48,14 @@ inline std::vector<float> sample_values(std::size_t n, std::uint32_t seed) {
 }
 
 // Host-side encoding of fp32 values as `dtype` (the independent per-element reference is
-// core/dtype.h's scalar conversion, not the device loops under test).
+// core/dtype.h's scalar conversions through core/dtype_element.h, not the device loops under test).
 inline std::vector<std::uint8_t> encode(const std::vector<float>& values, DType dtype) {
   std::vector<std::uint8_t> out(values.size() * dtype_size(dtype));
-  for (std::size_t i = 0; i < values.size(); ++i) {
-    switch (dtype) {
-      case DType::kF32:
-        std::memcpy(&out[i * 4], &values[i], 4);
-        break;
-      case DType::kBF16: {
-        const bf16 h = f32_to_bf16(values[i]);
-        std::memcpy(&out[i * 2], &h, 2);
-        break;
-      }
-      case DType::kF16: {
-        const fp16 h = f32_to_fp16(values[i]);
-        std::memcpy(&out[i * 2], &h, 2);
-        break;
-      }
-    }
-  }
+  for (std::size_t i = 0; i < values.size(); ++i) store_element(out.data(), dtype, i, values[i]);
   return out;
 }
 
-inline float decode_one(const std::uint8_t* p, DType dtype) {
-  switch (dtype) {
-    case DType::kF32: {
-      float f;
-      std::memcpy(&f, p, 4);
-      return f;
-    }
-    case DType::kBF16: {
-      bf16 h;
-      std::memcpy(&h, p, 2);
-      return bf16_to_f32(h);
-    }
-    case DType::kF16: {
-      fp16 h;
-      std::memcpy(&h, p, 2);
-      return fp16_to_f32(h);
-    }
-  }
-  return 0;
-}
+inline float decode_one(const std::uint8_t* p, DType dtype) { return load_element(p, dtype, 0); }
 
 inline bool same_float(float a, float b) {
   return (std::isnan(a) && std::isnan(b)) || std::memcmp(&a, &b, 4) == 0;

@@ -34,6 +34,17 @@ inline ModelDesc desc_of(const nlohmann::json& j, const char* name) {
   return d;
 }
 
+// A tiny Llama in which every module's shape differs: GQA (2 heads over 1 KV head), q/k/v/o and
+// MLP biases, an untied head; hidden 16, head_dim 8, FFN 24, vocabulary 19, 16 positions.
+inline nlohmann::json tiny_untied_llama() {
+  return nlohmann::json::parse(R"({
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu",
+    "hidden_size": 16, "intermediate_size": 24, "num_hidden_layers": 2,
+    "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 8, "vocab_size": 19,
+    "max_position_embeddings": 16, "rms_norm_eps": 1e-5, "rope_theta": 10.0,
+    "attention_bias": true, "mlp_bias": true, "tie_word_embeddings": false})");
+}
+
 inline const char* const kAdamW =
     "{\"type\": \"AdamW\", \"params\": {\"lr\": 0.01, \"weight_decay\": 0.1}}";
 

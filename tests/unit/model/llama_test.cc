@@ -40,14 +40,10 @@ constexpr std::uint64_t kSeed = 20261203;
 // scaling whose three frequency bands each hold one of head_dim 8's four frequencies (theta 10:
 // wavelengths 6.3, 11.2, 19.9, 35.3 against 32/4 = 8 and 32/1 = 32).
 nlohmann::json tiny_llama() {
-  return nlohmann::json::parse(R"({
-    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu",
-    "hidden_size": 16, "intermediate_size": 24, "num_hidden_layers": 2,
-    "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 8, "vocab_size": 19,
-    "max_position_embeddings": 16, "rms_norm_eps": 1e-5, "rope_theta": 10.0,
-    "rope_scaling": {"rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0,
-                     "high_freq_factor": 4.0, "original_max_position_embeddings": 32},
-    "attention_bias": true, "mlp_bias": true, "tie_word_embeddings": false})");
+  nlohmann::json j = tiny_untied_llama();
+  j["rope_scaling"] = nlohmann::json::parse(R"({"rope_type": "llama3", "factor": 4.0,
+      "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 32})");
+  return j;
 }
 // Qwen2: q/k/v biases (no o bias), GQA 4 over 2, tied head.
 nlohmann::json tiny_qwen2() {

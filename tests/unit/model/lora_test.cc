@@ -41,12 +41,7 @@ constexpr std::uint64_t kSeed = 20261228;
 
 // GQA (2 heads over 1 KV head), q/k/v/o and MLP biases, untied head: every module shape differs.
 nlohmann::json tiny_llama(int hidden = 16) {
-  nlohmann::json j = nlohmann::json::parse(R"({
-    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu",
-    "hidden_size": 16, "intermediate_size": 24, "num_hidden_layers": 2,
-    "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 8, "vocab_size": 19,
-    "max_position_embeddings": 16, "rms_norm_eps": 1e-5, "rope_theta": 10.0,
-    "attention_bias": true, "mlp_bias": true, "tie_word_embeddings": false})");
+  nlohmann::json j = testing::tiny_untied_llama();
   j["hidden_size"] = hidden;
   return j;
 }

@@ -34,14 +34,7 @@ using namespace testing;  // NOLINT(google-build-using-namespace): the shared ha
 constexpr std::uint64_t kSeed = 20261204;
 
 // Untied Llama (GQA, biases) with vocab 19 = 7 + 7 + 5.
-nlohmann::json untied_llama() {
-  return nlohmann::json::parse(R"({
-    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu",
-    "hidden_size": 16, "intermediate_size": 24, "num_hidden_layers": 2,
-    "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 8, "vocab_size": 19,
-    "max_position_embeddings": 16, "rms_norm_eps": 1e-5, "rope_theta": 10.0,
-    "attention_bias": true, "mlp_bias": true, "tie_word_embeddings": false})");
-}
+nlohmann::json untied_llama() { return tiny_untied_llama(); }
 // Tied Qwen2 (q/k/v biases) with vocab 17 = 6 + 6 + 5.
 nlohmann::json tied_qwen2() {
   return nlohmann::json::parse(R"({

@@ -19,6 +19,7 @@
 #include "gpu/host_device.h"
 #include "ops/ops.h"
 #include "ops/ops_math.h"
+#include "ops_cpu_fixture.h"
 #include "ops_harness.h"
 
 namespace tz::ops {
@@ -134,48 +135,13 @@ Vec gqa_ref(const Vec& qbuf, const Vec& kvbuf, const GqaShape& s, Vec* lse) {
 
 // ---- fixture -----------------------------------------------------------------------------------
 
-struct Dtypes {
-  DType act;
-  DType param;
-};
-std::string dtypes_name(const ::testing::TestParamInfo<Dtypes>& info) {
-  return std::string(dtype_name(info.param.act)) + "_" + std::string(dtype_name(info.param.param));
-}
-
-class LlamaOpsCpuTest : public ::testing::TestWithParam<Dtypes> {
+class LlamaOpsCpuTest : public testing::OpsCpuFixture {
  protected:
-  void SetUp() override {
-    auto d = gpu::HostDevice::create(1ull << 30);
-    ASSERT_TRUE(d.is_ok());
-    device_ = std::move(*d);
-    auto o = Ops::create(*device_, OpsOptions{2});
-    ASSERT_TRUE(o.is_ok()) << o.status().message();
-    ops_ = std::move(*o);
-    arrays_ = std::make_unique<DeviceArrays>(*device_, stream());
-  }
-  void TearDown() override {
-    if (device_) {
-      EXPECT_TRUE(device_->synchronize().is_ok());
-    }
-    arrays_.reset();
-    ops_.reset();
-  }
-  gpu::Stream& stream() { return device_->compute_stream(); }
-  std::mt19937_64 rng(std::uint64_t salt) {
-    const std::uint64_t seed = 20261203 + salt;
-    std::cout << "[ seed ] " << seed << "\n";
-    return std::mt19937_64(seed);
-  }
-  DType act() const { return GetParam().act; }
-  DType param() const { return GetParam().param; }
+  LlamaOpsCpuTest() : OpsCpuFixture(20261203) {}
   // The tensor's elements offset by `elems` (a view into a fused buffer).
   static Tensor at(Tensor t, size_t elems) {
     return Tensor{static_cast<char*>(t.data) + elems * dtype_size(t.dtype), t.dtype};
   }
-
-  std::unique_ptr<gpu::HostDevice> device_;
-  std::unique_ptr<Ops> ops_;
-  std::unique_ptr<DeviceArrays> arrays_;
 };
 
 // ---- embedding without learned positions ------------------------------------------------------
@@ -614,11 +580,8 @@ TEST_P(LlamaOpsCpuTest, GqaAttentionDecodeStepEqualsTheFullForwardsRow) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, LlamaOpsCpuTest,
-                         ::testing::Values(Dtypes{DType::kF32, DType::kF32},
-                                           Dtypes{DType::kF32, DType::kBF16},
-                                           Dtypes{DType::kBF16, DType::kBF16},
-                                           Dtypes{DType::kF16, DType::kF16}),
-                         dtypes_name);
+                         ::testing::ValuesIn(testing::storage_dtypes()),
+                         testing::dtypes_name);
 
 // ---- determinism -----------------------------------------------------------------------------------
 

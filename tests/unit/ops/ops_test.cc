@@ -20,6 +20,7 @@
 #include "ops/internal/cpu_kernels.h"
 #include "ops/ops.h"
 #include "ops/ops_math.h"
+#include "ops_cpu_fixture.h"
 #include "ops_harness.h"
 
 namespace tz::ops {
@@ -126,44 +127,9 @@ Vec cross_entropy_ref(const Vec& logits, const std::vector<std::int32_t>& tgt, i
 
 // ---- fixture -----------------------------------------------------------------------------------
 
-struct Dtypes {
-  DType act;
-  DType param;
-};
-std::string dtypes_name(const ::testing::TestParamInfo<Dtypes>& info) {
-  return std::string(dtype_name(info.param.act)) + "_" + std::string(dtype_name(info.param.param));
-}
-
-class OpsCpuTest : public ::testing::TestWithParam<Dtypes> {
+class OpsCpuTest : public testing::OpsCpuFixture {
  protected:
-  void SetUp() override {
-    auto d = gpu::HostDevice::create(1ull << 30);
-    ASSERT_TRUE(d.is_ok());
-    device_ = std::move(*d);
-    auto o = Ops::create(*device_, OpsOptions{2});
-    ASSERT_TRUE(o.is_ok()) << o.status().message();
-    ops_ = std::move(*o);
-    arrays_ = std::make_unique<DeviceArrays>(*device_, stream());
-  }
-  void TearDown() override {
-    if (device_) {
-      EXPECT_TRUE(device_->synchronize().is_ok());
-    }
-    arrays_.reset();
-    ops_.reset();
-  }
-  gpu::Stream& stream() { return device_->compute_stream(); }
-  std::mt19937_64 rng(std::uint64_t salt) {
-    const std::uint64_t seed = 20261201 + salt;
-    std::cout << "[ seed ] " << seed << "\n";
-    return std::mt19937_64(seed);
-  }
-  DType act() const { return GetParam().act; }
-  DType param() const { return GetParam().param; }
-
-  std::unique_ptr<gpu::HostDevice> device_;
-  std::unique_ptr<Ops> ops_;
-  std::unique_ptr<DeviceArrays> arrays_;
+  OpsCpuTest() : OpsCpuFixture(20261201) {}
 };
 
 // ---- embedding -------------------------------------------------------------------------------
@@ -458,11 +424,8 @@ TEST_P(OpsCpuTest, CrossEntropy) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, OpsCpuTest,
-                         ::testing::Values(Dtypes{DType::kF32, DType::kF32},
-                                           Dtypes{DType::kF32, DType::kBF16},
-                                           Dtypes{DType::kBF16, DType::kBF16},
-                                           Dtypes{DType::kF16, DType::kF16}),
-                         dtypes_name);
+                         ::testing::ValuesIn(testing::storage_dtypes()),
+                         testing::dtypes_name);
 
 // ---- argument errors ---------------------------------------------------------------------------
 

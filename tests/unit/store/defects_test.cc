@@ -32,6 +32,22 @@ using testing::Harness;
 using testing::HarnessOptions;
 using testing::within_deadline;
 
+// Fills block `id` (`bytes` long) with `fill` through a host pin, writes it back, and pushes the
+// host copy out with a 1 MiB filler block (the tests' host budget), so the next pin reads the disk.
+void write_and_push_to_disk(Harness& h, BlockId id, std::size_t bytes, int fill) {
+  {
+    auto w = h.store->pin(id, Tier::kHost, Access::kWrite);
+    ASSERT_TRUE(w.is_ok());
+    ASSERT_TRUE(w->wait().is_ok());
+    std::memset(w->data(), fill, bytes);
+  }
+  ASSERT_TRUE(h.store->flush().is_ok());
+  auto filler = h.store->create_block(1 << 20, Tier::kHost, "filler");
+  ASSERT_TRUE(filler.is_ok()) << filler.status().to_string();
+  ASSERT_TRUE(h.store->destroy_block(*filler).is_ok());
+  ASSERT_TRUE(h.store->drain().is_ok());
+}
+
 // Defect 1: N dirty device copies evicted by one pin enqueue N copies and N host callbacks on the
 // d2h stream, past HostStream's 4,096-task bound.
 TEST(StoreDefects, EvictingMoreDirtyCopiesThanAStreamQueuesFinishes) {
@@ -211,18 +227,7 @@ TEST(StoreDefects, EngineFailureFailsLeasesInFlight) {
   ASSERT_FALSE(::testing::Test::HasFatalFailure());
   auto id = h.store->create_block(512 << 10, Tier::kNvme, "on disk");
   ASSERT_TRUE(id.is_ok());
-  {
-    auto w = h.store->pin(*id, Tier::kHost, Access::kWrite);
-    ASSERT_TRUE(w.is_ok());
-    ASSERT_TRUE(w->wait().is_ok());
-    std::memset(w->data(), 0x33, 512 << 10);
-  }
-  ASSERT_TRUE(h.store->flush().is_ok());
-  // Push the host copy out so the next pin reads the disk.
-  auto filler = h.store->create_block(1 << 20, Tier::kHost, "filler");
-  ASSERT_TRUE(filler.is_ok()) << filler.status().to_string();
-  ASSERT_TRUE(h.store->destroy_block(*filler).is_ok());
-  ASSERT_TRUE(h.store->drain().is_ok());
+  ASSERT_NO_FATAL_FAILURE(write_and_push_to_disk(h, *id, 512 << 10, 0x33));
   armed->store(true);
   within_deadline("a lease waiting on a failed I/O engine", 60, [&] {
     auto lease = h.store->pin(*id, Tier::kHost, Access::kRead);
@@ -253,17 +258,7 @@ TEST(StoreDefects, FailureOlderThanSixteenOthersIsStillReported) {
   ASSERT_FALSE(::testing::Test::HasFatalFailure());
   auto id = h.store->create_block(64 << 10, Tier::kNvme, "flaky");
   ASSERT_TRUE(id.is_ok());
-  {
-    auto w = h.store->pin(*id, Tier::kHost, Access::kWrite);
-    ASSERT_TRUE(w.is_ok());
-    ASSERT_TRUE(w->wait().is_ok());
-    std::memset(w->data(), 0x11, 64 << 10);
-  }
-  ASSERT_TRUE(h.store->flush().is_ok());
-  auto filler = h.store->create_block(1 << 20, Tier::kHost, "filler");
-  ASSERT_TRUE(filler.is_ok()) << filler.status().to_string();
-  ASSERT_TRUE(h.store->destroy_block(*filler).is_ok());
-  ASSERT_TRUE(h.store->drain().is_ok());
+  ASSERT_NO_FATAL_FAILURE(write_and_push_to_disk(h, *id, 64 << 10, 0x11));
   // Every request fails from now on: the read of the lease below, then every write-back.
   nvme::FaultOptions all;
   all.eio_rate = 1.0;

@@ -16,6 +16,7 @@
 
 #include "core/config.h"
 #include "core/dtype.h"
+#include "core/dtype_element.h"
 #include "zero/engine.h"
 
 namespace tz::zero::testing {
@@ -61,29 +62,10 @@ inline void sample(std::int64_t index, int width, std::uint64_t seed, std::vecto
   for (float& v : t) v = 0.5f * dist(rng);
 }
 
-inline float load(const TensorView& v, std::size_t i) {
-  switch (v.dtype) {
-    case DType::kF32:
-      return v.as<float>()[i];
-    case DType::kBF16:
-      return bf16_to_f32(v.as<bf16>()[i]);
-    case DType::kF16:
-      return fp16_to_f32(v.as<fp16>()[i]);
-  }
-  return 0;
-}
+// Element i of a gathered or gradient view, as fp32; x stored there in the view's dtype.
+inline float load(const TensorView& v, std::size_t i) { return load_element(v.data, v.dtype, i); }
 inline void store(const TensorView& v, std::size_t i, float x) {
-  switch (v.dtype) {
-    case DType::kF32:
-      v.as<float>()[i] = x;
-      return;
-    case DType::kBF16:
-      v.as<bf16>()[i] = f32_to_bf16(x);
-      return;
-    case DType::kF16:
-      v.as<fp16>()[i] = f32_to_fp16(x);
-      return;
-  }
+  store_element(v.data, v.dtype, i, x);
 }
 
 // x rounded to `dtype` (round to nearest even, as the engine's casts), back in fp32.
