@@ -315,6 +315,12 @@ std::string steady_bound_term(const std::vector<std::string>& terms) {
   return best;
 }
 
+// Each bound term's median over the same steps.
+zero::BoundTerms steady_bound_terms(const std::vector<zero::BoundTerms>& terms) {
+  if (terms.size() <= 1) return median_bound_terms(terms);
+  return median_bound_terms(std::vector<zero::BoundTerms>(terms.begin() + 1, terms.end()));
+}
+
 std::string hex64(std::uint64_t v) {
   char buf[24];
   std::snprintf(buf, sizeof(buf), "%016llx", static_cast<unsigned long long>(v));
@@ -337,7 +343,8 @@ void print_summary(const RunSetup& s, const train::TrainResult& r) {
     j["tokens_per_s"] = tokens_per_s;
     j["step_s_median"] = step_med;
     j["bound_s"] = steady_median(r.bound_s);
-    j["bound_term"] = steady_bound_term(r.bound_terms);
+    j["bound_term"] = steady_bound_term(r.bound_term_names);
+    j["bound_terms_s"] = steady_bound_terms(r.bound_terms).to_json();
     j["bandwidth_bytes_per_s"] = train::bandwidth_json(s.trainer->spec().engine);
     j["params"] = r.params;
     j["params_xxh3"] = hex64(r.params_xxh3);
@@ -357,8 +364,12 @@ void print_summary(const RunSetup& s, const train::TrainResult& r) {
   if (r.val_loss) std::printf(", val loss %.4f", *r.val_loss);
   std::printf("\n  %.0f tokens/s, median step %.3f s (bound %.3f s, %s), %llu params, xxh3 %s\n",
               tokens_per_s, step_med, steady_median(r.bound_s),
-              steady_bound_term(r.bound_terms).c_str(),
+              steady_bound_term(r.bound_term_names).c_str(),
               static_cast<unsigned long long>(r.params), hex64(r.params_xxh3).c_str());
+  if (!r.bound_terms.empty()) {
+    std::printf("  bound terms: %s\n",
+                train::bound_terms_text(steady_bound_terms(r.bound_terms)).c_str());
+  }
   std::printf("  peak %s\n  plan %s\n  nvme per param per step: %.2f B read, %.2f B written\n",
               train::tier_text(r.peak_bytes).c_str(), train::tier_text(r.plan_bytes).c_str(),
               steady_median(r.nvme_read_per_param), steady_median(r.nvme_write_per_param));

@@ -70,7 +70,8 @@ struct TrainResult {
   std::vector<double> losses;      // per step taken (mean over ranks and micro-batches)
   std::vector<double> step_s;
   std::vector<double> bound_s;
-  std::vector<std::string> bound_terms;  // per step: the term that set bound_s (StepReport)
+  std::vector<std::string> bound_term_names;  // per step: the term that set bound_s (StepReport)
+  std::vector<zero::BoundTerms> bound_terms;   // per step: the terms bound_s is the max of
   std::vector<double> nvme_read_per_param;
   std::vector<double> nvme_write_per_param;
   std::uint64_t params = 0;
