@@ -276,6 +276,12 @@ class Engine {
   virtual const UnitLayout& layout(UnitId unit) const = 0;
   virtual int optimizer_state_count() const = 0;
   virtual const EngineOptions& options() const = 0;
+  // The bandwidths of StepReport::bound_s after creation (EngineOptions::nvme_read_bytes_per_s,
+  // nvme_write_bytes_per_s, copy_bytes_per_s; 0 = unknown, the term is left out): a caller may
+  // measure them once finalize() has checked the plan, so that a run the plan refuses spends no
+  // time on the probe. Between steps (the next step's bound uses them).
+  virtual void set_bound_bandwidths(double nvme_read_bytes_per_s, double nvme_write_bytes_per_s,
+                                    double copy_bytes_per_s) = 0;
 
   // --- Accounting -------------------------------------------------------------------------------
   // The plan (what finalize allocated per tier, by term) and DESIGN.md's formula for the config.

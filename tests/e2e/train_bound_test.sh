@@ -26,6 +26,25 @@ run() {  # NAME CONFIG [flags...]
 run nvme "$work/c_nvme.json" --nvme-path "$work/nvme"
 run cpu "$work/c_cpu.json"
 run noprobe "$work/c_nvme.json" --nvme-path "$work/nvme" --no-bandwidth-probe
+# A run the plan refuses (a device budget below the plan's irreducible minimum) fails with the
+# plan's error and never runs the disk probe: the ranks measure the bandwidths after the engine
+# has checked its plan. strace shows whether the probe's file (tierzero-train-probe.PID) was
+# opened; without strace the check is skipped.
+config "$work/c_refused.json" 3 nvme nvme ', "tierzero": {"device_budget": "64K"}'
+if command -v strace > /dev/null && strace -o /dev/null true 2> /dev/null; then
+  strace -f -e trace=openat -o "$work/refused.strace" "$tz" train --config "$work/c_refused.json" \
+    --model "$model" --data "$work/train.txt" --steps 1 --nvme-path "$work/nvme" \
+    > /dev/null 2> "$work/refused.err"
+  rc=$?
+  if [ "$rc" = 1 ] && grep -q "engine plan" "$work/refused.err" \
+     && ! grep -q "tierzero-train-probe" "$work/refused.strace"; then
+    ok "a run the plan refuses fails with the plan's error before any disk probe"
+  else
+    bad "refused run: rc $rc, $(tail -1 "$work/refused.err"), probe opened: $(grep -c tierzero-train-probe "$work/refused.strace")"
+  fi
+else
+  echo "skip the refused run's probe check: no usable strace"
+fi
 left=$(ls "$work/nvme" | grep -c probe)
 [ "$left" = 0 ] && ok "no probe file left in the swap path" || bad "probe files left: $(ls "$work/nvme")"
 python3 - "$work" <<'PY' || fail=1
