@@ -36,6 +36,26 @@ double median(std::vector<double> samples) {
   return n % 2 ? samples[n / 2] : 0.5 * (samples[n / 2 - 1] + samples[n / 2]);
 }
 
+zero::BoundTerms median_bound_terms(const std::vector<zero::BoundTerms>& steps) {
+  zero::BoundTerms m;
+  if (steps.empty()) return m;
+  auto term = [&](double zero::BoundTerms::*field) {
+    std::vector<double> v;
+    for (const zero::BoundTerms& t : steps) {
+      if (t.*field < 0) return -1.0;
+      v.push_back(t.*field);
+    }
+    return median(std::move(v));
+  };
+  m.compute_s = term(&zero::BoundTerms::compute_s);
+  m.optimizer_s = term(&zero::BoundTerms::optimizer_s);
+  m.shared_busy_s = term(&zero::BoundTerms::shared_busy_s);
+  m.nvme_s = term(&zero::BoundTerms::nvme_s);
+  m.copy_s = term(&zero::BoundTerms::copy_s);
+  m.shared_cores = steps.back().shared_cores;
+  return m;
+}
+
 std::string cpu_model_name() {
   std::ifstream in("/proc/cpuinfo");
   std::string line;

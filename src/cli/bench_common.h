@@ -24,6 +24,10 @@ namespace tz::cli {
 // The median of `samples` (the mean of the middle two for an even count); 0 when empty.
 double median(std::vector<double> samples);
 
+// Each bound term's median over `steps` (zero::BoundTerms); a term unknown (< 0) in any step stays
+// unknown (-1), as every step of one run knows the same terms.
+zero::BoundTerms median_bound_terms(const std::vector<zero::BoundTerms>& steps);
+
 // The CPU model from /proc/cpuinfo ("unknown" when it cannot be read).
 std::string cpu_model_name();
 

@@ -246,6 +246,7 @@ json step_line(const BenchZeroOptions& o, const zero::EngineOptions& eo, zero::E
   line["step_s"] = rep.step_s;
   line["bound_s"] = rep.bound_s;
   line["bound_term"] = rep.bound_term;
+  line["bound_terms_s"] = rep.bound_terms.to_json();
   line["loss"] = loss;
   line["grad_norm"] = rep.grad_norm;
   line["loss_scale"] = rep.loss_scale;
@@ -267,7 +268,7 @@ json step_line(const BenchZeroOptions& o, const zero::EngineOptions& eo, zero::E
 // the plan, the ceilings and the machine.
 json summary_json(const BenchZeroOptions& o, const zero::EngineOptions& eo, zero::Engine& engine,
                   json last, const std::vector<double>& step_s, const std::vector<double>& bound_s,
-                  std::uint64_t hash) {
+                  const std::vector<zero::BoundTerms>& terms, std::uint64_t hash) {
   json summary = std::move(last);
   summary["summary"] = true;
   // Steps after the first follow the store's trace; the first one also warms it.
@@ -275,6 +276,10 @@ json summary_json(const BenchZeroOptions& o, const zero::EngineOptions& eo, zero
   std::vector<double> later_bound(bound_s.begin() + (bound_s.size() > 1 ? 1 : 0), bound_s.end());
   summary["step_s"] = median(later);
   summary["bound_s"] = median(later_bound);
+  summary["bound_terms_s"] =
+      median_bound_terms(std::vector<zero::BoundTerms>(terms.begin() + (terms.size() > 1 ? 1 : 0),
+                                                       terms.end()))
+          .to_json();
   summary["steps"] = o.steps;
   char hex[32];
   std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(hash));
@@ -294,6 +299,7 @@ Status run_rank(const BenchZeroOptions& o, const zero::EngineOptions& eo, int ra
   TZ_RETURN_IF_ERROR(model.init(1234));
   const int k = engine->gradient_accumulation_steps();
   std::vector<double> step_s, bound_s;
+  std::vector<zero::BoundTerms> terms;
   for (int step = 0; step < o.steps; ++step) {
     double loss = 0;
     for (int b = 0; b < k; ++b) {
@@ -308,6 +314,7 @@ Status run_rank(const BenchZeroOptions& o, const zero::EngineOptions& eo, int ra
     json line = step_line(o, eo, *engine, rep, loss);
     step_s.push_back(rep.step_s);
     bound_s.push_back(rep.bound_s);
+    terms.push_back(rep.bound_terms);
     std::lock_guard lock(result.mu);
     result.step_lines.push_back(std::move(line));
   }
@@ -315,7 +322,7 @@ Status run_rank(const BenchZeroOptions& o, const zero::EngineOptions& eo, int ra
   if (rank == 0) {
     std::lock_guard lock(result.mu);
     result.summary =
-        summary_json(o, eo, *engine, result.step_lines.back(), step_s, bound_s, hash);
+        summary_json(o, eo, *engine, result.step_lines.back(), step_s, bound_s, terms, hash);
   }
   return Status::ok();
 }

@@ -6,7 +6,9 @@
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <memory>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -315,6 +317,12 @@ std::string steady_bound_term(const std::vector<std::string>& terms) {
   return best;
 }
 
+// Each bound term's median over the same steps.
+zero::BoundTerms steady_bound_terms(const std::vector<zero::BoundTerms>& terms) {
+  if (terms.size() <= 1) return median_bound_terms(terms);
+  return median_bound_terms(std::vector<zero::BoundTerms>(terms.begin() + 1, terms.end()));
+}
+
 std::string hex64(std::uint64_t v) {
   char buf[24];
   std::snprintf(buf, sizeof(buf), "%016llx", static_cast<unsigned long long>(v));
@@ -337,8 +345,9 @@ void print_summary(const RunSetup& s, const train::TrainResult& r) {
     j["tokens_per_s"] = tokens_per_s;
     j["step_s_median"] = step_med;
     j["bound_s"] = steady_median(r.bound_s);
-    j["bound_term"] = steady_bound_term(r.bound_terms);
-    j["bandwidth_bytes_per_s"] = train::bandwidth_json(s.trainer->spec().engine);
+    j["bound_term"] = steady_bound_term(r.bound_term_names);
+    j["bound_terms_s"] = steady_bound_terms(r.bound_terms).to_json();
+    j["bandwidth_bytes_per_s"] = r.bandwidths;
     j["params"] = r.params;
     j["params_xxh3"] = hex64(r.params_xxh3);
     j["peak_bytes"] = r.peak_bytes.to_json();
@@ -357,45 +366,66 @@ void print_summary(const RunSetup& s, const train::TrainResult& r) {
   if (r.val_loss) std::printf(", val loss %.4f", *r.val_loss);
   std::printf("\n  %.0f tokens/s, median step %.3f s (bound %.3f s, %s), %llu params, xxh3 %s\n",
               tokens_per_s, step_med, steady_median(r.bound_s),
-              steady_bound_term(r.bound_terms).c_str(),
+              steady_bound_term(r.bound_term_names).c_str(),
               static_cast<unsigned long long>(r.params), hex64(r.params_xxh3).c_str());
+  if (!r.bound_terms.empty()) {
+    std::printf("  bound terms: %s\n",
+                train::bound_terms_text(steady_bound_terms(r.bound_terms)).c_str());
+  }
   std::printf("  peak %s\n  plan %s\n  nvme per param per step: %.2f B read, %.2f B written\n",
               train::tier_text(r.peak_bytes).c_str(), train::tier_text(r.plan_bytes).c_str(),
               steady_median(r.nvme_read_per_param), steady_median(r.nvme_write_per_param));
 }
 
-// The bandwidths of the step's bound (cli/bench_common.h measure_engine_ceilings: the disk under
-// the run's swap paths when a tier is on NVMe, 256 MiB each way; memcpy for the copies on a
-// host-memory device, whose copies are memcpy) into the trainer; rank 0 prints them before its
-// first step line (train/report.h). Nothing with --no-bandwidth-probe: the bound then leaves
-// those terms out.
-Status measure_bandwidths(RunSetup& s, bool device_is_host_memory) {
-  if (s.flags.no_bandwidth_probe) return Status::ok();
-  zero::EngineOptions eo = s.trainer->spec().engine;
-  Status st = measure_engine_ceilings("train", device_is_host_memory, 256u << 20, eo);
-  if (!st.is_ok()) {
-    return std::move(st).with_context("measuring the step bound's bandwidths "
-                                      "(--no-bandwidth-probe skips it)");
-  }
-  s.trainer->set_bound_bandwidths(eo);
-  return Status::ok();
+// The bound's bandwidths, measured once for every rank of this process (train::TrainIo::
+// bound_bandwidths): the first rank to ask measures, the others wait for its figures.
+struct BoundProbe {
+  std::once_flag once;
+  Status status;
+  zero::EngineOptions measured;
+};
+
+// The hook that measures the bandwidths of the step's bound (cli/bench_common.h
+// measure_engine_ceilings: the disk under the run's swap paths when a tier is on NVMe, 256 MiB
+// each way; memcpy for the copies on a host-memory device, whose copies are memcpy). The ranks
+// call it once their engine has checked its memory plan, so a run the plan refuses spends no
+// time on it; rank 0 prints the figures before its first step line (train/report.h). None with
+// --no-bandwidth-probe: the bound then leaves those terms out.
+std::function<Status(bool, zero::EngineOptions&)> bound_bandwidths_hook(const RunSetup& s,
+                                                                       BoundProbe& probe) {
+  if (s.flags.no_bandwidth_probe) return {};
+  return [&probe](bool device_is_host_memory, zero::EngineOptions& eo) {
+    std::call_once(probe.once, [&] {
+      probe.measured = eo;
+      probe.status =
+          measure_engine_ceilings("train", device_is_host_memory, 256u << 20, probe.measured);
+    });
+    if (!probe.status.is_ok()) {
+      return Status(probe.status).with_context("measuring the step bound's bandwidths "
+                                               "(--no-bandwidth-probe skips it)");
+    }
+    eo.nvme_read_bytes_per_s = probe.measured.nvme_read_bytes_per_s;
+    eo.nvme_write_bytes_per_s = probe.measured.nvme_write_bytes_per_s;
+    eo.copy_bytes_per_s = probe.measured.copy_bytes_per_s;
+    return Status::ok();
+  };
 }
 
 // Runs every rank of this process: one under a launcher (the machine's device and the launcher's
-// communicator), or the --ranks threads. The bound's bandwidths are measured first, once the
-// device is known.
-Status run_ranks(RunSetup& s, const train::TrainIo& io, train::TrainResult& summary) {
+// communicator), or the --ranks threads. Each rank measures the bound's bandwidths (once for all)
+// after its plan is checked (bound_bandwidths_hook).
+Status run_ranks(RunSetup& s, train::TrainIo io, train::TrainResult& summary) {
   const std::uint64_t budget = s.config.tierzero.device_budget;
+  BoundProbe probe;
+  io.bound_bandwidths = bound_bandwidths_hook(s, probe);
   if (!s.launched && s.world > 1) {
     // The rank threads run on HostDevices (zero::run_local_ranks).
-    TZ_RETURN_IF_ERROR(measure_bandwidths(s, /*device_is_host_memory=*/true));
     return s.trainer->run_local_ranks(budget, io, &summary);
   }
   // One rank in this process: the device the machine has (CUDA or HostDevice) and the launcher's
   // communicator (NCCL on GPUs, MPI on CPUs; a single-rank LocalComm alone).
   TZ_ASSIGN_OR_RETURN(auto device, gpu::open_device({.budget_bytes = budget}));
   TZ_ASSIGN_OR_RETURN(auto comm, comm::open_comm(*device, comm::CommBackend::kAuto));
-  TZ_RETURN_IF_ERROR(measure_bandwidths(s, device->host_accessible()));
   return s.trainer->run_rank(comm->rank(), *device, *comm, io, &summary);
 }
 

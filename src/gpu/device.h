@@ -50,8 +50,9 @@ class Stream {
   // The cudaStream_t of a CudaDevice stream; nullptr on HostDevice.
   virtual void* native_handle() = 0;
   // Seconds this stream has spent running work since it was created, where the backend can tell
-  // without slowing the work down (HostDevice times its tasks); a negative value where it cannot
-  // (CUDA: the GPU runs asynchronously and the engine measures compute from the host side).
+  // without slowing the work down (HostDevice times its tasks; time blocked in wait() for another
+  // stream's event is not work); a negative value where it cannot (CUDA: the GPU runs
+  // asynchronously and the engine measures compute from the host side).
   virtual double busy_seconds() const { return -1; }
 
  protected:

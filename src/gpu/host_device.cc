@@ -60,11 +60,14 @@ class HostEvent final : public Event {
       std::lock_guard lock(state_->mu);
       generation = ++state_->recorded;
     }
-    static_cast<HostStream&>(stream).enqueue("event", [state = state_, generation] {
-      std::lock_guard lock(state->mu);
-      state->completed = std::max(state->completed, generation);
-      state->cv.notify_all();
-    });
+    static_cast<HostStream&>(stream).enqueue(
+        "event",
+        [state = state_, generation] {
+          std::lock_guard lock(state->mu);
+          state->completed = std::max(state->completed, generation);
+          state->cv.notify_all();
+        },
+        HostStream::TaskKind::kSync);
     return Status::ok();
   }
 
@@ -94,8 +97,9 @@ class HostEvent final : public Event {
 
 // ---- HostStream --------------------------------------------------------------------------------
 
-Result<std::unique_ptr<HostStream>> HostStream::create(HostDevice* device, std::string name) {
-  std::unique_ptr<HostStream> stream(new HostStream(device, std::move(name)));
+Result<std::unique_ptr<HostStream>> HostStream::create(HostDevice* device, std::string name,
+                                                      BusyUnion* cores) {
+  std::unique_ptr<HostStream> stream(new HostStream(device, std::move(name), cores));
   try {
     stream->worker_ = std::thread([s = stream.get()] { s->run(); });
   } catch (const std::system_error& e) {
@@ -118,11 +122,11 @@ HostStream::~HostStream() {
 
 Device& HostStream::device() { return *device_; }
 
-void HostStream::enqueue(const char* op, std::function<void()> task) {
+void HostStream::enqueue(const char* op, std::function<void()> task, TaskKind kind) {
   std::unique_lock lock(mu_);
   space_cv_.wait(lock, [&] { return queue_.size() < kMaxQueued; });
   TZ_ASSERT(!stopping_, "work enqueued on a stream being destroyed");
-  queue_.push_back(Task{op, std::move(task)});
+  queue_.push_back(Task{op, std::move(task), kind});
   ++enqueued_;
   work_cv_.notify_one();
 }
@@ -141,11 +145,18 @@ void HostStream::run() {
       Trace& trace = Trace::global();
       const bool traced = trace.enabled();
       const double start_us = traced ? trace.now_us() : 0;
+      // A sync task may block until another stream catches up: that is not this stream's work.
+      const bool work = task.kind == TaskKind::kWork;
       const auto t0 = std::chrono::steady_clock::now();
+      if (work && cores_ != nullptr) cores_->enter();
       task.fn();
-      busy_ns_ += static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                                 std::chrono::steady_clock::now() - t0)
-                                                 .count());
+      if (work && cores_ != nullptr) cores_->leave();
+      if (work) {
+        busy_ns_ += static_cast<std::uint64_t>(
+            std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() -
+                                                                 t0)
+                .count());
+      }
       if (traced) trace.span(name_, task.op, start_us, trace.now_us());
     }
     task.fn = nullptr;  // destroy captured state outside the lock, before signalling completion
@@ -174,10 +185,13 @@ Status HostStream::wait(const Event& event) {
     target = state->recorded;
     if (state->completed >= target) return Status::ok();  // nothing to wait for
   }
-  enqueue("wait", [state = std::move(state), target] {
-    std::unique_lock lock(state->mu);
-    state->cv.wait(lock, [&] { return state->completed >= target; });
-  });
+  enqueue(
+      "wait",
+      [state = std::move(state), target] {
+        std::unique_lock lock(state->mu);
+        state->cv.wait(lock, [&] { return state->completed >= target; });
+      },
+      TaskKind::kSync);
   return Status::ok();
 }
 
@@ -225,7 +239,8 @@ Result<std::unique_ptr<HostDevice>> HostDevice::create(std::uint64_t budget_byte
   if (const char* env = std::getenv("TZ_DEVICE_POISON"); env != nullptr && *env != '\0') {
     device->poison_ = std::strcmp(env, "0") != 0;
   }
-  TZ_ASSIGN_OR_RETURN(auto compute, HostStream::create(device.get(), "host:compute"));
+  TZ_ASSIGN_OR_RETURN(auto compute, HostStream::create(device.get(), "host:compute",
+                                                           &BusyUnion::host_cores()));
   TZ_ASSIGN_OR_RETURN(auto h2d, HostStream::create(device.get(), "host:h2d"));
   TZ_ASSIGN_OR_RETURN(auto d2h, HostStream::create(device.get(), "host:d2h"));
   device->set_default_streams(std::move(compute), std::move(h2d), std::move(d2h));

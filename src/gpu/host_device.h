@@ -16,6 +16,7 @@
 #include <string>
 #include <thread>
 
+#include "core/busy_union.h"
 #include "gpu/device.h"
 
 namespace tz::gpu {
@@ -28,8 +29,16 @@ class HostStream final : public Stream {
  public:
   static constexpr std::size_t kMaxQueued = 4096;
 
-  // Starts the worker thread; fails with kUnavailable when the thread cannot be created.
-  static Result<std::unique_ptr<HostStream>> create(HostDevice* device, std::string name);
+  // What a task does: work (a kernel, a copy, a host callback) counts in busy_seconds() and in
+  // the stream's BusyUnion; a sync task (an event's record, a wait for another stream's event)
+  // only orders work and may block for as long as the other stream runs, so it counts in neither.
+  enum class TaskKind : std::uint8_t { kWork, kSync };
+
+  // Starts the worker thread; fails with kUnavailable when the thread cannot be created. `cores`
+  // (may be null): the tracker the stream's work tasks enter while they run (the compute
+  // stream's: BusyUnion::host_cores(), core/busy_union.h).
+  static Result<std::unique_ptr<HostStream>> create(HostDevice* device, std::string name,
+                                                    BusyUnion* cores = nullptr);
   // Waits for the enqueued work, then stops the worker.
   ~HostStream() override;
 
@@ -38,17 +47,20 @@ class HostStream final : public Stream {
   Status synchronize() override;
   Status wait(const Event& event) override;
   void* native_handle() override { return nullptr; }
+  // The time spent in work tasks (TaskKind::kWork); waits on other streams' events are not work.
   double busy_seconds() const override { return static_cast<double>(busy_ns_.load()) * 1e-9; }
 
   // Appends `task` (labelled `op` in the trace); it runs after every task enqueued before it.
-  void enqueue(const char* op, std::function<void()> task);
+  void enqueue(const char* op, std::function<void()> task, TaskKind kind = TaskKind::kWork);
 
  private:
-  HostStream(HostDevice* device, std::string name) : device_(device), name_(std::move(name)) {}
+  HostStream(HostDevice* device, std::string name, BusyUnion* cores)
+      : device_(device), name_(std::move(name)), cores_(cores) {}
   void run();
 
   HostDevice* device_;
   std::string name_;
+  BusyUnion* cores_;  // null: the stream's work is tracked by busy_ns_ only
   std::mutex mu_;
   std::condition_variable work_cv_;   // the worker waits for tasks
   std::condition_variable space_cv_;  // enqueue waits for room
@@ -56,12 +68,13 @@ class HostStream final : public Stream {
   struct Task {
     const char* op;
     std::function<void()> fn;
+    TaskKind kind;
   };
   std::deque<Task> queue_;       // guarded by mu_
   std::uint64_t enqueued_ = 0;   // guarded by mu_
   std::uint64_t completed_ = 0;  // guarded by mu_
   bool stopping_ = false;        // guarded by mu_
-  std::atomic<std::uint64_t> busy_ns_{0};  // time spent in tasks, written by the worker
+  std::atomic<std::uint64_t> busy_ns_{0};  // time spent in work tasks, written by the worker
   std::thread worker_;
 };
 

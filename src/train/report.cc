@@ -27,6 +27,22 @@ nlohmann::ordered_json bandwidth_json(const zero::EngineOptions& engine) {
           {"copy", engine.copy_bytes_per_s}};
 }
 
+std::string bound_terms_text(const zero::BoundTerms& t) {
+  std::string text;
+  auto add = [&](const char* name, double s) {
+    if (s < 0) return;
+    char buf[64];
+    std::snprintf(buf, sizeof(buf), "%s%s %.3f s", text.empty() ? "" : ", ", name, s);
+    text += buf;
+  };
+  add("compute", t.compute_s);
+  add("optimizer", t.optimizer_s);
+  add("shared busy", t.shared_busy_s);
+  add("nvme", t.nvme_s);
+  add("copy", t.copy_s);
+  return text;
+}
+
 Reporter::Reporter(int steps, std::uint64_t steps_per_print, std::uint64_t tokens_per_step,
                    nlohmann::ordered_json bandwidths, OutputFile* metrics, bool print)
     : steps_(steps),
@@ -68,6 +84,7 @@ void Reporter::write_metrics(const zero::StepReport& r, double loss,
   j["tokens_per_s"] = r.step_s > 0 ? static_cast<double>(tokens_per_step_) / r.step_s : 0;
   j["bound_s"] = r.bound_s;
   j["bound_term"] = r.bound_term;
+  j["bound_terms_s"] = r.bound_terms.to_json();
   j["bandwidth_bytes_per_s"] = bandwidths_;
   j["stall_fraction"] = share(r, r.stall_s);
   j["wait_params_fraction"] = share(r, r.stall_gather_s);

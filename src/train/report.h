@@ -23,6 +23,10 @@ std::string tier_text(const zero::TierBytes& bytes);
 // summary and metrics lines and `bench zero`'s summary carry them.
 nlohmann::ordered_json bandwidth_json(const zero::EngineOptions& engine);
 
+// "compute 1.234 s, optimizer 0.456 s, shared busy 1.500 s, nvme 0.800 s, copy 0.100 s": the
+// bound's terms as the summary prints them; unknown terms (< 0) left out.
+std::string bound_terms_text(const zero::BoundTerms& t);
+
 class Reporter {
  public:
   // `steps`: the run's last step (the bar's end); a step line every `steps_per_print` steps (and

@@ -123,6 +123,13 @@ Status RankRun::setup(gpu::Device& device, std::shared_ptr<const model::TokenDat
   TZ_ASSIGN_OR_RETURN(engine_, zero::Engine::create(spec_.engine, device, comm_));
   TZ_ASSIGN_OR_RETURN(net_, model::create_model(spec_.model, spec_.model_options, *engine_));
   TZ_RETURN_IF_ERROR(engine_->finalize());
+  if (io_.bound_bandwidths) {
+    // After the plan's check, before the weights load (the disk probe's writes come first).
+    zero::EngineOptions measured = engine_->options();
+    TZ_RETURN_IF_ERROR(io_.bound_bandwidths(device.host_accessible(), measured));
+    engine_->set_bound_bandwidths(measured.nvme_read_bytes_per_s, measured.nvme_write_bytes_per_s,
+                                  measured.copy_bytes_per_s);
+  }
   TZ_ASSIGN_OR_RETURN(RankScalars scalars, RankScalars::create(device, comm_));
   scalars_.emplace(std::move(scalars));
   // Each rank reads only its part of the weights (model/hf_folder.h), so a bad value fails only
@@ -140,9 +147,10 @@ Status RankRun::setup(gpu::Device& device, std::shared_ptr<const model::TokenDat
                         model::make_validation_set(std::move(val_data), lo, spec_.val_batches));
     val_.emplace(std::move(v));
   }
+  if (result_ != nullptr) result_->bandwidths = bandwidth_json(engine_->options());
   if (rank_ == 0) {
     reporter_.emplace(spec_.steps, spec_.engine.config.steps_per_print, trainer_.tokens_per_step(),
-                      bandwidth_json(spec_.engine), io_.metrics, io_.print);
+                      bandwidth_json(engine_->options()), io_.metrics, io_.print);
   }
   if (val_ && spec_.eval_every > 0) {
     TZ_ASSIGN_OR_RETURN(double v0, evaluate());
@@ -210,7 +218,8 @@ void RankRun::record(int step, const zero::StepReport& rep, double loss, std::op
   if (val_loss) result_->val_loss = val_loss;
   result_->step_s.push_back(rep.step_s);
   result_->bound_s.push_back(rep.bound_s);
-  result_->bound_terms.push_back(rep.bound_term);
+  result_->bound_term_names.push_back(rep.bound_term);
+  result_->bound_terms.push_back(rep.bound_terms);
   const double p = static_cast<double>(engine_->param_count());
   result_->nvme_read_per_param.push_back(static_cast<double>(rep.nvme_read_bytes) / p);
   result_->nvme_write_per_param.push_back(static_cast<double>(rep.nvme_write_bytes) / p);
@@ -317,12 +326,6 @@ Result<Trainer> Trainer::create(TrainSpec spec) {
   }
   t.spec_ = std::move(spec);
   return t;
-}
-
-void Trainer::set_bound_bandwidths(const zero::EngineOptions& measured) {
-  spec_.engine.nvme_read_bytes_per_s = measured.nvme_read_bytes_per_s;
-  spec_.engine.nvme_write_bytes_per_s = measured.nvme_write_bytes_per_s;
-  spec_.engine.copy_bytes_per_s = measured.copy_bytes_per_s;
 }
 
 Status Trainer::run_rank(int rank, gpu::Device& device, comm::Comm& comm, const TrainIo& io,

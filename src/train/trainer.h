@@ -70,7 +70,9 @@ struct TrainResult {
   std::vector<double> losses;      // per step taken (mean over ranks and micro-batches)
   std::vector<double> step_s;
   std::vector<double> bound_s;
-  std::vector<std::string> bound_terms;  // per step: the term that set bound_s (StepReport)
+  std::vector<std::string> bound_term_names;  // per step: the term that set bound_s (StepReport)
+  std::vector<zero::BoundTerms> bound_terms;   // per step: the terms bound_s is the max of
+  nlohmann::ordered_json bandwidths;  // the bound's bandwidths (bandwidth_json), rank 0's engine
   std::vector<double> nvme_read_per_param;
   std::vector<double> nvme_write_per_param;
   std::uint64_t params = 0;
@@ -93,6 +95,15 @@ struct TrainIo {
   OutputFile* metrics = nullptr;
   // Rank 0 prints the step lines (and a progress bar on a terminal) on stderr.
   bool print = true;
+  // Measures the step bound's bandwidths into `options` (a copy of the rank's engine options: its
+  // config and nvme_path say which disks; the callee sets nvme_read_bytes_per_s,
+  // nvme_write_bytes_per_s and copy_bytes_per_s) for a device that is or is not host memory.
+  // Every rank calls it once its engine has checked the memory plan (finalize), so a run the plan
+  // refuses spends no time on the probe, and before its weights load and its first step. With
+  // ranks as threads it is called from each rank's thread: it must be thread-safe and should
+  // measure once for all of them. An error stops the rank. Empty: the bandwidths of
+  // TrainSpec::engine stand.
+  std::function<Status(bool device_is_host_memory, zero::EngineOptions& options)> bound_bandwidths;
 };
 
 class Trainer {
@@ -113,11 +124,6 @@ class Trainer {
   // `device_budget_bytes` (0: the default). The first rank's error, naming the rank.
   Status run_local_ranks(std::uint64_t device_budget_bytes, const TrainIo& io,
                          TrainResult* result) const;
-
-  // The bandwidths of the engine's step bound (zero::EngineOptions::nvme_read_bytes_per_s,
-  // nvme_write_bytes_per_s and copy_bytes_per_s, copied from `measured`), which the caller
-  // measures once it knows the device the ranks run on; before run_rank or run_local_ranks.
-  void set_bound_bandwidths(const zero::EngineOptions& measured);
 
   const TrainSpec& spec() const { return spec_; }
   std::uint64_t tokens_per_step() const { return tokens_per_step_; }  // B * T * k * world

@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <vector>
 
+#include "core/busy_union.h"
+
 namespace tz::zero::impl {
 
 void Accounting::set_plan(const MemoryPlan& plan) {
@@ -144,11 +146,14 @@ void Accounting::open_step() {
   ctx_.counters.optimizer_s = 0;
   ctx_.counters.copy_bytes = 0;
   compute_busy_base_ = ctx_.device.compute_stream().busy_seconds();
+  shared_busy_base_ = BusyUnion::host_cores().seconds();
 }
 
 StepBound step_bound_of(const BoundTerms& t) {
   StepBound b;
-  if (t.shared_cores) {
+  if (t.shared_cores && t.shared_busy_s >= 0) {
+    b.seconds = std::max({t.shared_busy_s, t.compute_s, t.optimizer_s});
+  } else if (t.shared_cores) {
     b.seconds = t.compute_s + t.optimizer_s;
   } else {
     b.seconds = t.compute_s;
@@ -159,14 +164,11 @@ StepBound step_bound_of(const BoundTerms& t) {
   return b;
 }
 
-// The step's lower bound (DESIGN.md): max(compute, NVMe bytes / NVMe bandwidth, host<->device
-// bytes / copy bandwidth, CPU optimizer time). Compute is the step's time outside the engine's
-// calls (the model's own work), or the compute stream's busy time where the device can tell
-// (HostDevice: the model's kernels run on the stream's thread while the engine waits in its
-// calls, so the time outside them is only the enqueueing). On a host-accessible device compute
-// and the CPU optimizer run on the same cores, so those two add. A bandwidth of 0 (unknown)
-// drops its term.
-StepBound Accounting::step_bound(const StepReport& r, std::uint64_t copy_bytes) const {
+// The step's lower bound's terms (accounting.h): compute from the step's time outside the
+// engine's calls or the compute stream's busy time, whichever is larger; the CPU optimizer; on a
+// host-memory device the union of the two's busy time over the step's window; NVMe and copies
+// from the step's bytes at the measured bandwidths (0: unknown, the term stays out).
+BoundTerms Accounting::bound_terms(const StepReport& r, std::uint64_t copy_bytes) const {
   const double engine_s = r.stall_gather_s + r.stall_reduce_s + r.stall_optimizer_s;
   BoundTerms t;
   t.compute_s = std::max(0.0, r.step_s - engine_s);
@@ -176,6 +178,7 @@ StepBound Accounting::step_bound(const StepReport& r, std::uint64_t copy_bytes) 
   }
   t.optimizer_s = ctx_.counters.optimizer_s;
   t.shared_cores = ctx_.device.host_accessible();
+  if (t.shared_cores) t.shared_busy_s = BusyUnion::host_cores().seconds() - shared_busy_base_;
   if (options_.nvme_read_bytes_per_s > 0 && options_.nvme_write_bytes_per_s > 0) {
     t.nvme_s = static_cast<double>(r.nvme_read_bytes) / options_.nvme_read_bytes_per_s +
                static_cast<double>(r.nvme_write_bytes) / options_.nvme_write_bytes_per_s;
@@ -183,7 +186,7 @@ StepBound Accounting::step_bound(const StepReport& r, std::uint64_t copy_bytes) 
   if (options_.copy_bytes_per_s > 0) {
     t.copy_s = static_cast<double>(copy_bytes) / options_.copy_bytes_per_s;
   }
-  return step_bound_of(t);
+  return t;
 }
 
 // DESIGN.md's communication per rank per step for this config and model, in the ring's byte
@@ -252,8 +255,8 @@ void Accounting::close_step_report(StepReport& report, Clock::time_point t_opt, 
   report.frozen_home_write_bytes = frozen_writes - home_write_base_.first;
   report.trainable_home_write_bytes = trainable_writes - home_write_base_.second;
   const std::uint64_t link_bytes = copy_link_bytes(ss);
-  const StepBound bound =
-      step_bound(report, link_bytes - copy_link_base_ + ctx_.counters.copy_bytes);
+  report.bound_terms = bound_terms(report, link_bytes - copy_link_base_ + ctx_.counters.copy_bytes);
+  const StepBound bound = step_bound_of(report.bound_terms);
   report.bound_s = bound.seconds;
   report.bound_term = bound.term;
   ctx_.counters.optimizer_s = 0;

@@ -13,25 +13,16 @@
 
 namespace tz::zero::impl {
 
-// The terms of a step's lower bound (DESIGN.md), in seconds; a term below 0 is unknown (its
-// bandwidth was not measured) and left out.
-struct BoundTerms {
-  double compute_s = 0;    // the model's own work
-  double optimizer_s = 0;  // the CPU optimizer
-  double nvme_s = -1;      // NVMe read bytes / read bandwidth + write bytes / write bandwidth
-  double copy_s = -1;      // host <-> device bytes / copy bandwidth
-  // Compute and the CPU optimizer run on the same cores (a host-memory device): they add.
-  bool shared_cores = false;
-};
-
 // The bound and the term that set it (StepReport::bound_term's names).
 struct StepBound {
   double seconds = 0;
   const char* term = "compute";
 };
 
-// max(compute (+ optimizer when they share the cores), optimizer, nvme, copy) and its term; on a
-// tie the earlier of compute, optimizer, nvme, copy names it. Pure (tests/unit/zero/bound_test).
+// max(compute, optimizer, nvme, copy) and its term; on a tie the earlier of compute, optimizer,
+// nvme, copy names it. Where compute and the optimizer share the cores, the two are one term
+// named compute: max(shared_busy, compute, optimizer) where the union is known (the union holds
+// both, so it is at least each one), their sum where it is not. Pure (tests/unit/zero/bound_test).
 StepBound step_bound_of(const BoundTerms& terms);
 
 class Accounting {
@@ -71,14 +62,15 @@ class Accounting {
   // Store::home_write_bytes summed over frozen units' blocks (first) and trainable units'.
   std::pair<std::uint64_t, std::uint64_t> home_write_bytes() const;
 
-  // The step's lower bound (DESIGN.md): max(compute, NVMe bytes / NVMe bandwidth, host<->device
-  // bytes / copy bandwidth, CPU optimizer time). Compute is the step's time outside the engine's
-  // calls (the model's own work), or the compute stream's busy time where the device can tell
-  // (HostDevice: the model's kernels run on the stream's thread while the engine waits in its
-  // calls, so the time outside them is only the enqueueing). On a host-accessible device compute
-  // and the CPU optimizer run on the same cores, so those two add. A bandwidth of 0 (unknown)
-  // drops its term. Returns the bound and the term that set it (step_bound_of).
-  StepBound step_bound(const StepReport& r, std::uint64_t copy_bytes) const;
+  // The step's lower bound's terms (DESIGN.md): compute, NVMe bytes / NVMe bandwidth,
+  // host<->device bytes / copy bandwidth, CPU optimizer time. Compute is the step's time outside
+  // the engine's calls (the model's own work), or the compute stream's busy time where the device
+  // can tell (HostDevice: the model's kernels run on the stream's thread while the engine waits
+  // in its calls, so the time outside them is only the enqueueing). On a host-accessible device
+  // compute and the CPU optimizer run on the same cores: shared_busy is the union of their busy
+  // time in the step's window (BusyUnion::host_cores()). A bandwidth of 0 (unknown) drops its
+  // term. step_bound_of turns them into the bound.
+  BoundTerms bound_terms(const StepReport& r, std::uint64_t copy_bytes) const;
 
   // DESIGN.md's communication per rank per step for this config and model, in the ring's byte
   // counts (comm::ring_bytes): every micro-batch reduce-scatters each trainable unit (the 16-bit
@@ -104,6 +96,7 @@ class Accounting {
   bool step_open_ = false;
   Clock::time_point step_start_;
   double compute_busy_base_ = -1;  // the compute stream's busy_seconds() when the step opened
+  double shared_busy_base_ = 0;    // BusyUnion::host_cores().seconds() when the step opened
   comm::CommCounters comm_base_;
   std::uint64_t nvme_read_base_ = 0;
   std::uint64_t nvme_write_base_ = 0;

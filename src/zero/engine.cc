@@ -57,6 +57,17 @@ nlohmann::ordered_json TierBytes::to_json() const {
   return j;
 }
 
+nlohmann::ordered_json BoundTerms::to_json() const {
+  auto seconds = [](double v) { return v < 0 ? nlohmann::ordered_json() : nlohmann::ordered_json(v); };
+  nlohmann::ordered_json j;
+  j["compute"] = seconds(compute_s);
+  j["optimizer"] = seconds(optimizer_s);
+  j["shared_busy"] = seconds(shared_busy_s);
+  j["nvme"] = seconds(nvme_s);
+  j["copy"] = seconds(copy_s);
+  return j;
+}
+
 namespace impl {
 
 Status EngineImpl::init() {

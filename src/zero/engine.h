@@ -133,6 +133,24 @@ struct TierBytes {
   nlohmann::ordered_json to_json() const;
 };
 
+// The terms of a step's lower bound (DESIGN.md; docs/zero.md, "Accounting"), in seconds. A term
+// below 0 is unknown (its bandwidth was not measured) or does not apply (the shared-cores union
+// off a host-memory device); it is left out of the bound and written as null in JSON.
+struct BoundTerms {
+  double compute_s = 0;    // the model's own work
+  double optimizer_s = 0;  // the CPU optimizer and host gradient accumulation
+  // On a host-memory device (shared_cores): the time in the step's window during which this
+  // process's cores ran a HostDevice compute stream's work or the CPU optimizer, whichever rank's
+  // (core/busy_union.h BusyUnion::host_cores()): the two counted once where they overlap.
+  double shared_busy_s = -1;
+  double nvme_s = -1;  // NVMe read bytes / read bandwidth + write bytes / write bandwidth
+  double copy_s = -1;  // host <-> device bytes / copy bandwidth
+  // Compute and the CPU optimizer run on the same cores (a host-memory device).
+  bool shared_cores = false;
+  // {"compute", "optimizer", "shared_busy", "nvme", "copy"}: seconds, null where below 0.
+  nlohmann::ordered_json to_json() const;
+};
+
 // What one optimizer step did and cost, on this rank.
 struct StepReport {
   std::int64_t step = 0;          // 1-based count of optimizer steps taken (skipped ones too)
@@ -145,11 +163,12 @@ struct StepReport {
   double loss_scale = 1;          // scale the step's backward used (1 without fp16)
   double step_s = 0;              // wall time from the previous step() (or first gather) to now
   double bound_s = 0;             // the step's lower bound (DESIGN.md) from this step's bytes
-  // The term that set bound_s: "compute" (the model's work; with the CPU optimizer added on a
-  // host-memory device, where the two share the cores), "optimizer" (the CPU optimizer, on a
+  // The term that set bound_s: "compute" (the model's work; on a host-memory device, where the
+  // CPU optimizer shares the cores, the union of the two's busy time, BoundTerms::shared_busy_s), "optimizer" (the CPU optimizer, on a
   // device with cores of its own), "nvme" (NVMe bytes at the measured disk bandwidths) or "copy"
   // (host <-> device bytes at the copy bandwidth). Terms whose bandwidth is 0 never set it.
   std::string bound_term = "compute";
+  BoundTerms bound_terms;  // what bound_s was the max of
   double stall_s = 0;             // time the rank's thread waited, by cause below
   double stall_gather_s = 0;
   double stall_reduce_s = 0;
@@ -257,6 +276,12 @@ class Engine {
   virtual const UnitLayout& layout(UnitId unit) const = 0;
   virtual int optimizer_state_count() const = 0;
   virtual const EngineOptions& options() const = 0;
+  // The bandwidths of StepReport::bound_s after creation (EngineOptions::nvme_read_bytes_per_s,
+  // nvme_write_bytes_per_s, copy_bytes_per_s; 0 = unknown, the term is left out): a caller may
+  // measure them once finalize() has checked the plan, so that a run the plan refuses spends no
+  // time on the probe. Between steps (the next step's bound uses them).
+  virtual void set_bound_bandwidths(double nvme_read_bytes_per_s, double nvme_write_bytes_per_s,
+                                    double copy_bytes_per_s) = 0;
 
   // --- Accounting -------------------------------------------------------------------------------
   // The plan (what finalize allocated per tier, by term) and DESIGN.md's formula for the config.

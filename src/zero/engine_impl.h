@@ -114,6 +114,12 @@ class EngineImpl final : public Engine {
   const UnitLayout& layout(UnitId unit) const override;
   int optimizer_state_count() const override { return ctx_.states; }
   const EngineOptions& options() const override { return options_; }
+  void set_bound_bandwidths(double nvme_read_bytes_per_s, double nvme_write_bytes_per_s,
+                            double copy_bytes_per_s) override {
+    options_.nvme_read_bytes_per_s = nvme_read_bytes_per_s;
+    options_.nvme_write_bytes_per_s = nvme_write_bytes_per_s;
+    options_.copy_bytes_per_s = copy_bytes_per_s;
+  }
 
   // --- Accounting (accounting.h)
   // ------------------------------------------------------------------

@@ -2,6 +2,7 @@
 // (device, CPU, NVMe-streamed states) and the new 16-bit parameters written to their home tier.
 #include "zero/optimizer_driver.h"
 
+#include "core/busy_union.h"
 #include "zero/optimizer_args.h"
 #include "zero/schedule.h"
 
@@ -131,8 +132,12 @@ Status OptimizerDriver::update_unit(Unit& u, const cpu::StepArgs& args) {
     cpu::StepArgs sa = args;
     sa.grad_dtype = grad_dtype;
     const auto t_cpu = Clock::now();
-    TZ_RETURN_IF_ERROR(ctx_.with_unit(u, "step: cpu optimizer",
-                                      cpu_opt_->step(std::span<const cpu::Shard>(&shard, 1), sa)));
+    {
+      // The cores' busy time, which the bound counts once with a host-memory device's compute.
+      BusyScope busy(BusyUnion::host_cores());
+      TZ_RETURN_IF_ERROR(ctx_.with_unit(
+          u, "step: cpu optimizer", cpu_opt_->step(std::span<const cpu::Shard>(&shard, 1), sa)));
+    }
     ctx_.counters.optimizer_s += seconds_since(t_cpu);
     if (in_place) {
       if (!copy16) std::memcpy(param_dst, master.data(), n * 4);
@@ -343,9 +348,14 @@ Result<double> OptimizerDriver::update_unit_on_host(Unit& u, const cpu::StepArgs
   shard.param_copy = copy16 ? param_copy : nullptr;
   shard.n = u.opt_elems;
   const auto t0 = Clock::now();
-  TZ_RETURN_IF_ERROR(ctx_.with_unit(u, step_what.c_str(),
-                                    cpu_opt_->step(std::span<const cpu::Shard>(&shard, 1), args)));
-  if (!copy16) std::memcpy(param_copy, master.data(), u.opt_elems * 4);
+  {
+    // The cores' busy time, which the bound counts once with a host-memory device's compute (the
+    // update runs beside the next forward's kernels).
+    BusyScope busy(BusyUnion::host_cores());
+    TZ_RETURN_IF_ERROR(ctx_.with_unit(
+        u, step_what.c_str(), cpu_opt_->step(std::span<const cpu::Shard>(&shard, 1), args)));
+    if (!copy16) std::memcpy(param_copy, master.data(), u.opt_elems * 4);
+  }
   const double seconds = seconds_since(t0);
   for (int s = 0; s < ctx_.states; ++s) states[s].release();
   master.release();

@@ -3,6 +3,7 @@
 // global norm and overflow count over every rank's shards, and the gradients zeroed for a step.
 #include "zero/reducer.h"
 
+#include "core/busy_union.h"
 #include "zero/optimizer_args.h"
 
 namespace tz::zero::impl {
@@ -83,7 +84,10 @@ Result<bool> GradientReducer::reduce(Unit& u) {
                         ctx_.pin_for(u, "reduce", u.grad_acc, Tier::kHost, Access::kReadWrite));
     TZ_RETURN_IF_ERROR(ctx_.with_unit(u, "reduce", acc.wait()));
     const auto t_acc = Clock::now();
-    host_accumulate(static_cast<float*>(acc.data()), ctx_.stage16.data(), ctx_.compute_dtype, s);
+    {
+      BusyScope busy(BusyUnion::host_cores());  // the cores' busy time (Accounting::bound_terms)
+      host_accumulate(static_cast<float*>(acc.data()), ctx_.stage16.data(), ctx_.compute_dtype, s);
+    }
     ctx_.counters.optimizer_s += seconds_since(t_acc);
     acc.release();
   }

@@ -3,8 +3,12 @@
 # step's bound"): a stage-3 run with both offloads on NVMe reports disk bandwidths > 0 in its
 # summary and in every --metrics line, each step's bound_s is at least the NVMe term computed here
 # from the reported bytes and bandwidths (equal to it when bound_term says "nvme"), and bound_term
-# is one of the documented names; a run without NVMe reports no disk bandwidth and never "nvme";
-# --no-bandwidth-probe measures nothing and leaves both terms out. The probe leaves no file behind.
+# is one of the documented names; every line and the summary carry the terms (bound_terms_s), the
+# bound is their max by the documented rule and its term names the one that set it, the NVMe term
+# is the one computed here, and the shared-cores union (a host-memory device) lies within the
+# step's window; a run without NVMe reports no disk bandwidth and never "nvme" (its NVMe term null);
+# --no-bandwidth-probe measures nothing and leaves both terms out (null). The probe leaves no file
+# behind.
 tz=$1
 . "$(dirname "$0")/common.sh"
 make_text "$work/train.txt"
@@ -22,6 +26,25 @@ run() {  # NAME CONFIG [flags...]
 run nvme "$work/c_nvme.json" --nvme-path "$work/nvme"
 run cpu "$work/c_cpu.json"
 run noprobe "$work/c_nvme.json" --nvme-path "$work/nvme" --no-bandwidth-probe
+# A run the plan refuses (a device budget below the plan's irreducible minimum) fails with the
+# plan's error and never runs the disk probe: the ranks measure the bandwidths after the engine
+# has checked its plan. strace shows whether the probe's file (tierzero-train-probe.PID) was
+# opened; without strace the check is skipped.
+config "$work/c_refused.json" 3 nvme nvme ', "tierzero": {"device_budget": "64K"}'
+if command -v strace > /dev/null && strace -o /dev/null true 2> /dev/null; then
+  strace -f -e trace=openat -o "$work/refused.strace" "$tz" train --config "$work/c_refused.json" \
+    --model "$model" --data "$work/train.txt" --steps 1 --nvme-path "$work/nvme" \
+    > /dev/null 2> "$work/refused.err"
+  rc=$?
+  if [ "$rc" = 1 ] && grep -q "engine plan" "$work/refused.err" \
+     && ! grep -q "tierzero-train-probe" "$work/refused.strace"; then
+    ok "a run the plan refuses fails with the plan's error before any disk probe"
+  else
+    bad "refused run: rc $rc, $(tail -1 "$work/refused.err"), probe opened: $(grep -c tierzero-train-probe "$work/refused.strace")"
+  fi
+else
+  echo "skip the refused run's probe check: no usable strace"
+fi
 left=$(ls "$work/nvme" | grep -c probe)
 [ "$left" = 0 ] && ok "no probe file left in the swap path" || bad "probe files left: $(ls "$work/nvme")"
 python3 - "$work" <<'PY' || fail=1
@@ -40,7 +63,30 @@ def load(name):
     # The text step lines name the term: "bound 0.123 s (compute)".
     terms = re.findall(r"bound [0-9.]+ s \(([a-z]+)\)", err)
     assert terms == [l["bound_term"] for l in lines], (name, terms, err)
+    for l in lines + [summary]:
+        check_terms(name, l)
     return lines, summary, err
+
+def check_terms(name, l):
+    """bound_s is the max of the terms (docs/zero.md): compute and optimizer are one term where
+    the cores are shared (the union, at least each of the two), separate terms otherwise; null
+    terms are out. Per step (not the summary's medians): the union lies within the step."""
+    t = l["bound_terms_s"]
+    assert list(t) == ["compute", "optimizer", "shared_busy", "nvme", "copy"], (name, t)
+    assert t["compute"] is not None and t["optimizer"] is not None, (name, t)
+    if "summary" in l or "step" not in l:
+        return
+    cores = {"compute": t["compute"], "optimizer": t["optimizer"]}
+    if t["shared_busy"] is not None:
+        assert t["shared_busy"] <= l["step_s"] * 1.01 + 0.01, (name, l["step"], t, l["step_s"])
+        cores = {"compute": max(t["shared_busy"], t["compute"], t["optimizer"])}
+    cand = dict(cores)
+    for k in ("nvme", "copy"):
+        if t[k] is not None:
+            cand[k] = t[k]
+    best = max(cand.values())
+    assert abs(l["bound_s"] - best) <= 1e-9 * max(best, 1e-12), (name, l["step"], l["bound_s"], cand)
+    assert abs(cand[l["bound_term"]] - best) <= 1e-9 * max(best, 1e-12), (name, l["bound_term"], cand)
 
 lines, s, err = load("nvme")
 bw = s["bandwidth_bytes_per_s"]
@@ -55,21 +101,27 @@ for l in lines:
     assert l["bound_s"] >= nvme_s * (1 - 1e-9), (l["step"], l["bound_s"], nvme_s)
     if l["bound_term"] == "nvme":
         assert abs(l["bound_s"] - nvme_s) <= 1e-9 * nvme_s, (l["step"], l["bound_s"], nvme_s)
+    assert abs(l["bound_terms_s"]["nvme"] - nvme_s) <= 1e-9 * max(nvme_s, 1e-12), (l, nvme_s)
+    assert l["bound_terms_s"]["copy"] is not None, l
 print(f"ok   nvme: read {bw['nvme_read']/1e9:.2f} GB/s write {bw['nvme_write']/1e9:.2f} GB/s, "
       f"bounds {[round(l['bound_s'], 4) for l in lines]} >= their NVMe terms, terms "
-      f"{[l['bound_term'] for l in lines]}")
+      f"{[l['bound_term'] for l in lines]}, the max of {[l['bound_terms_s'] for l in lines]}")
 
 lines, s, err = load("cpu")
 bw = s["bandwidth_bytes_per_s"]
 assert bw["nvme_read"] == 0 and bw["nvme_write"] == 0 and bw["copy"] > 0, bw
 assert all(l["bound_term"] != "nvme" for l in lines + [s]), lines
 assert "disk read" not in err, err
+assert all(l["bound_terms_s"]["nvme"] is None and l["bound_terms_s"]["copy"] is not None
+           for l in lines + [s]), lines
 print("ok   no NVMe: no disk bandwidth, never bound by nvme")
 
 lines, s, err = load("noprobe")
 assert s["bandwidth_bytes_per_s"] == {"nvme_read": 0, "nvme_write": 0, "copy": 0}, s
 assert all(l["bound_term"] in ("compute", "optimizer") for l in lines + [s]), lines
 assert "bound bandwidths" not in err, err
+assert all(l["bound_terms_s"]["nvme"] is None and l["bound_terms_s"]["copy"] is None
+           for l in lines + [s]), lines
 print("ok   --no-bandwidth-probe: nothing measured, the bound without NVMe and copies")
 PY
 exit $fail

@@ -13,6 +13,7 @@ python3 - "$work/m.jsonl" "$work/summary.json" <<'PY' || fail=1
 import json, math, sys
 lines = [json.loads(l) for l in open(sys.argv[1])]
 step_keys = ["step", "loss", "lr", "grad_norm", "loss_scale", "step_s", "tokens_per_s", "bound_s",
+             "bound_term", "bound_terms_s",
              "stall_fraction", "wait_params_fraction", "wait_grads_fraction",
              "wait_optimizer_fraction", "bytes_in_use"]
 assert [l["step"] for l in lines] == [1, 2, 3], [l.get("step") for l in lines]
@@ -30,6 +31,7 @@ for l in lines:
 assert [("val_loss" in l) for l in lines] == [False, True, True], lines
 s = json.load(open(sys.argv[2]))
 summary_keys = ["steps", "final_loss", "val_loss", "tokens_per_s", "step_s_median", "bound_s",
+                "bound_term", "bound_terms_s",
                 "params", "params_xxh3", "peak_bytes", "plan_bytes", "comm_bytes",
                 "nvme_bytes_per_param"]
 missing = [k for k in summary_keys if k not in s]

@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/busy_union.h"
 #include "device_conformance.h"
 
 namespace tz::gpu {
@@ -269,6 +270,40 @@ TEST(HostDevice, ReallocatedBufferIsNotFaultedInAgain) {
   const long faults = after.ru_minflt - before.ru_minflt;
   EXPECT_LT(faults, static_cast<long>(kBytes / 4096 / 16))
       << faults << " minor faults touching a reallocated " << kBytes << "-byte buffer";
+}
+
+// A stream blocked in wait() on another stream's event is not busy (the step's bound counts the
+// compute stream's busy time as the model's compute): the compute stream waits for an event that
+// stream `b` records only after a 200 ms task and reports almost none of those 200 ms, neither
+// in busy_seconds() nor in the process's BusyUnion; `b` reports its task, and a 200 ms task on
+// the compute stream counts in both.
+TEST(HostDevice, WaitingOnAnotherStreamIsNotBusy) {
+  using std::chrono_literals::operator""ms;
+  auto d = make_device();
+  auto b = d->create_stream("b");
+  auto ev = d->create_event();
+  ASSERT_TRUE(b.is_ok() && ev.is_ok());
+  Stream& compute = d->compute_stream();
+  BusyUnion& cores = BusyUnion::host_cores();
+  const double busy0 = compute.busy_seconds();
+  const double cores0 = cores.seconds();
+  ASSERT_TRUE(d->host_callback(**b, [] { std::this_thread::sleep_for(200ms); }).is_ok());
+  ASSERT_TRUE((*ev)->record(**b).is_ok());
+  ASSERT_TRUE(compute.wait(**ev).is_ok());
+  std::atomic<bool> after_wait{false};
+  ASSERT_TRUE(d->host_callback(compute, [&] { after_wait = true; }).is_ok());
+  ASSERT_TRUE(compute.synchronize().is_ok());
+  ASSERT_TRUE(after_wait.load());
+  EXPECT_GE((*b)->busy_seconds(), 0.199);
+  EXPECT_LT(compute.busy_seconds() - busy0, 0.12) << "the compute stream's wait counted as work";
+  EXPECT_LT(cores.seconds() - cores0, 0.12) << "the compute stream's wait entered host_cores";
+
+  const double busy1 = compute.busy_seconds();
+  const double cores1 = cores.seconds();
+  ASSERT_TRUE(d->host_callback(compute, [] { std::this_thread::sleep_for(200ms); }).is_ok());
+  ASSERT_TRUE(compute.synchronize().is_ok());
+  EXPECT_GE(compute.busy_seconds() - busy1, 0.199);
+  EXPECT_GE(cores.seconds() - cores1, 0.199);
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 // The step bound's term choice (zero/accounting.h step_bound_of) as a table: each row's terms and
-// the bound and term written out by hand from DESIGN.md's max(compute, NVMe, copy, optimizer),
-// compute and the optimizer adding when they share the cores, unknown terms (< 0) left out.
+// the bound and term written out by hand from DESIGN.md's max(compute, NVMe, copy, optimizer);
+// where compute and the optimizer share the cores, one term: the union of their busy time (at
+// least each of the two), or their sum where the union is unknown; unknown terms (< 0) left out.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -18,8 +19,10 @@ struct Row {
   std::string term;
 };
 
-BoundTerms terms(double compute, double optimizer, double nvme, double copy, bool shared) {
+BoundTerms terms(double compute, double optimizer, double nvme, double copy, bool shared,
+                 double shared_busy = -1) {
   BoundTerms t;
+  t.shared_busy_s = shared_busy;
   t.compute_s = compute;
   t.optimizer_s = optimizer;
   t.nvme_s = nvme;
@@ -31,7 +34,21 @@ BoundTerms terms(double compute, double optimizer, double nvme, double copy, boo
 TEST(StepBound, TermChoiceTable) {
   const std::vector<Row> rows = {
       {"compute alone", terms(2.0, 0.0, -1, -1, false), 2.0, "compute"},
-      {"shared cores add compute and optimizer", terms(2.0, 1.5, -1, -1, true), 3.5, "compute"},
+      {"shared cores, union unknown: compute and optimizer add", terms(2.0, 1.5, -1, -1, true),
+       3.5, "compute"},
+      {"shared: overlapping compute and optimizer count once", terms(2.0, 1.5, -1, -1, true, 2.5),
+       2.5, "compute"},
+      {"shared: disjoint ones, the union is the sum", terms(2.0, 1.5, -1, -1, true, 3.5), 3.5,
+       "compute"},
+      {"shared: compute above the union (time outside the engine's calls)",
+       terms(3.0, 1.0, -1, -1, true, 2.0), 3.0, "compute"},
+      {"shared: optimizer above the union (its time before the window)",
+       terms(1.0, 2.5, -1, -1, true, 2.0), 2.5, "compute"},
+      {"shared: nvme above the union", terms(2.0, 1.5, 3.0, -1, true, 2.5), 3.0, "nvme"},
+      {"shared: union above nvme and copy", terms(2.0, 1.5, 2.4, 2.0, true, 2.5), 2.5, "compute"},
+      {"shared: a union of 0", terms(0.0, 0.0, -1, -1, true, 0.0), 0.0, "compute"},
+      {"own cores: a union given is not a term", terms(2.0, 1.0, -1, -1, false, 5.0), 2.0,
+       "compute"},
       {"shared: nvme below the sum", terms(2.0, 1.5, 3.0, -1, true), 3.5, "compute"},
       {"shared: nvme above the sum", terms(2.0, 1.5, 4.0, -1, true), 4.0, "nvme"},
       {"own cores: optimizer wins", terms(2.0, 3.0, -1, -1, false), 3.0, "optimizer"},
