@@ -219,10 +219,12 @@ const std::vector<KeySpec>& schema() {
        "t+1 (parameters one step stale; offload_optimizer cpu or nvme).",
        TZ_BIND(tierzero.overlap)},
       {"tierzero.stream_update", Kind::kBool, 0, 0, kNone, true,
-       "exact mode, stage 3 with offload_param and offload_optimizer off the device: step() "
-       "hands the update to a background thread and each unit's next gather waits for its own "
-       "update, so the update's NVMe traffic runs under the next forward (same results); false "
-       "= every unit updated inside step().",
+       "stage 3 with offload_param and offload_optimizer off the device, the update runs on a "
+       "background thread beside the model's compute (same results). exact: step() hands the "
+       "update over and each unit's next gather waits for its own update, so the update's NVMe "
+       "traffic runs under the next forward; eager: each unit's early update is queued in "
+       "reduce() and runs beside the backward, and on into the next forward when the step keeps "
+       "it. false = exact updates every unit inside step(), eager inside reduce().",
        TZ_BIND(tierzero.stream_update)},
       {"tierzero.trace_path", Kind::kString, 0, 0, kNone, "",
        "Write a Chrome trace (Perfetto) of the run to this file.", TZ_BIND(tierzero.trace_path)},
