@@ -110,7 +110,8 @@ class OverlapMode {
   std::unique_ptr<PinnedPool> pool_;  // a derived mode's buffers go before it (members first)
 };
 
-// delayed mode's background update: one job at a time on a thread the mode owns. The job only
+// The modes' background update (exact streamed, eager on the worker, delayed): one job at a time
+// on a thread the mode owns. The job only
 // pins store blocks and runs the CPU optimizer (the store and the optimizer are safe to call from
 // another thread); it never touches a stream or a collective, so the rank's calls still pair up
 // across ranks in the same order.
