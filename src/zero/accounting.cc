@@ -164,18 +164,18 @@ StepBound step_bound_of(const BoundTerms& t) {
   return b;
 }
 
-// The step's lower bound's terms (accounting.h): compute from the step's time outside the
-// engine's calls or the compute stream's busy time, whichever is larger; the CPU optimizer; on a
+// The step's lower bound's terms (accounting.h): compute from the compute stream's busy time
+// where the device can tell (HostDevice: the model's thread can block outside the engine's calls
+// on a full stream queue while the stream waits for parameters, so that time is no compute), else
+// the step's time outside the engine's calls; the CPU optimizer; on a
 // host-memory device the union of the two's busy time over the step's window; NVMe and copies
 // from the step's bytes at the measured bandwidths (0: unknown, the term stays out).
 BoundTerms Accounting::bound_terms(const StepReport& r, std::uint64_t copy_bytes) const {
   const double engine_s = r.stall_gather_s + r.stall_reduce_s + r.stall_optimizer_s;
   BoundTerms t;
-  t.compute_s = std::max(0.0, r.step_s - engine_s);
   const double busy = ctx_.device.compute_stream().busy_seconds();
-  if (busy >= 0 && compute_busy_base_ >= 0) {
-    t.compute_s = std::max(t.compute_s, busy - compute_busy_base_);
-  }
+  t.compute_s = busy >= 0 && compute_busy_base_ >= 0 ? busy - compute_busy_base_
+                                                     : std::max(0.0, r.step_s - engine_s);
   t.optimizer_s = ctx_.counters.optimizer_s;
   t.shared_cores = ctx_.device.host_accessible();
   if (t.shared_cores) t.shared_busy_s = BusyUnion::host_cores().seconds() - shared_busy_base_;

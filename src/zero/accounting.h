@@ -63,10 +63,10 @@ class Accounting {
   std::pair<std::uint64_t, std::uint64_t> home_write_bytes() const;
 
   // The step's lower bound's terms (DESIGN.md): compute, NVMe bytes / NVMe bandwidth,
-  // host<->device bytes / copy bandwidth, CPU optimizer time. Compute is the step's time outside
-  // the engine's calls (the model's own work), or the compute stream's busy time where the device
-  // can tell (HostDevice: the model's kernels run on the stream's thread while the engine waits
-  // in its calls, so the time outside them is only the enqueueing). On a host-accessible device
+  // host<->device bytes / copy bandwidth, CPU optimizer time. Compute is the compute stream's
+  // busy time where the device can tell (HostDevice: the model's kernels run on the stream's
+  // thread, and the model's thread may block outside the engine's calls on a full queue), else
+  // the step's time outside the engine's calls (the model's own work). On a host-accessible device
   // compute and the CPU optimizer run on the same cores: shared_busy is the union of their busy
   // time in the step's window (BusyUnion::host_cores()). A bandwidth of 0 (unknown) drops its
   // term. step_bound_of turns them into the bound.
