@@ -164,9 +164,10 @@ struct StepReport {
   double step_s = 0;              // wall time from the previous step() (or first gather) to now
   double bound_s = 0;             // the step's lower bound (DESIGN.md) from this step's bytes
   // The term that set bound_s: "compute" (the model's work; on a host-memory device, where the
-  // CPU optimizer shares the cores, the union of the two's busy time, BoundTerms::shared_busy_s), "optimizer" (the CPU optimizer, on a
-  // device with cores of its own), "nvme" (NVMe bytes at the measured disk bandwidths) or "copy"
-  // (host <-> device bytes at the copy bandwidth). Terms whose bandwidth is 0 never set it.
+  // CPU optimizer shares the cores, the union of the two's busy time, BoundTerms::shared_busy_s),
+  // "optimizer" (the CPU optimizer, on a device with cores of its own), "nvme" (NVMe bytes at the
+  // measured disk bandwidths) or "copy" (host <-> device bytes at the copy bandwidth). Terms whose
+  // bandwidth is 0 never set it.
   std::string bound_term = "compute";
   BoundTerms bound_terms;  // what bound_s was the max of
   double stall_s = 0;             // time the rank's thread waited, by cause below

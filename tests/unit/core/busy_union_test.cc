@@ -27,15 +27,24 @@ struct Interval {
   Clock::time_point enter_before, enter_after, leave_before, leave_after;
 };
 
-Interval busy_for(BusyUnion& u, std::chrono::milliseconds d) {
-  Interval i;
+// enter() and leave() with the clock read on either side.
+void timed_enter(BusyUnion& u, Interval& i) {
   i.enter_before = Clock::now();
   u.enter();
   i.enter_after = Clock::now();
-  std::this_thread::sleep_for(d);
+}
+
+void timed_leave(BusyUnion& u, Interval& i) {
   i.leave_before = Clock::now();
   u.leave();
   i.leave_after = Clock::now();
+}
+
+Interval busy_for(BusyUnion& u, std::chrono::milliseconds d) {
+  Interval i;
+  timed_enter(u, i);
+  std::this_thread::sleep_for(d);
+  timed_leave(u, i);
   return i;
 }
 
@@ -75,9 +84,7 @@ TEST(BusyUnion, OverlappingThreadsCountOnce) {
   bool a_in = false, b_in = false;
   Interval a, b;
   std::thread ta([&] {
-    a.enter_before = Clock::now();
-    u.enter();
-    a.enter_after = Clock::now();
+    timed_enter(u, a);
     {
       std::unique_lock lock(mu);
       a_in = true;
@@ -85,27 +92,21 @@ TEST(BusyUnion, OverlappingThreadsCountOnce) {
       cv.wait(lock, [&] { return b_in; });
     }
     std::this_thread::sleep_for(200ms);
-    a.leave_before = Clock::now();
-    u.leave();
-    a.leave_after = Clock::now();
+    timed_leave(u, a);
   });
   std::thread tb([&] {
     {
       std::unique_lock lock(mu);
       cv.wait(lock, [&] { return a_in; });
     }
-    b.enter_before = Clock::now();
-    u.enter();
-    b.enter_after = Clock::now();
+    timed_enter(u, b);
     {
       std::lock_guard lock(mu);
       b_in = true;
       cv.notify_all();
     }
     std::this_thread::sleep_for(250ms);
-    b.leave_before = Clock::now();
-    u.leave();
-    b.leave_after = Clock::now();
+    timed_leave(u, b);
   });
   ta.join();
   tb.join();
