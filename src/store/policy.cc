@@ -23,10 +23,13 @@ bool Store::Impl::belady() const {
 // position of its next use (Belady's farthest first); it is the position plus next_use, which stays
 // the same while the trace moves on, because the position can only pass a block's next use by
 // pinning that block, and a pinned block is no candidate (its key is taken again at release).
+// A copy that Store::prefetch loaded for a block the trace never uses (its pins are untraced) is
+// kept until that pin: its key is the position when it was taken, nearer than any use ahead.
 // Otherwise LRU: least recently used first.
 std::uint64_t Store::Impl::candidate_key(const Block& b, Tier t) const {
   if (belady()) {
     const std::uint64_t nu = next_use(b, t);
+    if (nu == kNever && b.copies[ti(t)].by_prefetch) return trace.pos();
     return nu == kNever ? kNever : trace.pos() + nu;
   }
   return kNever - b.copies[ti(t)].lru_tick;
@@ -231,10 +234,14 @@ TraceIndex::PinMark Store::Impl::begin_pin(const TraceEntry& e, bool noted) {
     rebuild_candidates();  // the keys turn from next uses into recency
     drop_all_staged();     // read for uses that may not come
     ++stats.trace_deviations;
+    const Block* got = find(e.block);
+    const Block* want = mark.pos < trace.size() ? find(trace.at(mark.pos).block) : nullptr;
     TZ_LOG_DEBUG(
-        "store: access order left the recorded trace at pin %zu; LRU until the next "
-        "step",
-        trace.pos());
+        "store: access order left the recorded trace at pin %zu ('%s' in %s, the trace has "
+        "'%s' in %s); LRU until the next step",
+        trace.pos(), got != nullptr ? got->name.c_str() : "?", tier_name(e.tier),
+        want != nullptr ? want->name.c_str() : "its end",
+        mark.pos < trace.size() ? tier_name(trace.at(mark.pos).tier) : "-");
   }
   return mark;
 }

@@ -238,7 +238,8 @@ Result<Lease> Store::pin(BlockId id, Tier tier, Access access) {
   }
   // The pin takes its trace position before placement (victims are chosen by the uses after
   // it); a pin that cannot be placed is undone: it is neither in the trace nor in the counters.
-  const TraceIndex::PinMark mark = m.begin_pin(TraceEntry{id, tier, access}, tier != Tier::kNvme);
+  const TraceIndex::PinMark mark =
+      m.begin_pin(TraceEntry{id, tier, access}, tier != Tier::kNvme && !UntracedPins::active());
   Copy& c = b.copies[ti(tier)];
   const bool hit = c.present && (c.valid || access == Access::kWrite);
   const bool prefetch_hit = hit && c.by_prefetch;
@@ -305,6 +306,14 @@ Result<Lease> Store::pin(BlockId id, Tier tier, Access access) {
   return lease;
 }
 
+namespace {
+thread_local int untraced_depth = 0;
+}  // namespace
+
+UntracedPins::UntracedPins() { ++untraced_depth; }
+UntracedPins::~UntracedPins() { --untraced_depth; }
+bool UntracedPins::active() { return untraced_depth > 0; }
+
 Status Store::prefetch(BlockId id, Tier tier) {
   std::lock_guard lock(impl_->mu);
   Impl& m = *impl_;
@@ -319,7 +328,11 @@ Status Store::prefetch(BlockId id, Tier tier) {
     if (b->write_leases[i] > 0) return Status::ok();  // the writer's copy is the current one
   }
   if (tier == b->home) return Status::ok();
-  (void)m.try_prefetch(*b, tier, std::nullopt);
+  // Following the trace, copies it never uses again may go (a distance whose floor is kNever - 1
+  // admits only kNever keys as victims); otherwise only free bytes.
+  std::optional<std::uint64_t> dead_only;
+  if (m.belady()) dead_only = kNever - 1 - m.trace.pos();
+  (void)m.try_prefetch(*b, tier, dead_only);
   return Status::ok();
 }
 

@@ -85,6 +85,22 @@ struct StoreOptions {
 
 class Store;
 
+// While alive, the pins this thread makes are left out of every store's access trace: neither
+// recorded nor matched against it, as NVMe pins are. For a thread whose pins interleave with the
+// trace's thread in an order that changes from step to step (the engine's update worker): its
+// pins would otherwise make every step leave the trace, which turns off the prefetch walk and
+// Belady's eviction for the rest of the step. Such a thread reads ahead with Store::prefetch.
+// Scopes nest.
+class UntracedPins {
+ public:
+  UntracedPins();
+  ~UntracedPins();
+  UntracedPins(const UntracedPins&) = delete;
+  UntracedPins& operator=(const UntracedPins&) = delete;
+  // Whether the calling thread is inside a scope.
+  static bool active();
+};
+
 // A pin of one block in one tier. Move-only; while alive the block cannot move or be evicted.
 // Destroying (or release()-ing) it unpins. A lease must not outlive its store.
 class Lease {
@@ -164,9 +180,13 @@ class Store {
   // and what is pinned. kWrite pins skip the load. A block whose last move failed returns that
   // error to kRead/kReadWrite pins until a kWrite pin overwrites it. Write pins conflict with
   // leases of the block in another tier (kInvalidArgument).
+  // A pin made on a thread inside an UntracedPins scope is left out of the trace.
   Result<Lease> pin(BlockId id, Tier tier, Access access);
-  // Best effort: starts loading `id` into `tier` if that fits without evicting a pinned copy.
-  // Not recorded in the trace. Errors only for bad arguments.
+  // Best effort: starts loading `id` into `tier` if that fits in the tier's free bytes or, while
+  // the step follows the trace, by evicting unpinned copies the trace never uses again (their
+  // dirty bytes go home first). Not recorded in the trace. A copy loaded this way for a block the
+  // trace does not use (its pins are untraced) is evicted last until its next pin. Errors only for
+  // bad arguments.
   Status prefetch(BlockId id, Tier tier);
   // Ends a step: the pins recorded since the previous mark become the trace the next step follows
   // (Policy::kTrace), and the trace position is reset. Starts the next step's first prefetches.

@@ -389,6 +389,7 @@ Result<StepReport> EngineImpl::step() {
   ctx_.buffers.reap(true);
   reducer_.finish_step();
   overlap_->finish_step();
+  report.trace_followed = store_->following_trace();
   store_->mark_step();
   ++steps_done_;
   accounting_.close_step_report(report, t_opt, steps_done_);
@@ -480,9 +481,12 @@ Result<BlockId> EngineImpl::state_block(const Unit& u, TensorState which) const 
 }
 
 // One copy between host memory and a block in its home tier: from `src` into the block when it
-// is set, else out of the block into `dst`. Synchronous.
+// is set, else out of the block into `dst`. Synchronous. Tensor access (set_tensor, get_tensor,
+// checkpoints) comes between steps in no repeating order: its pins stay out of the store's trace,
+// which the next step would otherwise leave at its first pin.
 Status EngineImpl::host_block_copy(BlockId block, std::size_t offset, const void* src, void* dst,
                                    std::size_t bytes) {
+  const store::UntracedPins untraced;
   const bool into = src != nullptr;
   const Tier pin_tier = home_tier(block) == Tier::kDevice ? Tier::kDevice : Tier::kHost;
   TZ_ASSIGN_OR_RETURN(Lease l,
@@ -502,8 +506,10 @@ Status EngineImpl::host_block_copy(BlockId block, std::size_t offset, const void
   return Status::ok();
 }
 
-// A block's bytes into device memory (synchronously complete on return).
+// A block's bytes into device memory (synchronously complete on return); untraced as
+// host_block_copy.
 Status EngineImpl::read_block_to_device(BlockId block, std::size_t offset, void* dst, std::size_t bytes) {
+  const store::UntracedPins untraced;
   const Tier tier = home_tier(block);
   const Tier pin_tier = tier == Tier::kDevice ? Tier::kDevice : Tier::kHost;
   TZ_ASSIGN_OR_RETURN(Lease l, store_->pin(block, pin_tier, Access::kRead));

@@ -178,6 +178,10 @@ struct StepReport {
   TierBytes peak_bytes;           // since the engine was created
   std::uint64_t nvme_read_bytes = 0;   // during this step
   std::uint64_t nvme_write_bytes = 0;  // during this step
+  // The store followed the previous step's access trace through the whole step, so its prefetch
+  // walk and Belady's eviction worked (docs/store.md, "Policies"); false for the first step and
+  // for a step whose pins came in another order (the store fell back to LRU).
+  bool trace_followed = false;
   // Bytes written into the home copies (whatever their tier) of frozen units' parameter blocks
   // and of trainable units' blocks (parameters, masters, states, gradient shards) during this
   // step, as the store counts them (store::Store::home_write_bytes). The first is 0: a frozen

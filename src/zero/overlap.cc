@@ -234,6 +234,10 @@ bool UpdateWorker::busy() const {
 }
 
 void UpdateWorker::loop() {
+  // The jobs' pins interleave with the model's in an order that changes from step to step: left
+  // out of the store's trace, they leave its prefetch walk and Belady's eviction to the model's
+  // pins, which repeat (the jobs read ahead with Store::prefetch).
+  const store::UntracedPins untraced;
   std::unique_lock lock(mu_);
   for (;;) {
     wake_.wait(lock, [this] { return stop_ || job_ != nullptr; });

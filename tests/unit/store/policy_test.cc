@@ -6,6 +6,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <limits>
+#include <optional>
+#include <thread>
 #include <vector>
 
 #include "store/store.h"
@@ -226,6 +228,109 @@ std::uint64_t backward_reads_by_layer_8(std::uint32_t host_prefetch_depth) {
 TEST(StorePolicy, NvmeLoadsStartWhileHostLoadsComeFirst) {
   EXPECT_EQ(backward_reads_by_layer_8(StoreOptions{}.host_prefetch_depth), 2u);
   EXPECT_EQ(backward_reads_by_layer_8(std::numeric_limits<std::uint32_t>::max()), 0u);
+}
+
+// The trace walk of DeviationFallsBackAndReRecords with a second thread pinning another block
+// at a different point of each step (the engine's update worker does so): inside an UntracedPins
+// scope its pins leave the trace alone; outside one the step leaves the trace.
+std::uint64_t deviations_with_a_second_thread(bool untraced) {
+  Harness h;
+  HarnessOptions o;
+  o.store.device_budget_bytes = 2 * (64 << 10);
+  o.store.host_budget_bytes = 3 * (64 << 10);
+  o.store.chunk_bytes = 32 << 10;
+  h.init(o);
+  if (::testing::Test::HasFatalFailure()) return 0;
+  std::vector<BlockId> ids;
+  for (int i = 0; i < 6; ++i) ids.push_back(*h.store->create_block(64 << 10, Tier::kNvme, "b"));
+  const BlockId other = *h.store->create_block(64 << 10, Tier::kNvme, "worker");
+  const auto worker_pin = [&] {
+    std::thread t([&] {
+      std::optional<UntracedPins> scope;
+      if (untraced) scope.emplace();
+      auto l = h.store->pin(other, Tier::kHost, Access::kReadWrite);
+      EXPECT_TRUE(l.is_ok());
+      if (l.is_ok()) {
+        EXPECT_TRUE(l->wait().is_ok());
+      }
+    });
+    t.join();
+  };
+  for (int step = 0; step < 4; ++step) {
+    for (int i = 0; i < 6; ++i) {
+      if (i == step + 1) worker_pin();  // a different point of every step
+      auto l = h.store->pin(ids[static_cast<std::size_t>(i)], Tier::kDevice, Access::kRead);
+      EXPECT_TRUE(l.is_ok());
+      if (l.is_ok()) {
+        EXPECT_TRUE(l->wait().is_ok());
+      }
+    }
+    h.store->mark_step();
+  }
+  const std::uint64_t deviations = h.store->stats().trace_deviations;
+  h.finish();
+  return deviations;
+}
+
+TEST(StorePolicy, UntracedPinsOfAnotherThreadLeaveTheTraceAlone) {
+  EXPECT_EQ(deviations_with_a_second_thread(true), 0u);
+  EXPECT_EQ(deviations_with_a_second_thread(false), 3u);  // steps 2-4 each leave it
+}
+
+// A copy Store::prefetch loaded for a block that only untraced pins use has no next use in the
+// trace; it is kept until its pin, not taken first by Belady's eviction of the traced pins that
+// turn the host tier over meanwhile. The prefetch makes its room from a copy the trace never uses
+// again (the state the untraced thread updated before it), as the engine's update worker does.
+TEST(StorePolicy, PrefetchedCopyOfAnUntracedBlockIsKeptUntilItsPin) {
+  Harness h;
+  HarnessOptions o;
+  o.store.device_budget_bytes = 2 * (64 << 10);
+  o.store.host_budget_bytes = 3 * (64 << 10);
+  o.store.chunk_bytes = 32 << 10;
+  h.init(o);
+  std::vector<BlockId> ids;
+  for (int i = 0; i < 6; ++i) ids.push_back(*h.store->create_block(64 << 10, Tier::kNvme, "b"));
+  const BlockId updated = *h.store->create_block(64 << 10, Tier::kNvme, "state 1");
+  const BlockId next = *h.store->create_block(64 << 10, Tier::kNvme, "state 2");
+  const auto untraced_pin = [&](BlockId id, Access access) {
+    const UntracedPins untraced;
+    auto l = h.store->pin(id, Tier::kHost, access);
+    ASSERT_TRUE(l.is_ok());
+    ASSERT_TRUE(l->wait().is_ok());
+  };
+  const auto traced_pins = [&](std::size_t n) {
+    for (std::size_t i = 0; i < n; ++i) {
+      auto l = h.store->pin(ids[i], Tier::kHost, Access::kRead);
+      ASSERT_TRUE(l.is_ok());
+      ASSERT_TRUE(l->wait().is_ok());
+    }
+  };
+  // Every block gets bytes on NVMe first.
+  for (BlockId id : ids) {
+    auto l = h.store->pin(id, Tier::kHost, Access::kWrite);
+    ASSERT_TRUE(l.is_ok());
+    ASSERT_TRUE(l->wait().is_ok());
+  }
+  untraced_pin(updated, Access::kWrite);
+  untraced_pin(next, Access::kWrite);
+  ASSERT_TRUE(h.store->flush().is_ok());
+  h.store->mark_step();
+  for (int step = 0; step < 2; ++step) {  // the traced steps: six blocks through three
+    traced_pins(ids.size());
+    h.store->mark_step();
+  }
+  ASSERT_TRUE(h.store->following_trace());
+  untraced_pin(updated, Access::kReadWrite);  // its copy stays dirty, with no use in the trace
+  ASSERT_TRUE(h.store->prefetch(next, Tier::kHost).is_ok());
+  ASSERT_TRUE(h.store->drain().is_ok());
+  const std::uint64_t loaded = h.store->block_stats(next)->tier_bytes_in(Tier::kHost);
+  ASSERT_EQ(loaded, 64u << 10) << "the prefetch did not take the updated state's room";
+  traced_pins(3);  // half the step: the host tier turns over
+  untraced_pin(next, Access::kReadWrite);
+  EXPECT_EQ(h.store->block_stats(next)->tier_bytes_in(Tier::kHost), loaded)
+      << "the prefetched copy was evicted and read again at its pin";
+  EXPECT_TRUE(h.store->following_trace());
+  h.finish();
 }
 
 TEST(StorePolicy, DeviationFallsBackAndReRecords) {

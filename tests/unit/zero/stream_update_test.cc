@@ -129,6 +129,30 @@ TEST(ZeroStreamUpdate, EagerOnTheWorkerEqualsEagerInReduceAndExact) {
   }
 }
 
+// The worker's pins come at points of the step that move with its timing; they stay out of the
+// store's trace (store::UntracedPins), so every step after the first follows the trace the one
+// before recorded and the store prefetches along it (without that, each such step fell back to
+// LRU at its first pins and the gpt2-774m step lost its parameter prefetch).
+TEST(ZeroStreamUpdate, StepsWithTheUpdateOnTheWorkerFollowTheStoreTrace) {
+  for (const std::string overlap : {"exact", "eager"}) {
+    RunSpec r = stage3("bf16", "nvme", "nvme");
+    r.overlap = overlap;
+    r.clip = 0;
+    r.persistence = 0;
+    r.steps = 4;
+    SCOPED_TRACE(testing::describe(r));
+    const testing::RunResult res = testing::run(launch_local, r);
+    ASSERT_TRUE(res.ok);
+    for (const std::vector<StepReport>& reports : res.reports_by_rank) {
+      ASSERT_EQ(reports.size(), 4u);
+      EXPECT_FALSE(reports[0].trace_followed);  // the first step records the trace
+      for (std::size_t i = 1; i < reports.size(); ++i) {
+        EXPECT_TRUE(reports[i].trace_followed) << "step " << i + 1;
+      }
+    }
+  }
+}
+
 // A clip threshold below every norm: the worker snapshots each unit before its early update, and
 // every step rolls back and is redone exactly; fp32 with accumulation too.
 TEST(ZeroStreamUpdate, EagerOnTheWorkerRollsBackWhenClippingTriggers) {
