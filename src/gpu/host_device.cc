@@ -6,10 +6,12 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <system_error>
 #include <utility>
+#include <vector>
 
 #include "core/trace.h"
 #include "gpu/elementwise.h"
@@ -199,30 +201,47 @@ Status HostStream::wait(const Event& event) {
 
 namespace {
 
-// Step 1 of the fixed order (gpu/elementwise.h) over elements [begin, end) of one chunk.
+// Step 1 of the fixed order (gpu/elementwise.h) over elements [begin, end) of one chunk. A full
+// chunk runs lane-inner (element j * kNormLanes + l goes to lane l, j in order), so the lanes add
+// in the same order as the element loop and the compiler can vectorize across them.
 template <typename T>
 double chunk_sum_squares(const T* src, std::size_t begin, std::size_t end,
                          std::uint64_t& nonfinite) {
   const SumSquaresOp<T> op;
   double lanes[kNormLanes] = {};
-  for (std::size_t i = begin; i < end; ++i) op(src, i, lanes[(i - begin) % kNormLanes], nonfinite);
+  if (end - begin == kNormChunk) {
+    const T* c = src + begin;
+    for (std::size_t j = 0; j < kNormChunk / kNormLanes; ++j) {
+      for (std::size_t l = 0; l < kNormLanes; ++l) op(c, j * kNormLanes + l, lanes[l], nonfinite);
+    }
+  } else {
+    for (std::size_t i = begin; i < end; ++i) {
+      op(src, i, lanes[(i - begin) % kNormLanes], nonfinite);
+    }
+  }
   return norm_lane_tree(lanes);
 }
 
 }  // namespace
 
+// Step 1 (each chunk's sum) runs over the calling thread's OpenMP team; step 2 adds the chunk
+// sums to the lanes in chunk order on one thread, so the bits do not depend on the team.
 void sum_squares_fixed_order(const void* src, DType dtype, std::size_t n, NormAccumulator& acc) {
   if (n == 0) return;
   dispatch_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
     const auto* s = static_cast<const T*>(src);
-    double lanes[kNormLanes] = {};  // step 2: chunk c goes to lane c % kNormLanes, in order
+    const std::size_t chunks = (n + kNormChunk - 1) / kNormChunk;
+    std::vector<double> sums(chunks);
     std::uint64_t nonfinite = 0;
-    std::size_t chunk = 0;
-    for (std::size_t begin = 0; begin < n; begin += kNormChunk, ++chunk) {
+#pragma omp parallel for schedule(static) reduction(+ : nonfinite) if (chunks > 1)
+    for (std::int64_t c = 0; c < static_cast<std::int64_t>(chunks); ++c) {
+      const std::size_t begin = static_cast<std::size_t>(c) * kNormChunk;
       const std::size_t end = begin + kNormChunk < n ? begin + kNormChunk : n;
-      lanes[chunk % kNormLanes] += chunk_sum_squares(s, begin, end, nonfinite);
+      sums[static_cast<std::size_t>(c)] = chunk_sum_squares(s, begin, end, nonfinite);
     }
+    double lanes[kNormLanes] = {};  // step 2: chunk c goes to lane c % kNormLanes, in order
+    for (std::size_t c = 0; c < chunks; ++c) lanes[c % kNormLanes] += sums[c];
     acc.sum_squares += norm_lane_tree(lanes);
     acc.nonfinite_count += nonfinite;
   });
