@@ -281,7 +281,10 @@ Result<Lease> Store::pin(BlockId id, Tier tier, Access access) {
     }
     ++b.write_leases[ti(tier)];
     if (tier == b.home) b.stats.home_write_bytes += b.bytes;
-    b.dirtied_at = tier == Tier::kNvme ? kNoPos : m.trace.last_recorded();
+    // An untraced pin has no record position: the last recorded one is another pin's, whose
+    // early write-back a spill of these bytes must not teach.
+    b.dirtied_at =
+        tier == Tier::kNvme || UntracedPins::active() ? kNoPos : m.trace.last_recorded();
   }
   ++b.leases[ti(tier)];
   ++b.total_leases;
