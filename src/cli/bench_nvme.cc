@@ -1,7 +1,6 @@
 // `tierzero bench nvme`: O_DIRECT throughput of the NVMe engine (IoQueue over io_uring, libaio or
 // psync) on one file per --path, with CPU seconds per GB and bytes in flight, so it can be held
 // against fio on the same file (bench/nvme_vs_fio.sh).
-#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -17,6 +16,7 @@
 
 #include "cli/bench_common.h"
 #include "cli/command.h"
+#include "core/host_probe.h"
 #include "core/log.h"
 #include "core/units.h"
 #include "cpu/data_path.h"
@@ -44,13 +44,6 @@ struct BenchNvmeOptions {
   bool no_huge_pages = false;
   std::string file_name = "tierzero-bench.dat";
 };
-
-double cpu_seconds() {
-  rusage ru{};
-  if (getrusage(RUSAGE_SELF, &ru) != 0) return 0;
-  return static_cast<double>(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
-         static_cast<double>(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) * 1e-6;
-}
 
 int fail(const Status& st) { return report_failure("bench nvme", st); }
 
@@ -212,11 +205,11 @@ Result<NvmeRuns> measure(const BenchNvmeOptions& o, const NvmeSizes& z, NvmeRig&
   const double bytes = static_cast<double>(z.file_bytes) * static_cast<double>(z.nfiles);
   NvmeRuns runs;
   for (int r = 0; r < o.repeat; ++r) {
-    const double c0 = cpu_seconds();
+    const double c0 = process_cpu_seconds();
     const auto t0 = std::chrono::steady_clock::now();
     Status st = rig.queue->run(work);
     const auto t1 = std::chrono::steady_clock::now();
-    const double c1 = cpu_seconds();
+    const double c1 = process_cpu_seconds();
     TZ_RETURN_IF_ERROR(st);
     const double secs = std::chrono::duration<double>(t1 - t0).count();
     runs.gbps.push_back(bytes / secs / 1e9);

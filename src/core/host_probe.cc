@@ -56,6 +56,13 @@ HostMemory parse_meminfo(std::string_view text) {
   return m;
 }
 
+double process_cpu_seconds() {
+  rusage ru{};
+  if (getrusage(RUSAGE_SELF, &ru) != 0) return 0;
+  return static_cast<double>(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
+         static_cast<double>(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) * 1e-6;
+}
+
 HostMemory host_memory() {
   std::ifstream in("/proc/meminfo");
   if (!in) return HostMemory{};

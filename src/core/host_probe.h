@@ -28,6 +28,10 @@ HostMemory parse_meminfo(std::string_view text);
 // /proc/meminfo of this host; `known` false (all zeros) when it cannot be read.
 HostMemory host_memory();
 
+// CPU seconds (user + system) this process has used so far, every thread of it (getrusage
+// RUSAGE_SELF); 0 when the OS cannot tell.
+double process_cpu_seconds();
+
 // The soft RLIMIT_MEMLOCK of this process.
 struct MemlockLimit {
   bool known = false;      // getrlimit answered

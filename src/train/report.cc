@@ -95,6 +95,7 @@ void Reporter::write_metrics(const zero::StepReport& r, double loss,
   j["nvme_read_bytes"] = r.nvme_read_bytes;
   j["nvme_write_bytes"] = r.nvme_write_bytes;
   j["trace_followed"] = r.trace_followed;
+  j["process_cpu_s"] = r.process_cpu_s;
   if (val_loss) j["val_loss"] = *val_loss;
   // One write per line: the file holds whole records only. A failed write (a full disk) drops
   // the file, says so once and lets the run go on.

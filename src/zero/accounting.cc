@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "core/busy_union.h"
+#include "core/host_probe.h"
 
 namespace tz::zero::impl {
 
@@ -137,6 +138,7 @@ void Accounting::open_step() {
   if (step_open_) return;
   step_open_ = true;
   step_start_ = Clock::now();
+  process_cpu_base_ = process_cpu_seconds();
   comm_base_ = ctx_.comm.counters();
   const store::StoreStats ss = ctx_.store->stats();
   nvme_read_base_ = ss.nvme_read_bytes();
@@ -237,6 +239,7 @@ void Accounting::close_step_report(StepReport& report, Clock::time_point t_opt, 
   ctx_.counters.stall_gather_s = ctx_.counters.stall_reduce_s = 0;
   open_step();
   report.step_s = seconds_since(step_start_);
+  report.process_cpu_s = process_cpu_seconds() - process_cpu_base_;
   step_open_ = false;
   report.bytes_in_use = bytes_in_use();
   report.peak_bytes = peak_bytes();

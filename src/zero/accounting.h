@@ -97,6 +97,7 @@ class Accounting {
   Clock::time_point step_start_;
   double compute_busy_base_ = -1;  // the compute stream's busy_seconds() when the step opened
   double shared_busy_base_ = 0;    // BusyUnion::host_cores().seconds() when the step opened
+  double process_cpu_base_ = 0;    // process_cpu_seconds() when the step opened
   comm::CommCounters comm_base_;
   std::uint64_t nvme_read_base_ = 0;
   std::uint64_t nvme_write_base_ = 0;

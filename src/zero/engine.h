@@ -182,6 +182,10 @@ struct StepReport {
   // walk and Belady's eviction worked (docs/store.md, "Policies"); false for the first step and
   // for a step whose pins came in another order (the store fell back to LRU).
   bool trace_followed = false;
+  // CPU seconds (user + system) the process used during the step, every thread of it (with
+  // --ranks N as threads: all ranks'). Over step_s and the cores it says how busy the machine's
+  // cores were, whatever the work: kernels, the CPU optimizer, the store's copies and checksums.
+  double process_cpu_s = 0;
   // Bytes written into the home copies (whatever their tier) of frozen units' parameter blocks
   // and of trainable units' blocks (parameters, masters, states, gradient shards) during this
   // step, as the store counts them (store::Store::home_write_bytes). The first is 0: a frozen

@@ -48,7 +48,7 @@ fi
 left=$(ls "$work/nvme" | grep -c probe)
 [ "$left" = 0 ] && ok "no probe file left in the swap path" || bad "probe files left: $(ls "$work/nvme")"
 python3 - "$work" <<'PY' || fail=1
-import json, re, sys
+import json, os, re, sys
 work = sys.argv[1]
 names = {"compute", "optimizer", "nvme", "copy"}
 def load(name):
@@ -60,6 +60,10 @@ def load(name):
         assert l["bound_term"] in names, (name, l["bound_term"])
         assert l["bandwidth_bytes_per_s"] == summary["bandwidth_bytes_per_s"], (name, l)
         assert set(l["bandwidth_bytes_per_s"]) == {"nvme_read", "nvme_write", "copy"}, l
+    for l in lines:
+        # The process's CPU time in the step: some, and no more than its cores give it.
+        assert 0 < l["process_cpu_s"] <= l["step_s"] * (os.cpu_count() or 1) * 1.02 + 0.02, (name, l)
+        assert isinstance(l["trace_followed"], bool) and (l["step"] > 1 or not l["trace_followed"]), l
     # The text step lines name the term: "bound 0.123 s (compute)".
     terms = re.findall(r"bound [0-9.]+ s \(([a-z]+)\)", err)
     assert terms == [l["bound_term"] for l in lines], (name, terms, err)
