@@ -7,6 +7,7 @@
 
 #include "core/busy_union.h"
 #include "core/host_probe.h"
+#include "core/log.h"
 
 namespace tz::zero::impl {
 
@@ -259,6 +260,18 @@ void Accounting::close_step_report(StepReport& report, Clock::time_point t_opt, 
   report.trainable_home_write_bytes = trainable_writes - home_write_base_.second;
   const std::uint64_t link_bytes = copy_link_bytes(ss);
   report.bound_terms = bound_terms(report, link_bytes - copy_link_base_ + ctx_.counters.copy_bytes);
+  // The disk moved this step's bytes faster than the probe's bandwidths allow: the probe (a short
+  // burst) measured a stall, and the NVMe term is no lower bound for this run. Said once.
+  if (report.bound_terms.nvme_s > 1.05 * report.step_s && !warned_slow_probe_) {
+    warned_slow_probe_ = true;
+    TZ_LOG_WARN("step %lld: the disk moved %.2f GB in %.2f s, faster than the bound's probe of "
+                "the disk allows (%.2f s at %.2f GB/s read, %.2f GB/s write): the probe met a "
+                "stall of the disk, and the bound's NVMe term is no lower bound in this run",
+                static_cast<long long>(step),
+                static_cast<double>(report.nvme_read_bytes + report.nvme_write_bytes) / 1e9,
+                report.step_s, report.bound_terms.nvme_s, options_.nvme_read_bytes_per_s / 1e9,
+                options_.nvme_write_bytes_per_s / 1e9);
+  }
   const StepBound bound = step_bound_of(report.bound_terms);
   report.bound_s = bound.seconds;
   report.bound_term = bound.term;

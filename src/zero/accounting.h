@@ -98,6 +98,7 @@ class Accounting {
   double compute_busy_base_ = -1;  // the compute stream's busy_seconds() when the step opened
   double shared_busy_base_ = 0;    // BusyUnion::host_cores().seconds() when the step opened
   double process_cpu_base_ = 0;    // process_cpu_seconds() when the step opened
+  bool warned_slow_probe_ = false;  // the NVMe term passed a step's time once (warned)
   comm::CommCounters comm_base_;
   std::uint64_t nvme_read_base_ = 0;
   std::uint64_t nvme_write_base_ = 0;

@@ -94,6 +94,11 @@ def check_terms(name, l):
 
 lines, s, err = load("nvme")
 bw = s["bandwidth_bytes_per_s"]
+# A step whose NVMe term passes its time means the probe met a stall: the run says so, once, and
+# only then.
+over = [l["step"] for l in lines if l["bound_terms_s"]["nvme"] > 1.05 * l["step_s"]]
+warned = err.count("the bound's NVMe term is no lower bound in this run")
+assert warned == (1 if over else 0), (over, warned)
 assert bw["nvme_read"] > 0 and bw["nvme_write"] > 0 and bw["copy"] > 0, bw
 assert re.search(r"^bound bandwidths: disk read [0-9.]+ GB/s, write [0-9.]+ GB/s; copy [0-9.]+ GB/s", err, re.M), err
 for l in lines:
