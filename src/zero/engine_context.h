@@ -219,6 +219,11 @@ struct EngineContext {
   // A store pin whose error names the unit, shard and what it was for.
   Result<Lease> pin_for(const Unit& u, const char* what, BlockId block, Tier tier, Access access);
 
+  // Zeroes the unit's gradient accumulator where the gradients live: on the device a memset on
+  // the compute stream, in the host tier at once (step()'s zeroing, and eager's worker after the
+  // units it updated). `what` names the caller in errors.
+  Status zero_gradient(const Unit& u, const char* what);
+
   // Prefixes an error with the unit and rank.
   Status with_unit(const Unit& u, const char* what, Status s) const;
 

@@ -214,9 +214,6 @@ class EagerOverlap final : public OverlapMode {
   // One unit's early update on the host (the worker's): gradient and parameter shard pinned in
   // the host tier, the accumulator kept for step()'s norm.
   Status update_on_host(Unit& u, const cpu::StepArgs& args);
-  // Zeroes the unit's gradient accumulator in the host tier (the streamed update's own zeroing,
-  // step() zeroes the others).
-  Status zero_accumulator(Unit& u);
   // The unit's master and optimizer states into its snapshot, or back from it.
   Status copy_snapshot(Unit& u, bool to_snapshot);
   // Every unit updated early gets its master and states back; on overflow its parameters are

@@ -8,6 +8,9 @@
 #include "zero/optimizer_driver.h"
 
 namespace tz::zero::impl {
+namespace {
+constexpr const char* kZeroing = "eager update: zeroing the gradient";
+}  // namespace
 
 EagerOverlap::EagerOverlap(const OverlapDeps& deps, bool snapshot)
     : OverlapMode(deps), snapshot_(snapshot) {}
@@ -138,22 +141,12 @@ Status EagerOverlap::run_queue(const cpu::StepArgs& args) {
       if (!zero) done_[u->id] = true;
     }
     if (zero) {
-      TZ_RETURN_IF_ERROR(zero_accumulator(*u));
+      TZ_RETURN_IF_ERROR(deps_.ctx.zero_gradient(*u, kZeroing));
       std::lock_guard lock(mu_);
       done_[u->id] = true;
     }
     progress_.notify_all();
   }
-}
-
-Status EagerOverlap::zero_accumulator(Unit& u) {
-  EngineContext& ctx = deps_.ctx;
-  TZ_ASSIGN_OR_RETURN(Lease acc, ctx.pin_for(u, "eager update: zeroing the gradient", u.grad_acc,
-                                             Tier::kHost, Access::kWrite));
-  TZ_RETURN_IF_ERROR(ctx.with_unit(u, "eager update: zeroing the gradient", acc.wait()));
-  std::memset(acc.data(), 0, u.layout.shard * 4);
-  acc.release();
-  return Status::ok();
 }
 
 Status EagerOverlap::update_on_host(Unit& u, const cpu::StepArgs& args) {
@@ -229,7 +222,7 @@ Status EagerOverlap::apply(const StepDecision& decision, std::int64_t step, std:
     TZ_ASSERT(args_ && args_->step == update, "eager: the kept updates are this step's");
     // Which units these are depends on the worker's progress: their pins stay out of the trace.
     const store::UntracedPins untraced;
-    for (Unit* u : zero_now) TZ_RETURN_IF_ERROR(zero_accumulator(*u));
+    for (Unit* u : zero_now) TZ_RETURN_IF_ERROR(deps_.ctx.zero_gradient(*u, kZeroing));
     return Status::ok();
   }
   // A rollback, or an update redone now, needs every early update finished first.

@@ -166,20 +166,8 @@ Result<gpu::NormAccumulator> GradientReducer::all_reduce_norm(const gpu::NormAcc
 }
 
 Status GradientReducer::zero_gradients() {
-  gpu::Stream& st = ctx_.stream();
   for (const Unit& u : ctx_.units) {
-    if (u.frozen()) continue;
-    if (ctx_.grad_place == Placement::kDevice) {
-      TZ_ASSIGN_OR_RETURN(Lease l, ctx_.store->pin(u.grad_acc, Tier::kDevice, Access::kWrite));
-      TZ_RETURN_IF_ERROR(l.wait());
-      TZ_RETURN_IF_ERROR(ctx_.device.memset_async(l.data(), 0, u.layout.shard * 4, st));
-      l.release(&st);
-    } else {
-      TZ_ASSIGN_OR_RETURN(Lease l, ctx_.store->pin(u.grad_acc, Tier::kHost, Access::kWrite));
-      TZ_RETURN_IF_ERROR(l.wait());
-      std::memset(l.data(), 0, u.layout.shard * 4);
-      l.release();
-    }
+    if (!u.frozen()) TZ_RETURN_IF_ERROR(ctx_.zero_gradient(u, "zeroing the gradient"));
   }
   return Status::ok();
 }
