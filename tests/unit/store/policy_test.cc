@@ -230,19 +230,27 @@ TEST(StorePolicy, NvmeLoadsStartWhileHostLoadsComeFirst) {
   EXPECT_EQ(backward_reads_by_layer_8(std::numeric_limits<std::uint32_t>::max()), 0u);
 }
 
+// A store of 64 KiB blocks with a device tier of two and a host tier of `host_blocks`, and six
+// NVMe-homed blocks: the small trace walks below.
+std::vector<BlockId> six_blocks(Harness& h, int host_blocks) {
+  HarnessOptions o;
+  o.store.device_budget_bytes = 2 * (64 << 10);
+  o.store.host_budget_bytes = static_cast<std::uint64_t>(host_blocks) * (64 << 10);
+  o.store.chunk_bytes = 32 << 10;
+  h.init(o);
+  std::vector<BlockId> ids;
+  if (::testing::Test::HasFatalFailure()) return ids;
+  for (int i = 0; i < 6; ++i) ids.push_back(*h.store->create_block(64 << 10, Tier::kNvme, "b"));
+  return ids;
+}
+
 // The trace walk of DeviationFallsBackAndReRecords with a second thread pinning another block
 // at a different point of each step (the engine's update worker does so): inside an UntracedPins
 // scope its pins leave the trace alone; outside one the step leaves the trace.
 std::uint64_t deviations_with_a_second_thread(bool untraced) {
   Harness h;
-  HarnessOptions o;
-  o.store.device_budget_bytes = 2 * (64 << 10);
-  o.store.host_budget_bytes = 3 * (64 << 10);
-  o.store.chunk_bytes = 32 << 10;
-  h.init(o);
-  if (::testing::Test::HasFatalFailure()) return 0;
-  std::vector<BlockId> ids;
-  for (int i = 0; i < 6; ++i) ids.push_back(*h.store->create_block(64 << 10, Tier::kNvme, "b"));
+  const std::vector<BlockId> ids = six_blocks(h, 3);
+  if (ids.empty()) return 0;
   const BlockId other = *h.store->create_block(64 << 10, Tier::kNvme, "worker");
   const auto worker_pin = [&] {
     std::thread t([&] {
@@ -283,13 +291,8 @@ TEST(StorePolicy, UntracedPinsOfAnotherThreadLeaveTheTraceAlone) {
 // again (the state the untraced thread updated before it), as the engine's update worker does.
 TEST(StorePolicy, PrefetchedCopyOfAnUntracedBlockIsKeptUntilItsPin) {
   Harness h;
-  HarnessOptions o;
-  o.store.device_budget_bytes = 2 * (64 << 10);
-  o.store.host_budget_bytes = 3 * (64 << 10);
-  o.store.chunk_bytes = 32 << 10;
-  h.init(o);
-  std::vector<BlockId> ids;
-  for (int i = 0; i < 6; ++i) ids.push_back(*h.store->create_block(64 << 10, Tier::kNvme, "b"));
+  const std::vector<BlockId> ids = six_blocks(h, 3);
+  ASSERT_FALSE(ids.empty());
   const BlockId updated = *h.store->create_block(64 << 10, Tier::kNvme, "state 1");
   const BlockId next = *h.store->create_block(64 << 10, Tier::kNvme, "state 2");
   const auto untraced_pin = [&](BlockId id, Access access) {
@@ -335,13 +338,8 @@ TEST(StorePolicy, PrefetchedCopyOfAnUntracedBlockIsKeptUntilItsPin) {
 
 TEST(StorePolicy, DeviationFallsBackAndReRecords) {
   Harness h;
-  HarnessOptions o;
-  o.store.device_budget_bytes = 2 * (64 << 10);
-  o.store.host_budget_bytes = 2 * (64 << 10);
-  o.store.chunk_bytes = 32 << 10;
-  h.init(o);
-  std::vector<BlockId> ids;
-  for (int i = 0; i < 6; ++i) ids.push_back(*h.store->create_block(64 << 10, Tier::kNvme, "b"));
+  const std::vector<BlockId> ids = six_blocks(h, 2);
+  ASSERT_FALSE(ids.empty());
   auto walk = [&](const std::vector<int>& order) {
     for (int i : order) {
       auto l = h.store->pin(ids[static_cast<std::size_t>(i)], Tier::kDevice, Access::kRead);
