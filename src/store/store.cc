@@ -339,6 +339,36 @@ Status Store::prefetch(BlockId id, Tier tier) {
   return Status::ok();
 }
 
+Status Store::zero(BlockId id) {
+  std::lock_guard lock(impl_->mu);
+  Impl& m = *impl_;
+  Block* bp = m.find(id);
+  if (bp == nullptr) return Status::invalid_argument("store: zero of unknown block " + std::to_string(id));
+  Block& b = *bp;
+  if (b.total_leases > 0) {
+    return Status::invalid_argument("store: block '" + b.name + "' is pinned and cannot be zeroed");
+  }
+  // Each copy's zero op runs after the moves queued before it (a write-back in flight ends
+  // first, then the extent is marked unwritten); a pin's load waits for the copy's zero op.
+  std::uint64_t first_seq = 0;
+  for (std::size_t i = 0; i < kTierCount; ++i) {
+    Copy& c = b.copies[i];
+    if (!c.present) continue;
+    Op op;
+    op.kind = OpKind::kZero;
+    op.dst = static_cast<Tier>(i);
+    const std::uint64_t seq = m.push_op(b, std::move(op));
+    if (first_seq == 0) first_seq = seq;
+    c.valid = true;
+    c.loaded_from = Tier::kNvme;  // nothing was loaded
+  }
+  b.dirtied_at = kNoPos;
+  b.error = Status::ok();
+  while (!b.failures.empty() && b.failures.front().last_seq < first_seq) b.failures.pop_front();
+  m.refresh_candidate(b);
+  return Status::ok();
+}
+
 void Store::mark_step() {
   std::lock_guard lock(impl_->mu);
   Impl& m = *impl_;

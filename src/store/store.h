@@ -188,6 +188,15 @@ class Store {
   // trace does not use (its pins are untraced) is evicted last until its next pin. Errors only for
   // bad arguments.
   Status prefetch(BlockId id, Tier tier);
+  // Makes every byte of `id` zero without moving any: each copy it has is zeroed where it is (a
+  // memset of the host or device copy, an NVMe extent marked unwritten so that it reads as
+  // zeros), and every copy is then current, so none is dirty: nothing is written back, and a
+  // later load from an NVMe home is a zero fill. For bytes that are dead once read (a gradient
+  // accumulator after its update), where zeroing through a write pin would make the block dirty
+  // and send its zeros to the disk and back. Not a pin: not recorded in the trace. Like a kWrite
+  // pin, it clears a failure of the block's earlier moves. Errors: kInvalidArgument for an
+  // unknown block or one with live leases.
+  Status zero(BlockId id);
   // Ends a step: the pins recorded since the previous mark become the trace the next step follows
   // (Policy::kTrace), and the trace position is reset. Starts the next step's first prefetches.
   void mark_step();

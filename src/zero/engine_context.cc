@@ -2,8 +2,6 @@
 // context's pin, error and view helpers.
 #include "zero/engine_context.h"
 
-#include <cstring>
-
 namespace tz::zero::impl {
 
 Result<gpu::DeviceBuffer> DeviceBuffers::allocate(std::size_t bytes) {
@@ -56,18 +54,12 @@ Result<Lease> EngineContext::pin_for(const Unit& u, const char* what, BlockId bl
 }
 
 Status EngineContext::zero_gradient(const Unit& u, const char* what) {
-  const bool on_device = grad_place == Placement::kDevice;
-  TZ_ASSIGN_OR_RETURN(Lease l, pin_for(u, what, u.grad_acc, on_device ? Tier::kDevice : Tier::kHost,
-                                       Access::kWrite));
+  if (grad_place != Placement::kDevice) return with_unit(u, what, store->zero(u.grad_acc));
+  TZ_ASSIGN_OR_RETURN(Lease l, pin_for(u, what, u.grad_acc, Tier::kDevice, Access::kWrite));
   TZ_RETURN_IF_ERROR(with_unit(u, what, l.wait()));
-  if (on_device) {
-    gpu::Stream& st = stream();
-    TZ_RETURN_IF_ERROR(with_unit(u, what, device.memset_async(l.data(), 0, u.layout.shard * 4, st)));
-    l.release(&st);
-  } else {
-    std::memset(l.data(), 0, u.layout.shard * 4);
-    l.release();
-  }
+  gpu::Stream& st = stream();
+  TZ_RETURN_IF_ERROR(with_unit(u, what, device.memset_async(l.data(), 0, u.layout.shard * 4, st)));
+  l.release(&st);
   return Status::ok();
 }
 

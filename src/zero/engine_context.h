@@ -219,9 +219,11 @@ struct EngineContext {
   // A store pin whose error names the unit, shard and what it was for.
   Result<Lease> pin_for(const Unit& u, const char* what, BlockId block, Tier tier, Access access);
 
-  // Zeroes the unit's gradient accumulator where the gradients live: on the device a memset on
-  // the compute stream, in the host tier at once (step()'s zeroing, and eager's worker after the
-  // units it updated). `what` names the caller in errors.
+  // Zeroes the unit's gradient accumulator where the gradients live (step()'s zeroing, eager's
+  // worker after the units it updated, the streamed update after reading it): on the device a
+  // memset on the compute stream; in the host or NVMe tier Store::zero, which zeroes the copies
+  // where they are and leaves none dirty, so a spilled accumulator's zeros never go to the disk
+  // and back. The accumulator must not be pinned. `what` names the caller in errors.
   Status zero_gradient(const Unit& u, const char* what);
 
   // Prefixes an error with the unit and rank.

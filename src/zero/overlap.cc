@@ -155,10 +155,10 @@ Status ExactOverlap::apply(const StepDecision& decision, std::int64_t step, std:
 Status ExactOverlap::run_update(const cpu::StepArgs& args) {
   EngineContext& ctx = deps_.ctx;
   return deps_.driver.for_each_update([&](Unit& u) -> Status {
-    // The reduced gradient (zeroed here once read, for the next step's accumulation) and this
-    // rank's parameter shard in the host tier, overwritten in place.
+    // The reduced gradient (zeroed once read, for the next step's accumulation) and this rank's
+    // parameter shard in the host tier, overwritten in place.
     TZ_ASSIGN_OR_RETURN(Lease acc, ctx.pin_for(u, "streamed update: gradient", u.grad_acc,
-                                               Tier::kHost, Access::kReadWrite));
+                                               Tier::kHost, Access::kRead));
     TZ_ASSIGN_OR_RETURN(Lease param, ctx.pin_for(u, "streamed update: parameters", u.param,
                                                  Tier::kHost, Access::kWrite));
     TZ_RETURN_IF_ERROR(ctx.with_unit(u, "streamed update: gradient", acc.wait()));
@@ -167,9 +167,9 @@ Status ExactOverlap::run_update(const cpu::StepArgs& args) {
                         deps_.driver.update_unit_on_host(u, args, acc.data(), param.data(),
                                                          "streamed update"));
     worker_optimizer_s_ += seconds;
-    std::memset(acc.data(), 0, u.layout.shard * 4);
     param.release();
     acc.release();
+    TZ_RETURN_IF_ERROR(ctx.zero_gradient(u, "streamed update: zeroing the gradient"));
     {
       std::lock_guard lock(mu_);
       done_[u.id] = true;

@@ -220,8 +220,6 @@ Status EagerOverlap::apply(const StepDecision& decision, std::int64_t step, std:
     progress_.notify_all();
     closed_by_step_ = true;
     TZ_ASSERT(args_ && args_->step == update, "eager: the kept updates are this step's");
-    // Which units these are depends on the worker's progress: their pins stay out of the trace.
-    const store::UntracedPins untraced;
     for (Unit* u : zero_now) TZ_RETURN_IF_ERROR(deps_.ctx.zero_gradient(*u, kZeroing));
     return Status::ok();
   }

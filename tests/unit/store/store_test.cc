@@ -1,7 +1,7 @@
 // Unit tests of the store: homes in every tier, round trips through NVMe over every I/O engine,
-// registered buffers and grouping, zero-initialised blocks, write-only pins that skip the load,
-// budget errors that name the tier, checksum mismatches caught on read, device events, and
-// statistics that add up.
+// registered buffers and grouping, zero-initialised blocks and Store::zero, write-only pins that
+// skip the load, budget errors that name the tier, checksum mismatches caught on read, device
+// events, and statistics that add up.
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -231,6 +231,62 @@ TEST(Store, FlushWritesDirtyCopiesHomeAndKeepsThemCached) {
   st = h.store->stats();
   EXPECT_EQ(st.nvme_write_bytes(), n);
   EXPECT_EQ(st.nvme_read_bytes(), 0u);
+  h.finish();
+}
+
+// Store::zero: the copies are zeroed where they are and none is dirty, so the zeros never go
+// to the disk, and a load from the NVMe home after the copies were evicted reads nothing.
+TEST(Store, ZeroMovesNoBytesAndTheBlockReadsAsZerosEverywhere) {
+  Harness h;
+  h.init(small_options());
+  const std::size_t n = 200000;
+  const std::vector<std::byte> zeros(n, std::byte{0});
+  auto a = h.store->create_block(n, Tier::kNvme, "accumulator");
+  auto f1 = h.store->create_block(n, Tier::kNvme, "filler-1");
+  auto f2 = h.store->create_block(n, Tier::kNvme, "filler-2");
+  ASSERT_TRUE(a.is_ok() && f1.is_ok() && f2.is_ok());
+  // Written home once (the extent holds data), then dirty again in the host tier and loaded
+  // into the device too.
+  write_block(*h.store, *a, Tier::kHost, pattern(n, 31));
+  ASSERT_TRUE(h.store->flush().is_ok());
+  write_block(*h.store, *a, Tier::kHost, pattern(n, 32));
+  EXPECT_EQ(read_block(*h.store, *a, Tier::kDevice, n), pattern(n, 32));
+  ASSERT_TRUE(h.store->drain().is_ok());
+  h.store->reset_stats();
+
+  ASSERT_TRUE(h.store->zero(*a).is_ok());
+  EXPECT_EQ(read_block(*h.store, *a, Tier::kDevice, n), zeros);
+  EXPECT_EQ(read_block(*h.store, *a, Tier::kHost, n), zeros);
+  ASSERT_TRUE(h.store->flush().is_ok());  // nothing dirty: no write
+  EXPECT_EQ(h.store->stats().nvme_write_bytes(), 0u);
+
+  // The host tier (512 KiB) holds two of the three blocks: pinning both fillers there at once
+  // evicts the zeroed copy, clean, with no write-back; its next load is a zero fill.
+  {
+    auto l1 = h.store->pin(*f1, Tier::kHost, Access::kWrite);
+    auto l2 = h.store->pin(*f2, Tier::kHost, Access::kWrite);
+    ASSERT_TRUE(l1.is_ok() && l2.is_ok());
+    ASSERT_TRUE(l1->wait().is_ok() && l2->wait().is_ok());
+  }
+  ASSERT_TRUE(h.store->drain().is_ok());
+  EXPECT_EQ(h.store->stats().nvme_write_bytes(), 0u);
+  EXPECT_EQ(read_block(*h.store, *a, Tier::kHost, n), zeros);
+  ASSERT_TRUE(h.store->drain().is_ok());
+  EXPECT_EQ(h.store->stats().nvme_read_bytes(), 0u);
+  EXPECT_TRUE(h.store->check_invariants().is_ok());
+
+  // Written again after the zero, the block's bytes go home and come back as written.
+  write_block(*h.store, *a, Tier::kHost, pattern(n, 35));
+  ASSERT_TRUE(h.store->flush().is_ok());
+  EXPECT_EQ(read_block(*h.store, *a, Tier::kDevice, n), pattern(n, 35));
+
+  // A pinned block cannot be zeroed; an unknown one is named.
+  {
+    auto lease = h.store->pin(*a, Tier::kHost, Access::kRead);
+    ASSERT_TRUE(lease.is_ok());
+    EXPECT_EQ(h.store->zero(*a).code(), ErrorCode::kInvalidArgument);
+  }
+  EXPECT_EQ(h.store->zero(9999).code(), ErrorCode::kInvalidArgument);
   h.finish();
 }
 
