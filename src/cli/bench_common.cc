@@ -269,16 +269,4 @@ Status measure_engine_ceilings(const std::string& what, bool device_is_host_memo
   return Status::ok();
 }
 
-Status SharedCeilings::measure(bool device_is_host_memory, zero::EngineOptions& eo) {
-  std::call_once(once_, [&] {
-    measured_ = eo;
-    status_ = measure_engine_ceilings(what_, device_is_host_memory, 256u << 20, measured_);
-  });
-  TZ_RETURN_IF_ERROR(status_);
-  eo.nvme_read_bytes_per_s = measured_.nvme_read_bytes_per_s;
-  eo.nvme_write_bytes_per_s = measured_.nvme_write_bytes_per_s;
-  eo.copy_bytes_per_s = measured_.copy_bytes_per_s;
-  return Status::ok();
-}
-
 }  // namespace tz::cli

@@ -8,7 +8,6 @@
 #pragma once
 
 #include <cstdint>
-#include <mutex>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -127,23 +126,5 @@ std::vector<double> memcpy_gbps_samples(std::size_t bytes, int repeats);
 // Errors: measure_engine_disk's.
 Status measure_engine_ceilings(const std::string& what, bool device_is_host_memory,
                                std::uint64_t disk_bytes, zero::EngineOptions& eo);
-
-// measure_engine_ceilings once for every rank of this process (`train`, `bench zero`): the first
-// rank to call measure() measures (256 MiB each way on the disk), the others wait for its figures;
-// each gets them in its `eo`. The ranks call it once their engine has checked its memory plan, so
-// a run the plan refuses spends no time on the probe and writes no probe file, and before their
-// first step, so no rank's step runs beside the probe.
-class SharedCeilings {
- public:
-  explicit SharedCeilings(std::string what) : what_(std::move(what)) {}
-  // Errors: the measurement's (every rank gets the first's).
-  Status measure(bool device_is_host_memory, zero::EngineOptions& eo);
-
- private:
-  std::string what_;
-  std::once_flag once_;
-  Status status_;
-  zero::EngineOptions measured_;
-};
 
 }  // namespace tz::cli

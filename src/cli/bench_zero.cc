@@ -291,17 +291,11 @@ json summary_json(const BenchZeroOptions& o, const zero::EngineOptions& eo, zero
 }
 
 // One rank's run: the engine, the model, the steps; rank 0 records the lines and the summary.
-Status run_rank(const BenchZeroOptions& o, zero::EngineOptions eo, int rank, gpu::Device& dev,
-                comm::Comm& comm, SharedCeilings& ceilings, ZeroResult& result) {
+Status run_rank(const BenchZeroOptions& o, const zero::EngineOptions& eo, int rank,
+                gpu::Device& dev, comm::Comm& comm, ZeroResult& result) {
   TZ_ASSIGN_OR_RETURN(std::unique_ptr<zero::Engine> engine, zero::Engine::create(eo, dev, comm));
   LayeredModel model(*engine, o.layers, o.hidden, o.tokens);
-  TZ_RETURN_IF_ERROR(model.build());  // the engine's memory plan is checked here
-  // The bound's bandwidths, once the plan is checked (a run it refuses spends nothing on the
-  // probe). The synthetic model runs on HostDevice, whose host <-> device copies are memcpy, so
-  // the copy term is always measured.
-  TZ_RETURN_IF_ERROR(ceilings.measure(/*device_is_host_memory=*/true, eo));
-  engine->set_bound_bandwidths(eo.nvme_read_bytes_per_s, eo.nvme_write_bytes_per_s,
-                               eo.copy_bytes_per_s);
+  TZ_RETURN_IF_ERROR(model.build());
   TZ_RETURN_IF_ERROR(model.init(1234));
   const int k = engine->gradient_accumulation_steps();
   std::vector<double> step_s, bound_s;
@@ -333,17 +327,23 @@ Status run_rank(const BenchZeroOptions& o, zero::EngineOptions eo, int rank, gpu
   return Status::ok();
 }
 
-// parse -> run (each rank measures the bound's bandwidths once its plan is checked) -> report.
+// parse -> measure -> run -> report.
 int run(const BenchZeroOptions& o) {
   Result<zero::EngineOptions> parsed = parse(o);
   if (!parsed) return fail(parsed.status());
-  const zero::EngineOptions eo = std::move(parsed).value();
-  SharedCeilings ceilings("bench zero");
+  zero::EngineOptions eo = std::move(parsed).value();
+  // Measure: the bound's bandwidths (bench_common.h). The synthetic model runs on HostDevice,
+  // whose host <-> device copies are memcpy, so the copy term is always measured.
+  if (Status st = measure_engine_ceilings("bench zero", /*device_is_host_memory=*/true, 256u << 20,
+                                          eo);
+      !st.is_ok()) {
+    return fail(st);
+  }
   ZeroResult result;
   Status st = zero::run_local_ranks(
       o.ranks, eo.config.tierzero.device_budget,
       [&](int rank, gpu::Device& dev, comm::Comm& comm) {
-        return run_rank(o, eo, rank, dev, comm, ceilings, result);
+        return run_rank(o, eo, rank, dev, comm, result);
       });
   if (!st.is_ok()) return fail(st);
   result.print(o, eo);
