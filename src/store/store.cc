@@ -343,7 +343,9 @@ Status Store::zero(BlockId id) {
   std::lock_guard lock(impl_->mu);
   Impl& m = *impl_;
   Block* bp = m.find(id);
-  if (bp == nullptr) return Status::invalid_argument("store: zero of unknown block " + std::to_string(id));
+  if (bp == nullptr) {
+    return Status::invalid_argument("store: zero of unknown block " + std::to_string(id));
+  }
   Block& b = *bp;
   if (b.total_leases > 0) {
     return Status::invalid_argument("store: block '" + b.name + "' is pinned and cannot be zeroed");
