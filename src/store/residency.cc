@@ -296,6 +296,13 @@ void Store::Impl::drop_stale_copies(Block& b, Tier written) {
   refresh_candidate(b);
 }
 
+void Store::Impl::forget_overwritten_failures(Block& b, std::uint64_t first_seq) {
+  b.error = Status::ok();
+  const std::uint64_t keep_from =
+      b.marks.empty() ? first_seq : std::min(first_seq, *b.marks.begin());
+  while (!b.failures.empty() && b.failures.front().last_seq < keep_from) b.failures.pop_front();
+}
+
 // Tier `t`'s allocation FIFO names queued allocations of live blocks, in decision order.
 Status Store::Impl::check_alloc_fifo(Tier t) const {
   const char* tier = tier_name(t);

@@ -270,15 +270,7 @@ Result<Lease> Store::pin(BlockId id, Tier tier, Access access) {
     c.valid = true;
     if (access == Access::kWrite) c.loaded_from = Tier::kNvme;  // nothing was loaded
     m.drop_stale_copies(b, tier);
-    if (access == Access::kWrite) {
-      // The bytes are overwritten: failures before this pin matter only to live leases.
-      b.error = Status::ok();
-      const std::uint64_t keep_from = b.marks.empty() ? first_seq
-                                                      : std::min(first_seq, *b.marks.begin());
-      while (!b.failures.empty() && b.failures.front().last_seq < keep_from) {
-        b.failures.pop_front();
-      }
-    }
+    if (access == Access::kWrite) m.forget_overwritten_failures(b, first_seq);
     ++b.write_leases[ti(tier)];
     if (tier == b.home) b.stats.home_write_bytes += b.bytes;
     // An untraced pin has no record position: the last recorded one is another pin's, whose
@@ -365,8 +357,7 @@ Status Store::zero(BlockId id) {
     c.loaded_from = Tier::kNvme;  // nothing was loaded
   }
   b.dirtied_at = kNoPos;
-  b.error = Status::ok();
-  while (!b.failures.empty() && b.failures.front().last_seq < first_seq) b.failures.pop_front();
+  m.forget_overwritten_failures(b, first_seq);
   m.refresh_candidate(b);
   return Status::ok();
 }

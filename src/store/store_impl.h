@@ -149,6 +149,9 @@ struct Store::Impl {
   bool try_prefetch(Block& b, Tier t, std::optional<std::uint64_t> distance,
                     std::uint64_t headroom = 0);
   void drop_stale_copies(Block& b, Tier written);
+  // The block's bytes are overwritten from op `first_seq` on (a kWrite pin, Store::zero): its
+  // poison goes, and failures before that op matter only to live leases (their marks).
+  void forget_overwritten_failures(Block& b, std::uint64_t first_seq);
   static Status lease_failure(const Block& b, Access access, std::uint64_t first_seq,
                               std::uint64_t ready_seq);
 

@@ -260,19 +260,21 @@ TEST(Store, ZeroMovesNoBytesAndTheBlockReadsAsZerosEverywhere) {
   ASSERT_TRUE(h.store->flush().is_ok());  // nothing dirty: no write
   EXPECT_EQ(h.store->stats().nvme_write_bytes(), 0u);
 
-  // The host tier (512 KiB) holds two of the three blocks: pinning both fillers there at once
-  // evicts the zeroed copy, clean, with no write-back; its next load is a zero fill.
-  {
-    auto l1 = h.store->pin(*f1, Tier::kHost, Access::kWrite);
-    auto l2 = h.store->pin(*f2, Tier::kHost, Access::kWrite);
-    ASSERT_TRUE(l1.is_ok() && l2.is_ok());
-    ASSERT_TRUE(l1->wait().is_ok() && l2->wait().is_ok());
+  // Each upper tier (512 KiB) holds two of the three blocks: pinning both fillers in the device
+  // tier, then in the host tier, evicts both zeroed copies, clean, with no write-back; the next
+  // load can only come from the NVMe home, and is a zero fill.
+  for (Tier t : {Tier::kDevice, Tier::kHost}) {
+    auto l1 = h.store->pin(*f1, t, Access::kWrite);
+    auto l2 = h.store->pin(*f2, t, Access::kWrite);
+    ASSERT_TRUE(l1.is_ok() && l2.is_ok()) << tier_name(t);
+    ASSERT_TRUE(l1->wait().is_ok() && l2->wait().is_ok()) << tier_name(t);
   }
   ASSERT_TRUE(h.store->drain().is_ok());
   EXPECT_EQ(h.store->stats().nvme_write_bytes(), 0u);
   EXPECT_EQ(read_block(*h.store, *a, Tier::kHost, n), zeros);
   ASSERT_TRUE(h.store->drain().is_ok());
   EXPECT_EQ(h.store->stats().nvme_read_bytes(), 0u);
+  EXPECT_EQ(h.store->stats().link(Link::kDeviceToHost).bytes, 0u);  // not from a device copy
   EXPECT_TRUE(h.store->check_invariants().is_ok());
 
   // Written again after the zero, the block's bytes go home and come back as written.
