@@ -9,7 +9,7 @@
 # The tree travels with it (the configs under configs/train/ are read from it). One command,
 # under 9 minutes: DEADLINE_S=500 for the checks, whose caps add up to 500 s (payload 30, gpu
 # tests 15, ops tests 150, bench copy 15, bench ops 15, train cpu 30, train gpu 20, speed 25,
-# llama cpu 80, llama gpu 120). The first H200 run (2026-12-04) took 2, 70+ (its cap: 19 of 27
+# llama cpu 80, llama gpu 120). The first H200 run (2026-12-04) took 2, 70+ (its cap: 19 of 25
 # tests, 5-12 s each at GPT-2's vocabulary), 8, 1, 14, 10, 10, 45+ (init about 30 s), 70+ s.
 #
 # What it checks, each a row of the summary; the exit status is 0 only when every row passed:
