@@ -92,6 +92,48 @@ TEST(PinnedPool, FourKiBPageSlabsArePrefaulted) {
   }
 }
 
+// Counts the pages of [data, data + bytes) that are not resident.
+std::size_t pages_not_resident(const void* data, std::uint64_t bytes) {
+  std::vector<unsigned char> resident(bytes / 4096);
+  EXPECT_EQ(mincore(const_cast<void*>(data), bytes, resident.data()), 0) << std::strerror(errno);
+  std::size_t missing = 0;
+  for (unsigned char r : resident) missing += (r & 1u) == 0;
+  return missing;
+}
+
+// A slab of several 64 MiB pieces is faulted in by one thread per CPU, each on its own piece: every
+// page, the last piece's (shorter than the others) included, is resident and zero.
+TEST(PinnedPool, PrefaultInPiecesLeavesNoPageOut) {
+  PinnedPoolOptions o = small_options(258ull << 20, 258ull << 20);
+  o.lock = MemlockPolicy::kOff;
+  auto pool = PinnedPool::create(o);
+  ASSERT_TRUE(pool.is_ok()) << pool.status().to_string();
+  ASSERT_EQ(pool->slabs().size(), 1u);
+  const PinnedSlab s = pool->slabs()[0];  // slabs() returns a copy
+  EXPECT_EQ(pages_not_resident(s.data, s.bytes), 0u);
+  const auto* bytes = static_cast<const unsigned char*>(s.data);
+  for (std::uint64_t off = 0; off < s.bytes; off += 4096) ASSERT_EQ(bytes[off], 0u) << off;
+}
+
+// Without prefault the pages wait for their first use (the engine's pools: the process's RSS
+// follows what it uses); with mlock asked for, every page is resident after create().
+TEST(PinnedPool, WithoutPrefaultOnlyALockFaultsPagesIn) {
+  PinnedPoolOptions lazy = small_options(130ull << 20, 130ull << 20);
+  lazy.prefault = false;
+  lazy.lock = MemlockPolicy::kOff;
+  auto a = PinnedPool::create(lazy);
+  ASSERT_TRUE(a.is_ok()) << a.status().to_string();
+  const PinnedSlab sa = a->slabs()[0];
+  EXPECT_EQ(pages_not_resident(sa.data, sa.bytes), sa.bytes / 4096);
+
+  PinnedPoolOptions locked = lazy;
+  locked.lock = MemlockPolicy::kBestEffort;
+  auto b = PinnedPool::create(locked);
+  ASSERT_TRUE(b.is_ok()) << b.status().to_string();
+  const PinnedSlab sb = b->slabs()[0];
+  EXPECT_EQ(pages_not_resident(sb.data, sb.bytes), 0u);
+}
+
 TEST(PinnedPool, BuffersAreAlignedWritableAndInsideSlabs) {
   auto pool = PinnedPool::create(small_options(8 << 20, 4 << 20));
   ASSERT_TRUE(pool.is_ok()) << pool.status().to_string();
