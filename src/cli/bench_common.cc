@@ -251,21 +251,46 @@ std::vector<double> memcpy_gbps_samples(std::size_t bytes, int repeats) {
   return memcpy_gbps_samples(b.data(), a.data(), bytes, repeats);
 }
 
+namespace {
+constexpr std::size_t kCopyProbeBytes = 64u << 20;  // each of the memcpy probe's two buffers
+
+bool any_tier_on_nvme(const zero::EngineOptions& eo) {
+  const ZeroConfig& z = eo.config.zero;
+  return z.offload_optimizer.device == "nvme" || z.offload_param.device == "nvme";
+}
+}  // namespace
+
+std::uint64_t engine_ceilings_host_bytes(bool device_is_host_memory,
+                                         const zero::EngineOptions& eo) {
+  const std::uint64_t copy = device_is_host_memory ? 2 * kCopyProbeBytes : 0;
+  const std::size_t paths = any_tier_on_nvme(eo) ? zero::swap_paths(eo).size() : 0;
+  return std::max(copy, paths > 0 ? engine_disk_probe_host_bytes(paths) : 0);
+}
+
 Status measure_engine_ceilings(const std::string& what, bool device_is_host_memory,
                                std::uint64_t disk_bytes, zero::EngineOptions& eo) {
   if (device_is_host_memory) {
-    const std::vector<double> copy_gbps = memcpy_gbps_samples(64u << 20, 3);
+    const std::vector<double> copy_gbps = memcpy_gbps_samples(kCopyProbeBytes, 3);
     eo.copy_bytes_per_s = *std::max_element(copy_gbps.begin(), copy_gbps.end()) * 1e9;
   }
-  const ZeroConfig& z = eo.config.zero;
-  if (z.offload_optimizer.device != "nvme" && z.offload_param.device != "nvme") {
-    return Status::ok();
-  }
+  if (!any_tier_on_nvme(eo)) return Status::ok();
   const std::vector<std::string> paths = zero::swap_paths(eo);
   if (paths.empty()) return Status::ok();  // the engine refuses the config, naming the key
   TZ_ASSIGN_OR_RETURN(const DiskCeiling disk, measure_engine_disk(paths, disk_bytes, what));
   eo.nvme_write_bytes_per_s = disk.write_gbps * 1e9;
   eo.nvme_read_bytes_per_s = disk.read_gbps * 1e9;
+  return Status::ok();
+}
+
+Status SharedCeilings::measure(bool device_is_host_memory, zero::EngineOptions& eo) {
+  std::call_once(once_, [&] {
+    measured_ = eo;
+    status_ = measure_engine_ceilings(what_, device_is_host_memory, 256u << 20, measured_);
+  });
+  TZ_RETURN_IF_ERROR(status_);
+  eo.nvme_read_bytes_per_s = measured_.nvme_read_bytes_per_s;
+  eo.nvme_write_bytes_per_s = measured_.nvme_write_bytes_per_s;
+  eo.copy_bytes_per_s = measured_.copy_bytes_per_s;
   return Status::ok();
 }
 

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -126,5 +127,32 @@ std::vector<double> memcpy_gbps_samples(std::size_t bytes, int repeats);
 // Errors: measure_engine_disk's.
 Status measure_engine_ceilings(const std::string& what, bool device_is_host_memory,
                                std::uint64_t disk_bytes, zero::EngineOptions& eo);
+
+// The host memory measure_engine_ceilings holds at its peak (its memcpy probe and its disk probe
+// run one after the other, each freeing its buffers): 2 x 64 MiB on a host-memory device, the
+// disk probe's staging (engine_disk_probe_host_bytes) when `eo` puts a tier on NVMe. What the
+// plan counts for it (zero::EngineOptions::probe_host_bytes).
+std::uint64_t engine_ceilings_host_bytes(bool device_is_host_memory,
+                                         const zero::EngineOptions& eo);
+// measure_engine_disk's pinned staging for `paths` swap directories.
+std::uint64_t engine_disk_probe_host_bytes(std::size_t paths);
+
+// measure_engine_ceilings once for every rank of this process (`train`, `bench zero`): the first
+// rank to call measure() measures (256 MiB each way on the disk), the others wait for its figures;
+// each gets them in its `eo`. The ranks call it once their engine has checked its memory plan, so
+// a run the plan refuses spends no time on the probe and writes no probe file, and before their
+// first step, so no rank's step runs beside the probe.
+class SharedCeilings {
+ public:
+  explicit SharedCeilings(std::string what) : what_(std::move(what)) {}
+  // Errors: the measurement's (every rank gets the first's).
+  Status measure(bool device_is_host_memory, zero::EngineOptions& eo);
+
+ private:
+  std::string what_;
+  std::once_flag once_;
+  Status status_;
+  zero::EngineOptions measured_;
+};
 
 }  // namespace tz::cli

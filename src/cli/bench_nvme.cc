@@ -290,18 +290,34 @@ int run(const BenchNvmeOptions& o) {
   return 0;
 }
 
+// measure_engine_disk's rig: bench nvme's, with 1 MiB requests (32 MiB of pinned buffers in
+// flight per path, not bench nvme's 256).
+BenchNvmeOptions engine_probe_options(const std::vector<std::string>& paths,
+                                      std::uint64_t bytes_per_path, const std::string& what) {
+  BenchNvmeOptions o;
+  o.paths = paths;
+  o.bs = "1M";
+  o.size = std::to_string(bytes_per_path * paths.size());
+  o.file_name = "tierzero-" + what + "-probe." + std::to_string(::getpid());
+  std::replace(o.file_name.begin(), o.file_name.end(), ' ', '-');
+  return o;
+}
+
 }  // namespace
+
+// bench_common.h: one staging buffer per request slot.
+std::uint64_t engine_disk_probe_host_bytes(std::size_t paths) {
+  const BenchNvmeOptions o =
+      engine_probe_options(std::vector<std::string>(paths, "."), 256u << 20, "probe");
+  Result<NvmeSizes> z = parse(o);
+  return z.is_ok() ? z->slots * z->bs : 0;
+}
 
 // bench_common.h: the engine's sequential writes then reads over one file per path, as `bench
 // nvme --rw write` then `--rw read` measure them (the same rig), files removed.
 Result<DiskCeiling> measure_engine_disk(const std::vector<std::string>& paths,
                                         std::uint64_t bytes_per_path, const std::string& what) {
-  BenchNvmeOptions o;
-  o.paths = paths;
-  o.bs = "1M";  // 32 MiB of pinned buffers in flight, not bench nvme's 256
-  o.size = std::to_string(bytes_per_path * paths.size());
-  o.file_name = "tierzero-" + what + "-probe." + std::to_string(::getpid());
-  std::replace(o.file_name.begin(), o.file_name.end(), ' ', '-');
+  const BenchNvmeOptions o = engine_probe_options(paths, bytes_per_path, what);
   TZ_ASSIGN_OR_RETURN(const NvmeSizes z, parse(o));
   NvmeRig rig;
   Status st = build_queue(o, z, rig);

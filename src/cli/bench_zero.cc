@@ -291,11 +291,17 @@ json summary_json(const BenchZeroOptions& o, const zero::EngineOptions& eo, zero
 }
 
 // One rank's run: the engine, the model, the steps; rank 0 records the lines and the summary.
-Status run_rank(const BenchZeroOptions& o, const zero::EngineOptions& eo, int rank,
-                gpu::Device& dev, comm::Comm& comm, ZeroResult& result) {
+Status run_rank(const BenchZeroOptions& o, zero::EngineOptions eo, int rank, gpu::Device& dev,
+                comm::Comm& comm, SharedCeilings& ceilings, ZeroResult& result) {
   TZ_ASSIGN_OR_RETURN(std::unique_ptr<zero::Engine> engine, zero::Engine::create(eo, dev, comm));
   LayeredModel model(*engine, o.layers, o.hidden, o.tokens);
-  TZ_RETURN_IF_ERROR(model.build());
+  TZ_RETURN_IF_ERROR(model.build());  // the engine's memory plan is checked here
+  // The bound's bandwidths, once the plan is checked (a run it refuses spends nothing on the
+  // probe). The synthetic model runs on HostDevice, whose host <-> device copies are memcpy, so
+  // the copy term is always measured.
+  TZ_RETURN_IF_ERROR(ceilings.measure(/*device_is_host_memory=*/true, eo));
+  engine->set_bound_bandwidths(eo.nvme_read_bytes_per_s, eo.nvme_write_bytes_per_s,
+                               eo.copy_bytes_per_s);
   TZ_RETURN_IF_ERROR(model.init(1234));
   const int k = engine->gradient_accumulation_steps();
   std::vector<double> step_s, bound_s;
@@ -327,23 +333,21 @@ Status run_rank(const BenchZeroOptions& o, const zero::EngineOptions& eo, int ra
   return Status::ok();
 }
 
-// parse -> measure -> run -> report.
+// parse -> run (each rank measures the bound's bandwidths once its plan is checked) -> report.
 int run(const BenchZeroOptions& o) {
   Result<zero::EngineOptions> parsed = parse(o);
   if (!parsed) return fail(parsed.status());
   zero::EngineOptions eo = std::move(parsed).value();
-  // Measure: the bound's bandwidths (bench_common.h). The synthetic model runs on HostDevice,
-  // whose host <-> device copies are memcpy, so the copy term is always measured.
-  if (Status st = measure_engine_ceilings("bench zero", /*device_is_host_memory=*/true, 256u << 20,
-                                          eo);
-      !st.is_ok()) {
-    return fail(st);
-  }
+  // The bound's probe runs once the plan is checked, its buffers beside the engine's memory.
+  eo.probe_host_bytes = [probed = eo](bool device_is_host_memory) {
+    return engine_ceilings_host_bytes(device_is_host_memory, probed);
+  };
+  SharedCeilings ceilings("bench zero");
   ZeroResult result;
   Status st = zero::run_local_ranks(
       o.ranks, eo.config.tierzero.device_budget,
       [&](int rank, gpu::Device& dev, comm::Comm& comm) {
-        return run_rank(o, eo, rank, dev, comm, result);
+        return run_rank(o, eo, rank, dev, comm, ceilings, result);
       });
   if (!st.is_ok()) return fail(st);
   result.print(o, eo);

@@ -321,6 +321,9 @@ Result<Estimate> estimate_for(const Setup& s, const Config& config) {
   e.paths = zero::swap_paths(e.options);
   TZ_ASSIGN_OR_RETURN(e.inputs, zero::plan_inputs(e.options, s.flags.ranks, s.device_budget_bytes));
   e.inputs.process_baseline_bytes = zero::process_baseline_bytes();
+  // `train` measures its bound's bandwidths beside the engine's memory (unless
+  // --no-bandwidth-probe).
+  e.inputs.probe_host_bytes = engine_ceilings_host_bytes(s.device_is_host, e.options);
   e.inputs.cublas_workspace_bytes = s.workspaces.cublas;
   e.inputs.nccl_buffer_bytes = s.workspaces.nccl;
   std::vector<zero::UnitLayout> layouts;

@@ -8,7 +8,6 @@
 #include <filesystem>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -243,6 +242,12 @@ train::TrainSpec train_spec(const RunSetup& s, int seq) {
       c, seq, f.checkpointing,
       f.cpu_threads > 0 ? f.cpu_threads : (s.launched ? 0 : std::max(1, cores / s.world)));
   t.engine = engine_options_for(c, s.shape, t.model_options, f.nvme_path, t.seed);
+  if (!f.no_bandwidth_probe) {
+    // The bound's probe runs once the plan is checked, its buffers beside the engine's memory.
+    t.engine.probe_host_bytes = [eo = t.engine](bool device_is_host_memory) {
+      return engine_ceilings_host_bytes(device_is_host_memory, eo);
+    };
+  }
   t.model = s.shape;
   t.world = s.world;
   t.steps = f.steps;
@@ -377,37 +382,18 @@ void print_summary(const RunSetup& s, const train::TrainResult& r) {
               steady_median(r.nvme_read_per_param), steady_median(r.nvme_write_per_param));
 }
 
-// The bound's bandwidths, measured once for every rank of this process (train::TrainIo::
-// bound_bandwidths): the first rank to ask measures, the others wait for its figures.
-struct BoundProbe {
-  std::once_flag once;
-  Status status;
-  zero::EngineOptions measured;
-};
-
-// The hook that measures the bandwidths of the step's bound (cli/bench_common.h
-// measure_engine_ceilings: the disk under the run's swap paths when a tier is on NVMe, 256 MiB
-// each way; memcpy for the copies on a host-memory device, whose copies are memcpy). The ranks
-// call it once their engine has checked its memory plan, so a run the plan refuses spends no
-// time on it; rank 0 prints the figures before its first step line (train/report.h). None with
-// --no-bandwidth-probe: the bound then leaves those terms out.
+// The hook that measures the bandwidths of the step's bound (train::TrainIo::bound_bandwidths;
+// cli/bench_common.h SharedCeilings: the disk under the run's swap paths when a tier is on NVMe;
+// memcpy for the copies on a host-memory device, whose copies are memcpy), once for every rank of
+// this process, once their engine has checked its memory plan; rank 0 prints the figures before
+// its first step line (train/report.h). None with --no-bandwidth-probe: the bound then leaves
+// those terms out.
 std::function<Status(bool, zero::EngineOptions&)> bound_bandwidths_hook(const RunSetup& s,
-                                                                       BoundProbe& probe) {
+                                                                       SharedCeilings& probe) {
   if (s.flags.no_bandwidth_probe) return {};
   return [&probe](bool device_is_host_memory, zero::EngineOptions& eo) {
-    std::call_once(probe.once, [&] {
-      probe.measured = eo;
-      probe.status =
-          measure_engine_ceilings("train", device_is_host_memory, 256u << 20, probe.measured);
-    });
-    if (!probe.status.is_ok()) {
-      return Status(probe.status).with_context("measuring the step bound's bandwidths "
-                                               "(--no-bandwidth-probe skips it)");
-    }
-    eo.nvme_read_bytes_per_s = probe.measured.nvme_read_bytes_per_s;
-    eo.nvme_write_bytes_per_s = probe.measured.nvme_write_bytes_per_s;
-    eo.copy_bytes_per_s = probe.measured.copy_bytes_per_s;
-    return Status::ok();
+    return probe.measure(device_is_host_memory, eo)
+        .with_context("measuring the step bound's bandwidths (--no-bandwidth-probe skips it)");
   };
 }
 
@@ -416,7 +402,7 @@ std::function<Status(bool, zero::EngineOptions&)> bound_bandwidths_hook(const Ru
 // after its plan is checked (bound_bandwidths_hook).
 Status run_ranks(RunSetup& s, train::TrainIo io, train::TrainResult& summary) {
   const std::uint64_t budget = s.config.tierzero.device_budget;
-  BoundProbe probe;
+  SharedCeilings probe("train");
   io.bound_bandwidths = bound_bandwidths_hook(s, probe);
   if (!s.launched && s.world > 1) {
     // The rank threads run on HostDevices (zero::run_local_ranks).

@@ -193,6 +193,9 @@ Status EngineImpl::finalize() {
   in.device_budget_bytes = ctx_.device.memory_stats().budget_bytes;
   in.nvme_paths = std::max<std::size_t>(1, nvme_paths_.size());
   in.process_baseline_bytes = process_baseline_bytes();
+  if (options_.probe_host_bytes) {
+    in.probe_host_bytes = options_.probe_host_bytes(ctx_.device.host_accessible());
+  }
   const gpu::DeviceWorkspaces ws =
       gpu::device_workspaces(ctx_.device, ctx_.world, ctx_.comm.backend() == "nccl");
   in.cublas_workspace_bytes = ws.cublas;

@@ -117,6 +117,11 @@ struct EngineOptions {
   double nvme_read_bytes_per_s = 0;
   double nvme_write_bytes_per_s = 0;
   double copy_bytes_per_s = 0;  // host <-> device
+  // Host memory a caller holds beside the engine's for a while after the plan is checked (`train`
+  // and `bench zero` measure the bound's bandwidths then: cli/bench_common.h
+  // engine_ceilings_host_bytes), given whether the device is host memory; counted among the
+  // plan's process terms. Empty: none.
+  std::function<std::uint64_t(bool device_is_host_memory)> probe_host_bytes;
 };
 
 // Which per-parameter value get_tensor/set_tensor move: the fp32 master weights or one of the

@@ -547,7 +547,8 @@ Placement gradient_home(const PlanInputs& in, const Config& config,
 // with the CUDA libraries linked it is mostly cuBLASLt's text and static data, which no formula
 // of this engine predicts. The pinned pool's slack: the pool's slabs are mapped at its budget
 // (the host tier plus one largest block per slab and 2 MiB, size_pool), and a page once touched
-// stays resident, so fragmentation can touch all of it.
+// stays resident, so fragmentation can touch all of it. The caller's bandwidth probe, when it runs
+// after the plan is checked: its buffers are held while the engine's pools are.
 void add_process_terms(const PlanContext& c, MemoryPlan& plan) {
   if (c.in.process_baseline_bytes > 0) {
     plan.process.push_back(PlanTerm{
@@ -557,6 +558,11 @@ void add_process_terms(const PlanContext& c, MemoryPlan& plan) {
   plan.process.push_back(PlanTerm{Tier::kHost,
                                   "pinned pool slack (block rounding, fragmentation, 2 MiB)",
                                   plan.pool.budget_bytes - plan.tier_bytes(Tier::kHost)});
+  if (c.in.probe_host_bytes > 0) {
+    plan.process.push_back(PlanTerm{
+        Tier::kHost, "bound bandwidth probe (memcpy or disk staging, before the first step)",
+        c.in.probe_host_bytes});
+  }
 }
 
 }  // namespace

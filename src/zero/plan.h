@@ -39,6 +39,9 @@ struct PlanInputs {
   // The process's memory before the engine holds any (process_baseline_bytes()); 0 leaves the
   // term out (a plan of the tiers alone).
   std::uint64_t process_baseline_bytes = 0;
+  // Host memory a caller holds beside the engine's after the plan is checked
+  // (EngineOptions::probe_host_bytes); 0 leaves the term out.
+  std::uint64_t probe_host_bytes = 0;
   // GPU library memory on CudaDevice (gpu/workspaces.h): cuBLAS's workspace (from the device
   // pool) and NCCL's buffers (its own, an estimate); 0 on HostDevice.
   std::uint64_t cublas_workspace_bytes = 0;

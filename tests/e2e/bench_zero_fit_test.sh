@@ -5,7 +5,8 @@
 # fp32 gradient shards, which do not fit the host budget beside its minimum, are homed on NVMe
 # with the optimizer state; every step's peak per tier stays within the plan, each tier's plan
 # within its budget; the parameters' hash equals the same run's with room to spare (placement is
-# not math). A host budget below the irreducible minimum is refused, naming its terms.
+# not math). A host budget below the irreducible minimum is refused, naming its terms, before the
+# disk probe.
 # Usage: bench_zero_fit_test.sh TIERZERO
 set -u
 bin=$1
@@ -13,8 +14,15 @@ source "$(dirname "$0")/common.sh"
 args=(bench zero --layers 16 --hidden 1024 --tokens 128 --ranks 1 --steps 3 --dtype bf16 --stage 3
       --offload-param nvme --offload-optimizer nvme --nvme-path "$work" --json)
 
-# A host budget below the host tier's irreducible minimum: refused, naming its terms.
-out=$("$bin" "${args[@]}" --device-budget 32M --host-budget 16M 2>&1)
+# A host budget below the host tier's irreducible minimum: refused, naming its terms, before the
+# disk probe of the bound's bandwidths (the ranks measure once their plan is checked): strace
+# shows whether the probe's file (tierzero-bench zero-probe.PID) was opened; without a usable
+# strace that part is skipped.
+tracer=()
+if command -v strace > /dev/null && strace -o /dev/null true 2> /dev/null; then
+  tracer=(strace -f -e trace=openat -o "$work/refused.strace")
+fi
+out=$("${tracer[@]}" "$bin" "${args[@]}" --device-budget 32M --host-budget 16M 2>&1)
 rc=$?
 if [ $rc -ne 0 ] && printf '%s' "$out" | grep -q "host tier needs at least" &&
    printf '%s' "$out" | grep -q "for two units of NVMe-homed state" &&
@@ -22,6 +30,15 @@ if [ $rc -ne 0 ] && printf '%s' "$out" | grep -q "host tier needs at least" &&
   ok "32M/16M: the host's irreducible minimum is refused by name"
 else
   bad "32M/16M: rc=$rc, expected the host tier's minimum named: $out"
+fi
+if [ ${#tracer[@]} -gt 0 ]; then
+  if grep -q "probe\." "$work/refused.strace"; then
+    bad "32M/16M: the refused run opened the disk probe's file: $(grep 'probe\.' "$work/refused.strace" | head -1)"
+  else
+    ok "32M/16M: refused before the disk probe"
+  fi
+else
+  echo "skip the refused run's probe check: no usable strace"
 fi
 
 # 32 MiB device budget, a host budget above the host's minimum: starts, peaks within the plan.
