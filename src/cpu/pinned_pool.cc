@@ -271,10 +271,6 @@ Result<detail::SlabState> map_slab(std::size_t index, std::uint64_t bytes,
     const bool pinned_fault =
         !options.huge_pages && !s.slab.hugetlb && fault_in_by_long_term_pin(s.slab.data, bytes);
     if (!pinned_fault) populate_for_write(static_cast<std::byte*>(s.slab.data), bytes);
-  } else if (options.lock != MemlockPolicy::kOff) {
-    // mlock below faults every page in anyway, all on this thread: fault them in on every CPU
-    // first. (Where mlock is then refused, the pages stay resident, inside the pool's budget.)
-    populate_for_write(static_cast<std::byte*>(s.slab.data), bytes);
   }
   if (s.slab.hugetlb) {
     s.slab.huge_bytes = bytes;
@@ -290,7 +286,17 @@ Result<detail::SlabState> map_slab(std::size_t index, std::uint64_t bytes,
     }
   }
   if (options.lock != MemlockPolicy::kOff) {
-    if (mlock(s.slab.data, bytes) == 0) {
+    // A slab not yet faulted in: mlock would fault every page in on this thread. Lock its pages as
+    // they fault instead, then fault them in on every CPU; where the lock is refused they stay
+    // unfaulted. Kernels without MLOCK_ONFAULT (before 4.4) take the plain mlock.
+    bool locked = false;
+    if (!options.prefault && mlock2(s.slab.data, bytes, MLOCK_ONFAULT) == 0) {
+      populate_for_write(static_cast<std::byte*>(s.slab.data), bytes);
+      locked = true;
+    } else if (options.prefault || errno == EINVAL || errno == ENOSYS) {
+      locked = mlock(s.slab.data, bytes) == 0;
+    }
+    if (locked) {
       s.slab.locked = true;
     } else {
       const int err = errno;

@@ -39,8 +39,9 @@ struct PinnedPoolOptions {
   // backs the pages on first touch). 4 KiB-page slabs are faulted through a long-term pin where
   // the kernel allows it, which gives physically contiguous runs (fewer scatter-gather segments
   // per I/O request); else MADV_POPULATE_WRITE on one thread per CPU. False leaves the pages to
-  // their first use, unless `lock` asks for mlock, which faults them all in: then they are
-  // faulted in on every CPU first, as with prefault.
+  // their first use, unless `lock` locks them: then they are faulted in on every CPU too
+  // (mlock2 with MLOCK_ONFAULT, then MADV_POPULATE_WRITE), and stay unfaulted where the lock is
+  // refused.
   bool prefault = true;
   MemlockPolicy lock = MemlockPolicy::kBestEffort;
 };
