@@ -267,6 +267,12 @@ std::uint64_t engine_ceilings_host_bytes(bool device_is_host_memory,
   return std::max(copy, paths > 0 ? engine_disk_probe_host_bytes(paths) : 0);
 }
 
+void count_probe_in_plan(zero::EngineOptions& eo) {
+  eo.probe_host_bytes = [probed = eo](bool device_is_host_memory) {
+    return engine_ceilings_host_bytes(device_is_host_memory, probed);
+  };
+}
+
 Status measure_engine_ceilings(const std::string& what, bool device_is_host_memory,
                                std::uint64_t disk_bytes, zero::EngineOptions& eo) {
   if (device_is_host_memory) {

@@ -136,6 +136,10 @@ std::uint64_t engine_ceilings_host_bytes(bool device_is_host_memory,
                                          const zero::EngineOptions& eo);
 // measure_engine_disk's pinned staging for `paths` swap directories.
 std::uint64_t engine_disk_probe_host_bytes(std::size_t paths);
+// Has the engine's plan count the probe (EngineOptions::probe_host_bytes, from
+// engine_ceilings_host_bytes of `eo` as it is now): for runs whose ranks call
+// SharedCeilings::measure once their plan is checked.
+void count_probe_in_plan(zero::EngineOptions& eo);
 
 // measure_engine_ceilings once for every rank of this process (`train`, `bench zero`): the first
 // rank to call measure() measures (256 MiB each way on the disk), the others wait for its figures;

@@ -292,11 +292,13 @@ int run(const BenchNvmeOptions& o) {
 
 // measure_engine_disk's rig: bench nvme's, with 1 MiB requests (32 MiB of pinned buffers in
 // flight per path, not bench nvme's 256).
+constexpr std::uint64_t kProbeRequestBytes = 1u << 20;
+
 BenchNvmeOptions engine_probe_options(const std::vector<std::string>& paths,
                                       std::uint64_t bytes_per_path, const std::string& what) {
   BenchNvmeOptions o;
   o.paths = paths;
-  o.bs = "1M";
+  o.bs = std::to_string(kProbeRequestBytes);
   o.size = std::to_string(bytes_per_path * paths.size());
   o.file_name = "tierzero-" + what + "-probe." + std::to_string(::getpid());
   std::replace(o.file_name.begin(), o.file_name.end(), ' ', '-');
@@ -305,12 +307,9 @@ BenchNvmeOptions engine_probe_options(const std::vector<std::string>& paths,
 
 }  // namespace
 
-// bench_common.h: one staging buffer per request slot.
+// bench_common.h: one staging buffer per request slot, --qd slots per file (parse()).
 std::uint64_t engine_disk_probe_host_bytes(std::size_t paths) {
-  const BenchNvmeOptions o =
-      engine_probe_options(std::vector<std::string>(paths, "."), 256u << 20, "probe");
-  Result<NvmeSizes> z = parse(o);
-  return z.is_ok() ? z->slots * z->bs : 0;
+  return paths * BenchNvmeOptions{}.qd * kProbeRequestBytes;
 }
 
 // bench_common.h: the engine's sequential writes then reads over one file per path, as `bench

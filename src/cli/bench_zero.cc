@@ -338,10 +338,7 @@ int run(const BenchZeroOptions& o) {
   Result<zero::EngineOptions> parsed = parse(o);
   if (!parsed) return fail(parsed.status());
   zero::EngineOptions eo = std::move(parsed).value();
-  // The bound's probe runs once the plan is checked, its buffers beside the engine's memory.
-  eo.probe_host_bytes = [probed = eo](bool device_is_host_memory) {
-    return engine_ceilings_host_bytes(device_is_host_memory, probed);
-  };
+  count_probe_in_plan(eo);  // the ranks probe once their plan is checked (run_rank)
   SharedCeilings ceilings("bench zero");
   ZeroResult result;
   Status st = zero::run_local_ranks(

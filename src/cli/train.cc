@@ -242,12 +242,7 @@ train::TrainSpec train_spec(const RunSetup& s, int seq) {
       c, seq, f.checkpointing,
       f.cpu_threads > 0 ? f.cpu_threads : (s.launched ? 0 : std::max(1, cores / s.world)));
   t.engine = engine_options_for(c, s.shape, t.model_options, f.nvme_path, t.seed);
-  if (!f.no_bandwidth_probe) {
-    // The bound's probe runs once the plan is checked, its buffers beside the engine's memory.
-    t.engine.probe_host_bytes = [eo = t.engine](bool device_is_host_memory) {
-      return engine_ceilings_host_bytes(device_is_host_memory, eo);
-    };
-  }
+  if (!f.no_bandwidth_probe) count_probe_in_plan(t.engine);  // bound_bandwidths_hook
   t.model = s.shape;
   t.world = s.world;
   t.steps = f.steps;

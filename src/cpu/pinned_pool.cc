@@ -3,6 +3,8 @@
 #include "cpu/pinned_pool.h"
 
 #include <linux/io_uring.h>
+#include <oneapi/tbb/blocked_range.h>
+#include <oneapi/tbb/parallel_for.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
@@ -17,9 +19,6 @@
 #include <map>
 #include <mutex>
 #include <string>
-#include <system_error>
-#include <thread>
-#include <vector>
 
 #include "core/check.h"
 #include "core/host_probe.h"
@@ -88,32 +87,21 @@ bool fault_in_by_long_term_pin(void* data, std::uint64_t bytes) {
 }
 
 // Faults [data, data + bytes) in for writing: MADV_POPULATE_WRITE (kernels before 5.14: one write
-// per page) on one thread per CPU, each on 64 MiB or more. A first touch is the kernel zeroing the
-// pages and, in a VM, the host backing them: 0.28-0.29 GB/s on one core of a 2-core EPYC VM,
-// 0.49-0.56 GB/s on both (6 GiB, transparent huge pages); llama-3.2-1b's 11.4 GiB pool took 41-47 s
-// to create on one thread there and 24-26 s on two.
+// per page) in 64 MiB pieces on oneTBB's threads. A first touch is the kernel zeroing the pages
+// and, in a VM, the host backing them: 0.28-0.29 GB/s on one core of a 2-core EPYC VM, 0.49-0.56
+// GB/s on both (6 GiB, transparent huge pages); llama-3.2-1b's 11.4 GiB pool took 36-47 s to
+// create on one thread there and 22-26 s on two (bench/RESULTS.md, eighth session).
 void populate_for_write(std::byte* data, std::uint64_t bytes) {
-  constexpr std::uint64_t kMinChunk = 64ull << 20;
-  const std::uint64_t cpus = std::max(1u, std::thread::hardware_concurrency());
-  const std::uint64_t pieces = std::clamp<std::uint64_t>(bytes / kMinChunk, 1, cpus);
-  const std::uint64_t chunk = round_up((bytes + pieces - 1) / pieces, kHugePage);
-  auto fault = [](std::byte* p, std::uint64_t len) {
+  constexpr std::uint64_t kPiece = 64ull << 20;  // a multiple of 2 MiB: huge pages stay whole
+  auto fault = [&](const tbb::blocked_range<std::uint64_t>& pieces) {
+    std::byte* p = data + pieces.begin() * kPiece;
+    const std::uint64_t len = std::min(bytes, pieces.end() * kPiece) - pieces.begin() * kPiece;
     if (madvise(p, len, MADV_POPULATE_WRITE) != 0) {
       auto* v = reinterpret_cast<volatile std::byte*>(p);
       for (std::uint64_t off = 0; off < len; off += kAlign) v[off] = std::byte{0};
     }
   };
-  std::vector<std::thread> helpers;
-  for (std::uint64_t off = chunk; off < bytes; off += chunk) {
-    const std::uint64_t len = std::min(chunk, bytes - off);
-    try {
-      helpers.emplace_back(fault, data + off, len);
-    } catch (const std::system_error&) {
-      fault(data + off, len);  // no thread to be had: this one does the piece
-    }
-  }
-  fault(data, std::min(chunk, bytes));
-  for (std::thread& t : helpers) t.join();
+  tbb::parallel_for(tbb::blocked_range<std::uint64_t>(0, (bytes + kPiece - 1) / kPiece), fault);
 }
 
 }  // namespace

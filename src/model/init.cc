@@ -1,11 +1,11 @@
 // Seeded normal initialisation shared by the model families (model/init.h).
 #include "model/init.h"
 
+#include <oneapi/tbb/blocked_range.h>
+#include <oneapi/tbb/parallel_for.h>
+
 #include <algorithm>
 #include <cmath>
-#include <system_error>
-#include <thread>
-#include <vector>
 
 namespace tz::model {
 namespace {
@@ -51,27 +51,20 @@ void fill_normal_range(std::span<float> out, double stddev, std::uint64_t stream
 
 }  // namespace
 
-// Each element's value depends on its index alone, so pieces of a large tensor are filled on one
-// thread per CPU with the same bits as one thread would give (the transcendental functions cost
+// Each element's value depends on its index alone, so a large tensor is filled in pieces on
+// oneTBB's threads with the same bits as one thread would give (the transcendental functions cost
 // 20-25 ns an element: llama-3.2-1b's 1.24 B took about 17 s on one core).
 void fill_normal(std::span<float> out, double stddev, std::uint64_t seed, std::uint64_t unit,
                  std::uint64_t tensor, std::size_t first) {
-  constexpr std::size_t kMinPiece = 1u << 20;
+  constexpr std::size_t kPiece = 1u << 20;  // even: pieces hold whole pairs
   const std::uint64_t stream = tensor_stream(seed, unit, tensor);
-  const std::size_t cpus = std::max(1u, std::thread::hardware_concurrency());
-  const std::size_t pieces = std::clamp<std::size_t>(out.size() / kMinPiece, 1, cpus);
-  const std::size_t piece = (out.size() / pieces + 1) & ~std::size_t{1};  // even: whole pairs
-  std::vector<std::thread> helpers;
-  for (std::size_t off = piece; off < out.size(); off += piece) {
-    const std::span<float> part = out.subspan(off, std::min(piece, out.size() - off));
-    try {
-      helpers.emplace_back(fill_normal_range, part, stddev, stream, first + off);
-    } catch (const std::system_error&) {
-      fill_normal_range(part, stddev, stream, first + off);  // no thread: this one fills it
-    }
-  }
-  fill_normal_range(out.first(std::min(piece, out.size())), stddev, stream, first);
-  for (std::thread& t : helpers) t.join();
+  tbb::parallel_for(tbb::blocked_range<std::size_t>(0, (out.size() + kPiece - 1) / kPiece),
+                    [&](const tbb::blocked_range<std::size_t>& r) {
+                      const std::size_t begin = r.begin() * kPiece;
+                      const std::size_t end = std::min(out.size(), r.end() * kPiece);
+                      fill_normal_range(out.subspan(begin, end - begin), stddev, stream,
+                                        first + begin);
+                    });
 }
 
 void fill_uniform(std::span<float> out, double bound, std::uint64_t seed, std::uint64_t unit,

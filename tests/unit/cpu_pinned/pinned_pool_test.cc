@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <sys/mman.h>
 
+#include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -74,6 +75,15 @@ TEST(PinnedPool, ReportsWhichSlabsHaveHugePages) {
          }();
 }
 
+// Counts the pages of [data, data + bytes) that are not resident.
+std::size_t pages_not_resident(const void* data, std::uint64_t bytes) {
+  std::vector<unsigned char> resident(bytes / 4096);
+  EXPECT_EQ(mincore(const_cast<void*>(data), bytes, resident.data()), 0) << std::strerror(errno);
+  std::size_t missing = 0;
+  for (unsigned char r : resident) missing += (r & 1u) == 0;
+  return missing;
+}
+
 // Pre-faulting on 4 KiB pages (through a long-term pin where the kernel allows it, else
 // MADV_POPULATE_WRITE) leaves every page resident and zeroed; mincore is the independent check.
 TEST(PinnedPool, FourKiBPageSlabsArePrefaulted) {
@@ -82,23 +92,11 @@ TEST(PinnedPool, FourKiBPageSlabsArePrefaulted) {
   auto pool = PinnedPool::create(o);
   ASSERT_TRUE(pool.is_ok()) << pool.status().to_string();
   for (const PinnedSlab& s : pool->slabs()) {
-    std::vector<unsigned char> resident(s.bytes / 4096);
-    ASSERT_EQ(mincore(s.data, s.bytes, resident.data()), 0);
-    std::size_t missing = 0;
-    for (unsigned char r : resident) missing += (r & 1u) == 0;
-    EXPECT_EQ(missing, 0u) << "slab " << s.index << " has pages not faulted in";
+    EXPECT_EQ(pages_not_resident(s.data, s.bytes), 0u)
+        << "slab " << s.index << " has pages not faulted in";
     const auto* bytes = static_cast<const unsigned char*>(s.data);
     for (std::uint64_t off = 0; off < s.bytes; off += 4096) ASSERT_EQ(bytes[off], 0u) << off;
   }
-}
-
-// Counts the pages of [data, data + bytes) that are not resident.
-std::size_t pages_not_resident(const void* data, std::uint64_t bytes) {
-  std::vector<unsigned char> resident(bytes / 4096);
-  EXPECT_EQ(mincore(const_cast<void*>(data), bytes, resident.data()), 0) << std::strerror(errno);
-  std::size_t missing = 0;
-  for (unsigned char r : resident) missing += (r & 1u) == 0;
-  return missing;
 }
 
 // A slab of several 64 MiB pieces is faulted in by one thread per CPU, each on its own piece: every
