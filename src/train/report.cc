@@ -94,6 +94,8 @@ void Reporter::write_metrics(const zero::StepReport& r, double loss,
   j["skipped"] = r.skipped;
   j["nvme_read_bytes"] = r.nvme_read_bytes;
   j["nvme_write_bytes"] = r.nvme_write_bytes;
+  j["gradient_nvme_read_bytes"] = r.gradient_nvme_read_bytes;
+  j["gradient_nvme_write_bytes"] = r.gradient_nvme_write_bytes;
   j["trace_followed"] = r.trace_followed;
   j["process_cpu_s"] = r.process_cpu_s;
   if (val_loss) j["val_loss"] = *val_loss;

@@ -123,6 +123,19 @@ std::pair<std::uint64_t, std::uint64_t> Accounting::home_write_bytes() const {
   return {ctx_.store->home_write_bytes(frozen), ctx_.store->home_write_bytes(trainable)};
 }
 
+std::pair<std::uint64_t, std::uint64_t> Accounting::gradient_nvme_bytes() const {
+  std::pair<std::uint64_t, std::uint64_t> bytes{0, 0};
+  if (ctx_.grad_place != Placement::kNvme) return bytes;
+  for (const Unit& u : ctx_.units) {
+    if (u.frozen()) continue;
+    const Result<store::BlockStats> b = ctx_.store->block_stats(u.grad_acc);
+    TZ_ASSERT(b.is_ok(), "a unit's gradient accumulator is a store block");
+    bytes.first += b->tier_bytes_in(Tier::kHost) + b->tier_bytes_in(Tier::kDevice);
+    bytes.second += b->tier_bytes_in(Tier::kNvme);
+  }
+  return bytes;
+}
+
 TierBytes Accounting::bytes_in_use() const {
   TierBytes b;
   b.device = ctx_.device.memory_stats().in_use_bytes;
@@ -145,6 +158,7 @@ void Accounting::open_step() {
   nvme_read_base_ = ss.nvme_read_bytes();
   nvme_write_base_ = ss.nvme_write_bytes();
   home_write_base_ = home_write_bytes();
+  gradient_nvme_base_ = gradient_nvme_bytes();
   copy_link_base_ = copy_link_bytes(ss);
   ctx_.counters.optimizer_s = 0;
   ctx_.counters.copy_bytes = 0;
@@ -258,6 +272,9 @@ void Accounting::close_step_report(StepReport& report, Clock::time_point t_opt, 
   const auto [frozen_writes, trainable_writes] = home_write_bytes();
   report.frozen_home_write_bytes = frozen_writes - home_write_base_.first;
   report.trainable_home_write_bytes = trainable_writes - home_write_base_.second;
+  const auto [gradient_reads, gradient_writes] = gradient_nvme_bytes();
+  report.gradient_nvme_read_bytes = gradient_reads - gradient_nvme_base_.first;
+  report.gradient_nvme_write_bytes = gradient_writes - gradient_nvme_base_.second;
   const std::uint64_t link_bytes = copy_link_bytes(ss);
   report.bound_terms = bound_terms(report, link_bytes - copy_link_base_ + ctx_.counters.copy_bytes);
   // The disk moved this step's bytes faster than the probe's bandwidths allow: the probe (a short

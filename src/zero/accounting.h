@@ -61,6 +61,9 @@ class Accounting {
 
   // Store::home_write_bytes summed over frozen units' blocks (first) and trainable units'.
   std::pair<std::uint64_t, std::uint64_t> home_write_bytes() const;
+  // The gradient accumulators' NVMe bytes so far when they are homed there: read into the host
+  // cache (first) and written home (Store::block_stats); {0, 0} otherwise.
+  std::pair<std::uint64_t, std::uint64_t> gradient_nvme_bytes() const;
 
   // The step's lower bound's terms (DESIGN.md): compute, NVMe bytes / NVMe bandwidth,
   // host<->device bytes / copy bandwidth, CPU optimizer time. Compute is the compute stream's
@@ -104,6 +107,7 @@ class Accounting {
   std::uint64_t nvme_write_base_ = 0;
   std::uint64_t copy_link_base_ = 0;
   std::pair<std::uint64_t, std::uint64_t> home_write_base_{0, 0};
+  std::pair<std::uint64_t, std::uint64_t> gradient_nvme_base_{0, 0};
 };
 
 }  // namespace tz::zero::impl

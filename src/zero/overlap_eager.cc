@@ -131,13 +131,15 @@ Status EagerOverlap::run_queue(const cpu::StepArgs& args) {
     }
     if (snapshot_) TZ_RETURN_IF_ERROR(copy_snapshot(*u, /*to_snapshot=*/true));
     TZ_RETURN_IF_ERROR(update_on_host(*u, args));
-    // Before the step's decision the unit is done as it is (apply() zeroes the accumulators of
-    // the units done by then); after it, the job zeroes the accumulator first. One lock hold
-    // decides, so every accumulator is zeroed once.
+    // With a snapshot, before the step's decision the unit is done as it is (a rollback may
+    // redo its update from the accumulator; apply() zeroes the accumulators of the units done
+    // by then); after it, the job zeroes the accumulator first. Without one nothing reads the
+    // accumulator again (the norm was taken at the reduce), so it is zeroed now and never
+    // written back dirty. One lock hold decides, so every accumulator is zeroed once.
     bool zero = false;
     {
       std::lock_guard lock(mu_);
-      zero = zero_after_update_;
+      zero = zero_after_update_ || !snapshot_;
       if (!zero) done_[u->id] = true;
     }
     if (zero) {
@@ -206,7 +208,8 @@ Status EagerOverlap::apply(const StepDecision& decision, std::int64_t step, std:
             "eager keeps no early update it rolled back");
   if (running_ && decision.update == StepUpdate::kEarlyKept) {
     // Kept: the rest of the queue runs into the next forward. The accumulators of the units
-    // done by now are zeroed here, the job zeroes the others after their updates.
+    // done by now are zeroed here (without a snapshot the job zeroed them), the job zeroes the
+    // others after their updates.
     std::vector<Unit*> zero_now;
     {
       std::lock_guard lock(mu_);
@@ -214,7 +217,7 @@ Status EagerOverlap::apply(const StepDecision& decision, std::int64_t step, std:
       zero_after_update_ = true;
       for (Unit& u : deps_.ctx.units) {
         TZ_ASSERT(u.frozen() != queued_[u.id], "eager: a trainable unit missed its update");
-        if (done_[u.id]) zero_now.push_back(&u);
+        if (snapshot_ && done_[u.id]) zero_now.push_back(&u);
       }
     }
     progress_.notify_all();

@@ -29,6 +29,7 @@ void GradientReducer::finish_step() {
     TZ_ASSERT(g.reduces == (u.frozen() ? 0 : k), "step with a unit not reduced k times");
     TZ_ASSERT(g.buffer.empty(), "step with a gradient buffer handed out");
     g.reduces = 0;
+    g.norm = gpu::NormAccumulator{};  // the next step's sum comes with its last reduce
   }
 }
 
@@ -87,6 +88,13 @@ Result<bool> GradientReducer::reduce(Unit& u) {
     {
       BusyScope busy(BusyUnion::host_cores());  // the cores' busy time (Accounting::bound_terms)
       host_accumulate(static_cast<float*>(acc.data()), ctx_.stage16.data(), ctx_.compute_dtype, s);
+      // The shard is final after the step's last micro-batch: its sum of squares is taken now,
+      // while it is in the host cache, so the norm never reads it again (an NVMe-homed shard
+      // would come back from the disk for it, between the backward and the update).
+      if (g.reduces + 1 == ctx_.accumulation_steps()) {
+        g.norm = gpu::NormAccumulator{};
+        gpu::sum_squares_fixed_order(acc.data(), DType::kF32, s, g.norm);
+      }
     }
     ctx_.counters.optimizer_s += seconds_since(t_acc);
     acc.release();
@@ -98,42 +106,35 @@ Result<bool> GradientReducer::reduce(Unit& u) {
 }
 
 Result<gpu::NormAccumulator> GradientReducer::local_norm() {
+  gpu::NormAccumulator local;
+  if (ctx_.grad_place != Placement::kDevice) {
+    // Host shards: each one's sum, taken at its last reduce by the function every device's
+    // sum_squares matches bit for bit, added in unit order as the device adds them below.
+    for (const Unit& u : ctx_.units) {
+      if (u.frozen()) continue;
+      const gpu::NormAccumulator& n = state(u.id).norm;
+      local.sum_squares += n.sum_squares;
+      local.nonfinite_count += n.nonfinite_count;
+    }
+    return local;
+  }
   gpu::Stream& st = ctx_.stream();
-  gpu::NormAccumulator host_acc;
   TZ_RETURN_IF_ERROR(
       ctx_.device.memset_async(norm_acc_.data(), 0, sizeof(gpu::NormAccumulator), st));
   auto* dev_acc = norm_acc_.as<gpu::NormAccumulator>();
-  // A device that can read host memory sums host shards with the same kernel as device ones,
-  // so the sum (and so the clip coefficient) does not depend on where the shards live.
-  const bool device_sums = ctx_.grad_place == Placement::kDevice || ctx_.device.host_accessible();
   std::vector<Lease> leases;
   for (const Unit& u : ctx_.units) {
     if (u.frozen()) continue;
-    const Tier pin_tier = ctx_.grad_place == Placement::kDevice ? Tier::kDevice : Tier::kHost;
-    TZ_ASSIGN_OR_RETURN(Lease l, ctx_.store->pin(u.grad_acc, pin_tier, Access::kRead));
+    TZ_ASSIGN_OR_RETURN(Lease l, ctx_.store->pin(u.grad_acc, Tier::kDevice, Access::kRead));
     TZ_RETURN_IF_ERROR(ctx_.with_unit(u, "norm", l.wait()));
-    if (device_sums) {
-      TZ_RETURN_IF_ERROR(
-          ctx_.device.sum_squares(l.data(), DType::kF32, u.layout.shard, dev_acc, st));
-      leases.push_back(std::move(l));
-      // NVMe-homed shards pass through the host cache, which holds a few units, not all: each
-      // is summed and released before the next is loaded (the same sums in the same order).
-      if (ctx_.grad_place == Placement::kNvme) {
-        TZ_RETURN_IF_ERROR(ctx_.sync(st, "norm"));
-        for (Lease& done : leases) done.release();
-        leases.clear();
-      }
-    } else {  // the devices' fixed order on the host: the same bits wherever shards live
-      gpu::sum_squares_fixed_order(l.data(), DType::kF32, u.layout.shard, host_acc);
-    }
+    TZ_RETURN_IF_ERROR(ctx_.device.sum_squares(l.data(), DType::kF32, u.layout.shard, dev_acc, st));
+    leases.push_back(std::move(l));
   }
-  if (device_sums) {
-    TZ_RETURN_IF_ERROR(ctx_.device.copy_async(&host_acc, dev_acc, sizeof(host_acc),
-                                              gpu::CopyKind::kDeviceToHost, st));
-    TZ_RETURN_IF_ERROR(ctx_.sync(st, "norm"));
-    for (Lease& l : leases) l.release();
-  }
-  return host_acc;
+  TZ_RETURN_IF_ERROR(
+      ctx_.device.copy_async(&local, dev_acc, sizeof(local), gpu::CopyKind::kDeviceToHost, st));
+  TZ_RETURN_IF_ERROR(ctx_.sync(st, "norm"));
+  for (Lease& l : leases) l.release();
+  return local;
 }
 
 Result<gpu::NormAccumulator> GradientReducer::all_reduce_norm(const gpu::NormAccumulator& local) {

@@ -58,6 +58,9 @@ class GradientReducer {
     gpu::DeviceBuffer buffer;
     UnitViews views;
     int reduces = 0;  // reduce() calls since the last step
+    // Host accumulators: the shard's sum of squares and non-finite count, taken at the step's
+    // last reduce (local_norm adds them up).
+    gpu::NormAccumulator norm;
   };
   GradState& state(UnitId id) {
     TZ_ASSERT(id < states_.size(), "reducer: unit id out of range (or before finalize)");

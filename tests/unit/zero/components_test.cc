@@ -204,6 +204,11 @@ void expect_reduces(Placement grads) {
       }
       acc.release();
     }
+    // A host accumulator's sum of squares is taken at its last reduce, so the norm never reads it
+    // again (an NVMe-homed one would come back from the disk for that): zeroed here, it still
+    // gives the reduced gradient's norm. A device accumulator is summed where it lives, at the
+    // norm.
+    if (grads != Placement::kDevice) TZ_RETURN_IF_ERROR(r.ctx.zero_gradient(u, "test"));
     // The global norm over both ranks' shards: the float64 sum of squares of the whole sum.
     TZ_ASSIGN_OR_RETURN(gpu::NormAccumulator total, reducer.global_norm());
     double want = 0;

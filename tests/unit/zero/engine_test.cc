@@ -89,6 +89,36 @@ TEST(ZeroEngine, NvmeStreamingUnderSmallHostTierIsBitIdentical) {
   }
 }
 
+// StepReport's gradient_nvme_* bytes: with 32 units' fp32 gradients too large for the host tier
+// above beside its minimum, the accumulators are homed on NVMe and their moves are part of the
+// step's NVMe bytes; with them on the host (8 units) there are none.
+TEST(ZeroEngine, GradientNvmeBytesAreTheAccumulatorsShareOfTheDisksBytes) {
+  for (const int layers : {32, 8}) {
+    RunSpec r;
+    r.ranks = 2;
+    r.stage = 3;
+    r.dtype = "bf16";
+    r.shape.layers = layers;
+    r.offload_optimizer = "nvme";
+    r.offload_param = "nvme";
+    r.host_budget = 4 * (3 * 2048 * 4 + 2048 * 2) + (64u << 10) + 4 * (64u << 10) + 4096 * (2 + 4);
+    const RunResult got = run(r);
+    ASSERT_EQ(got.reports.size(), 5u) << layers;
+    std::uint64_t moved = 0;
+    for (std::size_t i = 1; i < got.reports.size(); ++i) {
+      const StepReport& rep = got.reports[i];
+      EXPECT_LE(rep.gradient_nvme_read_bytes, rep.nvme_read_bytes) << layers << " step " << i + 1;
+      EXPECT_LE(rep.gradient_nvme_write_bytes, rep.nvme_write_bytes) << layers << " step " << i + 1;
+      moved += rep.gradient_nvme_read_bytes + rep.gradient_nvme_write_bytes;
+    }
+    if (layers == 32) {
+      EXPECT_GT(moved, 0u);
+    } else {
+      EXPECT_EQ(moved, 0u);
+    }
+  }
+}
+
 // The schedule advances only after applied updates (DeepSpeed): WarmupLR linear from 0.001 to
 // 0.01 over 4 steps; update t uses iteration t - 2; step 3 overflows, so step 4 repeats its lr.
 TEST(ZeroEngine, ScheduleFollowsAppliedUpdates) {
