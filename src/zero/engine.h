@@ -184,9 +184,9 @@ struct StepReport {
   std::uint64_t nvme_read_bytes = 0;   // during this step
   std::uint64_t nvme_write_bytes = 0;  // during this step
   // Of those, the fp32 gradient accumulators' (0 unless they are homed on NVMe): bytes loaded
-  // into the host cache from NVMe and written home. The update needs each one read back once
-  // (the norm is taken at the reduce, a zeroed one is neither read nor written: Store::zero);
-  // more is the store evicting one before its use.
+  // into the host cache from NVMe and written home. Each is written home at most once a step and
+  // read back at most once, by its update: the norm is taken at the reduce, a zeroed one is
+  // neither read nor written (Store::zero) and the first reduce of a step writes it unread.
   std::uint64_t gradient_nvme_read_bytes = 0;
   std::uint64_t gradient_nvme_write_bytes = 0;
   // The store followed the previous step's access trace through the whole step, so its prefetch

@@ -38,23 +38,27 @@ inline double seconds_since(Clock::time_point t0) {
 }
 
 // fp32 += a 16-bit or fp32 gradient on the host, the same IEEE sums as device_accumulate_coeffs.
-inline void host_accumulate(float* acc, const void* grad, DType dtype, std::size_t n) {
+// `zeroed`: the accumulator holds zeros and is not read (its bytes may be anything): 0 + g, the
+// same bits as the sum with a zeroed accumulator (-0 becomes +0 as it does there).
+inline void host_accumulate(float* acc, const void* grad, DType dtype, std::size_t n,
+                            bool zeroed = false) {
+  auto run = [&](auto to_f32, const auto* g) {
+    if (zeroed) {
+      for (std::size_t i = 0; i < n; ++i) acc[i] = 0.0f + to_f32(g[i]);
+    } else {
+      for (std::size_t i = 0; i < n; ++i) acc[i] = acc[i] + to_f32(g[i]);
+    }
+  };
   switch (dtype) {
-    case DType::kF32: {
-      const auto* g = static_cast<const float*>(grad);
-      for (std::size_t i = 0; i < n; ++i) acc[i] = acc[i] + g[i];
+    case DType::kF32:
+      run([](float x) { return x; }, static_cast<const float*>(grad));
       return;
-    }
-    case DType::kBF16: {
-      const auto* g = static_cast<const bf16*>(grad);
-      for (std::size_t i = 0; i < n; ++i) acc[i] = acc[i] + bf16_to_f32(g[i]);
+    case DType::kBF16:
+      run([](bf16 x) { return bf16_to_f32(x); }, static_cast<const bf16*>(grad));
       return;
-    }
-    case DType::kF16: {
-      const auto* g = static_cast<const fp16*>(grad);
-      for (std::size_t i = 0; i < n; ++i) acc[i] = acc[i] + fp16_to_f32(g[i]);
+    case DType::kF16:
+      run([](fp16 x) { return fp16_to_f32(x); }, static_cast<const fp16*>(grad));
       return;
-    }
   }
 }
 

@@ -81,13 +81,19 @@ Result<bool> GradientReducer::reduce(Unit& u) {
     TZ_RETURN_IF_ERROR(ctx_.sync(st, "reduce '" + u.spec.name + "'"));
     ctx_.counters.copy_bytes += s * es;
     g.buffer.reset();
-    TZ_ASSIGN_OR_RETURN(Lease acc,
-                        ctx_.pin_for(u, "reduce", u.grad_acc, Tier::kHost, Access::kReadWrite));
+    // The step's first micro-batch finds the accumulator zeroed (every update zeroes it after
+    // reading it), so it is written without being read: a write-only pin loads nothing, and the
+    // store's trace-driven read-ahead does not fetch the old bytes back from NVMe for it (it did,
+    // again and again, for every NVMe-homed accumulator between its update and this pin).
+    const bool first = g.reduces == 0;
+    TZ_ASSIGN_OR_RETURN(Lease acc, ctx_.pin_for(u, "reduce", u.grad_acc, Tier::kHost,
+                                                first ? Access::kWrite : Access::kReadWrite));
     TZ_RETURN_IF_ERROR(ctx_.with_unit(u, "reduce", acc.wait()));
     const auto t_acc = Clock::now();
     {
       BusyScope busy(BusyUnion::host_cores());  // the cores' busy time (Accounting::bound_terms)
-      host_accumulate(static_cast<float*>(acc.data()), ctx_.stage16.data(), ctx_.compute_dtype, s);
+      host_accumulate(static_cast<float*>(acc.data()), ctx_.stage16.data(), ctx_.compute_dtype, s,
+                      first);
       // The shard is final after the step's last micro-batch: its sum of squares is taken now,
       // while it is in the host cache, so the norm never reads it again (an NVMe-homed shard
       // would come back from the disk for it, between the backward and the update).
