@@ -130,7 +130,7 @@ std::pair<std::uint64_t, std::uint64_t> Accounting::gradient_nvme_bytes() const 
     if (u.frozen()) continue;
     const Result<store::BlockStats> b = ctx_.store->block_stats(u.grad_acc);
     TZ_ASSERT(b.is_ok(), "a unit's gradient accumulator is a store block");
-    bytes.first += b->tier_bytes_in(Tier::kHost) + b->tier_bytes_in(Tier::kDevice);
+    bytes.first += b->tier_bytes_in(Tier::kHost);  // loaded into the host cache: from NVMe
     bytes.second += b->tier_bytes_in(Tier::kNvme);
   }
   return bytes;

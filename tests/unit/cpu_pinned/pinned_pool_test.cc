@@ -99,8 +99,8 @@ TEST(PinnedPool, FourKiBPageSlabsArePrefaulted) {
   }
 }
 
-// A slab of several 64 MiB pieces is faulted in by one thread per CPU, each on its own piece: every
-// page, the last piece's (shorter than the others) included, is resident and zero.
+// A slab of several 64 MiB pieces is faulted in piece by piece on oneTBB's threads: every page, the
+// last piece's (shorter than the others) included, is resident and zero.
 TEST(PinnedPool, PrefaultInPiecesLeavesNoPageOut) {
   PinnedPoolOptions o = small_options(258ull << 20, 258ull << 20);
   o.lock = MemlockPolicy::kOff;
