@@ -42,6 +42,9 @@ nlohmann::ordered_json Accounting::plan_json() const {
   j["compute_dtype"] = std::string(dtype_name(ctx_.compute_dtype));
   j["offload_optimizer"] = std::string(placement_name(ctx_.opt_place));
   j["offload_param"] = std::string(placement_name(ctx_.param_place));
+  // The gradient accumulators' home and dtype (gradient_home, gradient_accumulator_dtype).
+  j["gradient_home"] = std::string(placement_name(ctx_.grad_place));
+  j["gradient_dtype"] = std::string(dtype_name(ctx_.grad_dtype));
   j["plan_bytes"] = plan_bytes().to_json();
   for (const PlanTerm& t : plan_) {
     j["terms"][store::tier_name(t.tier)][t.name] = t.bytes;

@@ -204,6 +204,7 @@ Status EngineImpl::finalize() {
   for (std::size_t i = 0; i < ctx_.units.size(); ++i) ctx_.units[i].persistent = mp.persistent[i];
   accounting_.set_plan(mp);
   ctx_.grad_place = mp.grad;  // NVMe when a configured host budget cannot hold the gradient shards
+  ctx_.grad_dtype = mp.grad_dtype;
   // The tiered stack (store/stack.h): the pool and its registration, the I/O engine chosen for
   // the swap paths, the swap space and the store.
   store::StackDescription sd;
@@ -250,7 +251,8 @@ Status EngineImpl::create_blocks() {
                                                            base + ".state" + std::to_string(s)));
     }
     TZ_ASSIGN_OR_RETURN(u.grad_acc,
-                        store_->create_block(u.layout.shard * 4, grad_tier, base + ".grad"));
+                        store_->create_block(u.layout.shard * dtype_size(ctx_.grad_dtype),
+                                             grad_tier, base + ".grad"));
   }
   return Status::ok();
 }

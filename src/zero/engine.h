@@ -183,7 +183,7 @@ struct StepReport {
   TierBytes peak_bytes;           // since the engine was created
   std::uint64_t nvme_read_bytes = 0;   // during this step
   std::uint64_t nvme_write_bytes = 0;  // during this step
-  // Of those, the fp32 gradient accumulators' (0 unless they are homed on NVMe): bytes loaded
+  // Of those, the gradient accumulators' (0 unless they are homed on NVMe): bytes loaded
   // into the host cache from NVMe and written home. Each is written home at most once a step and
   // read back at most once, by its update: the norm is taken at the reduce, a zeroed one is
   // neither read nor written (Store::zero) and the first reduce of a step writes it unread.

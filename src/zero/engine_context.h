@@ -40,13 +40,25 @@ inline double seconds_since(Clock::time_point t0) {
 // fp32 += a 16-bit or fp32 gradient on the host, the same IEEE sums as device_accumulate_coeffs.
 // `zeroed`: the accumulator holds zeros and is not read (its bytes may be anything): 0 + g, the
 // same bits as the sum with a zeroed accumulator (-0 becomes +0 as it does there).
-inline void host_accumulate(float* acc, const void* grad, DType dtype, std::size_t n,
-                            bool zeroed = false) {
+// A 16-bit accumulator (gradient_accumulator_dtype: one micro-batch a step) is only written
+// zeroed, from a gradient of its own dtype: 0 + g is g's value, so it stores g with -0 made +0,
+// the value the fp32 accumulator holds (NaN payloads aside).
+inline void host_accumulate(void* acc, DType acc_dtype, const void* grad, DType dtype,
+                            std::size_t n, bool zeroed = false) {
+  if (acc_dtype != DType::kF32) {
+    TZ_ASSERT(zeroed && acc_dtype == dtype, "a 16-bit accumulator holds one gradient of its dtype");
+    static_assert(sizeof(bf16) == 2 && sizeof(fp16) == 2);
+    const auto* g = static_cast<const std::uint16_t*>(grad);
+    auto* a = static_cast<std::uint16_t*>(acc);
+    for (std::size_t i = 0; i < n; ++i) a[i] = g[i] == 0x8000u ? std::uint16_t{0} : g[i];
+    return;
+  }
+  auto* acc32 = static_cast<float*>(acc);
   auto run = [&](auto to_f32, const auto* g) {
     if (zeroed) {
-      for (std::size_t i = 0; i < n; ++i) acc[i] = 0.0f + to_f32(g[i]);
+      for (std::size_t i = 0; i < n; ++i) acc32[i] = 0.0f + to_f32(g[i]);
     } else {
-      for (std::size_t i = 0; i < n; ++i) acc[i] = acc[i] + to_f32(g[i]);
+      for (std::size_t i = 0; i < n; ++i) acc32[i] = acc32[i] + to_f32(g[i]);
     }
   };
   switch (dtype) {
@@ -113,7 +125,8 @@ struct Unit {
   BlockId param = 0;  // stage 3: this rank's shard; stages 0-2: the full unit
   BlockId master = kNoBlock;
   BlockId state[2] = {kNoBlock, kNoBlock};
-  BlockId grad_acc = kNoBlock;  // fp32 reduced gradient shard, accumulated over micro-batches
+  BlockId grad_acc = kNoBlock;  // reduced gradient shard, accumulated over micro-batches (in
+                                // EngineContext::grad_dtype)
   // Stage 3, numel below stage3_param_persistence_threshold: gathered once per step and kept
   // (the plan decides, at finalize).
   bool persistent = false;
@@ -203,6 +216,7 @@ struct EngineContext {
   Placement opt_place = Placement::kDevice;
   Placement param_place = Placement::kDevice;
   Placement grad_place = Placement::kDevice;
+  DType grad_dtype = DType::kF32;  // the gradient accumulators' (MemoryPlan::grad_dtype)
   int states = 0;  // optimizer state arrays per unit (Adam 2, SGD with momentum 1)
   // register_unit(); stable addresses (views point at the specs)
   std::deque<Unit> units;

@@ -175,9 +175,9 @@ Result<DType> OptimizerDriver::gather_full_gradient(Unit& u, const Lease& acc,
   TZ_ASSIGN_OR_RETURN(dev_full, ctx_.buffers.allocate(u.layout.padded * es));
   auto* mine = dev_full.as<std::byte>() + static_cast<std::size_t>(ctx_.rank) * s * es;
   const bool acc_on_device = ctx_.grad_place == Placement::kDevice;
-  if (dt == DType::kF32) {
+  if (dt == ctx_.grad_dtype) {  // fp32, or a 16-bit accumulator (one micro-batch a step)
     TZ_RETURN_IF_ERROR(ctx_.device.copy_async(
-        mine, acc.data(), s * 4,
+        mine, acc.data(), s * es,
         acc_on_device ? gpu::CopyKind::kDeviceToDevice : gpu::CopyKind::kHostToDevice, st));
   } else if (acc_on_device) {
     TZ_RETURN_IF_ERROR(ctx_.device.cast(acc.data(), DType::kF32, mine, dt, s, st));
@@ -201,6 +201,7 @@ Result<const void*> OptimizerDriver::update_gradient(Unit& u, const Lease& acc, 
   TZ_ASSERT(acc.data() != nullptr, "update_gradient needs the pinned gradient");
   gpu::Stream& st = ctx_.stream();
   const void* grad = acc.data();
+  grad_dtype = ctx_.grad_dtype;
   if (ctx_.stage == 0) {
     TZ_ASSIGN_OR_RETURN(grad_dtype, gather_full_gradient(u, acc, dev_full));
     grad = dev_full.data();
@@ -226,7 +227,7 @@ cpu::StepArgs OptimizerDriver::update_args(double multiplier, std::int64_t step)
   cpu::StepArgs args;
   args.step = step;
   args.grad_multiplier = static_cast<float>(multiplier);
-  args.grad_dtype = DType::kF32;
+  args.grad_dtype = ctx_.grad_dtype;  // the accumulators' (a device update sets its own)
   args.copy_dtype = ctx_.compute_dtype == DType::kF32 ? DType::kBF16 : ctx_.compute_dtype;
   args.lr_override = scheduled_lr(ctx_.config.scheduler, spec_.lr,
                                   ctx_.config.scheduler.last_batch_iteration + step - 1);

@@ -64,10 +64,11 @@ class OptimizerDriver {
   Status for_each_update(const std::function<Status(Unit&)>& fn);
 
   // The CPU optimizer's update of one unit off the rank's thread (the overlap modes' workers):
-  // master and states pinned in the host tier, the fp32 gradient shard `grad` (opt_elems
-  // elements, host memory), the new compute-dtype parameters written to `param_copy` (opt_elems
-  // elements). Touches only the store and the CPU optimizer: no stream, no collective, no step
-  // counter. `what` names the caller in errors. Returns the CPU optimizer's seconds.
+  // master and states pinned in the host tier, the gradient shard `grad` (opt_elems elements
+  // of args.grad_dtype, host memory), the new compute-dtype parameters written to `param_copy`
+  // (opt_elems elements). Touches only the store and the CPU optimizer: no stream, no
+  // collective, no step counter. `what` names the caller in errors. Returns the CPU
+  // optimizer's seconds.
   Result<double> update_unit_on_host(Unit& u, const cpu::StepArgs& args, const void* grad,
                                      void* param_copy, const std::string& what);
 

@@ -262,7 +262,7 @@ class DelayedOverlap final : public OverlapMode {
   // by the rank's thread after wait()).
   Status run_update(const cpu::StepArgs& args);
 
-  std::vector<PinnedBuffer> grad_;        // per unit: the step's reduced fp32 gradient shard
+  std::vector<PinnedBuffer> grad_;        // per unit: the step's reduced gradient shard
   std::vector<PinnedBuffer> params_;      // per unit: the 16-bit parameters the update writes
   bool running_ = false;                  // a job was submitted, not waited for
   bool unpublished_ = false;              // finished, parameters not yet published

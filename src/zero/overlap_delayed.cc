@@ -12,8 +12,8 @@ DelayedOverlap::~DelayedOverlap() {
   worker_.reset();
 }
 
-// The pending update's fp32 gradient shards and 16-bit parameters, from the mode's own pinned
-// pool (plan_memory's overlap_bytes), and the worker.
+// The pending update's gradient shards (in EngineContext::grad_dtype) and 16-bit parameters,
+// from the mode's own pinned pool (plan_memory's overlap_bytes), and the worker.
 Status DelayedOverlap::finalize(std::uint64_t overlap_bytes) {
   EngineContext& ctx = deps_.ctx;
   TZ_ASSERT(worker_ == nullptr && ctx.store != nullptr, "delayed finalized twice or early");
@@ -21,11 +21,12 @@ Status DelayedOverlap::finalize(std::uint64_t overlap_bytes) {
             "delayed needs its buffers in the plan and the CPU optimizer");
   TZ_RETURN_IF_ERROR(create_pool(overlap_bytes));
   const std::size_t es = dtype_size(ctx.compute_dtype);
+  const std::size_t gs = dtype_size(ctx.grad_dtype);
   grad_.resize(ctx.units.size());
   params_.resize(ctx.units.size());
   for (const Unit& u : ctx.units) {
     if (u.frozen()) continue;
-    TZ_ASSIGN_OR_RETURN(grad_[u.id], pool_->allocate(u.layout.shard * 4));
+    TZ_ASSIGN_OR_RETURN(grad_[u.id], pool_->allocate(u.layout.shard * gs));
     TZ_ASSIGN_OR_RETURN(params_[u.id], pool_->allocate(u.opt_elems * es));
   }
   worker_ = std::make_unique<UpdateWorker>();
@@ -46,7 +47,7 @@ Status DelayedOverlap::apply(const StepDecision& decision, std::int64_t step, st
     TZ_ASSIGN_OR_RETURN(
         Lease acc, ctx.pin_for(u, "delayed: gradient", u.grad_acc, Tier::kHost, Access::kRead));
     TZ_RETURN_IF_ERROR(ctx.with_unit(u, "delayed: gradient", acc.wait()));
-    std::memcpy(grad_[u.id].data(), acc.data(), u.layout.shard * 4);
+    std::memcpy(grad_[u.id].data(), acc.data(), u.layout.shard * dtype_size(ctx.grad_dtype));
     acc.release();
   }
   running_ = true;

@@ -73,6 +73,11 @@ std::vector<std::string> swap_paths(const EngineOptions& options) {
   return paths;
 }
 
+DType gradient_accumulator_dtype(DType compute_dtype, Placement home,
+                                 std::uint64_t accumulation_steps) {
+  return accumulation_steps == 1 && home != Placement::kDevice ? compute_dtype : DType::kF32;
+}
+
 Result<PlanInputs> plan_inputs(const EngineOptions& options, int world_size,
                                std::uint64_t device_budget_bytes) {
   const Config& c = options.config;
@@ -147,20 +152,22 @@ namespace {
 struct UnitBytes {
   std::uint64_t param = 0;      // compute-dtype parameters: this rank's shard at stage 3, the
                                 // padded unit otherwise
-  std::uint64_t grad = 0;       // the fp32 gradient shard
+  std::uint64_t grad = 0;       // the gradient shard (gradient_accumulator_dtype)
   std::uint64_t opt_elems = 0;  // elements master and states cover: the padded unit at stage 0,
                                 // this rank's shard otherwise
   std::uint64_t optimizer = 0;  // fp32 master and states: opt_elems * 4 * (1 + states)
 };
 
 // A frozen unit (UnitSpec::frozen) holds its compute-dtype parameters only.
-UnitBytes unit_bytes(const PlanInputs& in, const UnitLayout& u) {
+UnitBytes unit_bytes(const PlanInputs& in, const Config& config, const UnitLayout& u) {
   const std::uint64_t es = dtype_size(in.compute_dtype);
   const auto states = static_cast<std::uint64_t>(in.optimizer_states);
   UnitBytes b;
   b.param = (in.stage == 3 ? u.shard : u.padded) * es;
   if (u.frozen) return b;
-  b.grad = static_cast<std::uint64_t>(u.shard) * 4;
+  b.grad = static_cast<std::uint64_t>(u.shard) *
+           dtype_size(gradient_accumulator_dtype(in.compute_dtype, in.grad,
+                                                 config.gradient_accumulation_steps));
   b.opt_elems = in.stage == 0 ? u.padded : u.shard;
   b.optimizer = b.opt_elems * 4 * (1 + states);
   return b;
@@ -193,7 +200,7 @@ PlanContext make_context(const PlanInputs& in, const Config& config,
   PlanContext c{.in = in, .config = config, .units = units};
   c.es = dtype_size(in.compute_dtype);
   for (const UnitLayout& u : units) {
-    const UnitBytes b = unit_bytes(in, u);
+    const UnitBytes b = unit_bytes(in, config, u);
     c.unit.push_back(b);
     c.max_param_block = std::max(c.max_param_block, b.param);
     if (u.frozen) {
@@ -506,7 +513,7 @@ void add_overlap_term(const PlanContext& c, MemoryPlan& plan) {
     }
   }
   add_term(plan, on_device ? Tier::kDevice : Tier::kHost,
-           c.delayed ? "delayed: pending update's fp32 gradient shards and 16-bit parameters"
+           c.delayed ? "delayed: pending update's gradient shards and 16-bit parameters"
                      : "eager: rollback snapshot (master and optimizer states)",
            plan.overlap_bytes);
   // The device cache was sized with the snapshot counted, so the tier stays within budget.
@@ -524,7 +531,7 @@ std::uint64_t host_minimum(const PlanInputs& in, const Config& config,
          size_store_staging(c, scratch, 0);
 }
 
-// The home of the fp32 gradient shards. With the optimizer on NVMe they are homed on the host
+// The home of the gradient shards. With the optimizer on NVMe they are homed on the host
 // (read and written every micro-batch, no I/O) unless a configured host budget cannot hold them
 // beside the host tier's minimum; then they are homed on NVMe with the optimizer state and
 // worked on in the host cache like it (as DeepSpeed's optimizer swapper swaps gradients), when
@@ -575,6 +582,8 @@ Result<MemoryPlan> plan_memory(const PlanInputs& requested, const Config& config
   in.grad = gradient_home(requested, config, units);
   MemoryPlan plan;
   plan.grad = in.grad;
+  plan.grad_dtype =
+      gradient_accumulator_dtype(in.compute_dtype, in.grad, config.gradient_accumulation_steps);
   const PlanContext c = make_context(in, config, units, plan);
   plan.device_budget_bytes =
       config.tierzero.device_budget > 0 ? config.tierzero.device_budget : in.device_budget_bytes;

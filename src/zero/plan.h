@@ -28,7 +28,7 @@ struct PlanInputs {
   DType compute_dtype = DType::kBF16;       // the 16-bit (or fp32) parameters and gradients
   Placement optimizer = Placement::kDevice;  // fp32 master and optimizer states
   Placement param = Placement::kDevice;      // parameters (kHost/kNvme only at stage 3)
-  Placement grad = Placement::kDevice;       // the fp32 gradient shards: with the optimizer
+  Placement grad = Placement::kDevice;       // the gradient shards: with the optimizer
   int optimizer_states = 2;                 // state arrays beside the master (Adam 2, SGD 0-1)
   int world_size = 1;
   std::uint64_t activation_bytes = 0;       // EngineOptions::activation_bytes
@@ -52,6 +52,13 @@ struct PlanInputs {
 // optimizer's state count. The same kInvalidArgument errors as Engine::create for a bad stage,
 // offload device, parameter offload below stage 3, fp16 with bf16 or an unknown optimizer.
 // `world_size` >= 1; `device_budget_bytes` as in PlanInputs; nvme_paths from swap_paths().
+// The dtype of the gradient shards (the accumulators the reduce writes and the update reads)
+// homed at `home`: fp32 where a step adds micro-batches or the device holds them; with one
+// micro-batch a step a host- or NVMe-homed shard is the reduced compute-dtype gradient itself,
+// so it is kept in that dtype: the same values in half the bytes to hold, spill and read back.
+DType gradient_accumulator_dtype(DType compute_dtype, Placement home,
+                                 std::uint64_t accumulation_steps);
+
 Result<PlanInputs> plan_inputs(const EngineOptions& options, int world_size,
                                std::uint64_t device_budget_bytes);
 
@@ -73,9 +80,10 @@ struct MemoryPlan {
   // Per unit (same order as the layouts): stage 3, below stage3_param_persistence_threshold
   // elements, so gathered once per step and kept.
   std::vector<bool> persistent;
-  // Where the fp32 gradient shards are homed: PlanInputs::grad, or NVMe when the optimizer is
+  // Where the gradient shards are homed: PlanInputs::grad, or NVMe when the optimizer is
   // there and a configured host budget cannot hold them beside the host tier's minimum.
   Placement grad = Placement::kDevice;
+  DType grad_dtype = DType::kF32;  // their dtype (gradient_accumulator_dtype)
   std::uint64_t device_budget_bytes = 0;  // resolved: tierzero.device_budget or the device's
   std::uint64_t host_budget_bytes = 0;    // resolved: the override, tierzero.host_budget or the
                                           // default (host-homed state + NVMe working set)

@@ -92,14 +92,14 @@ Result<bool> GradientReducer::reduce(Unit& u) {
     const auto t_acc = Clock::now();
     {
       BusyScope busy(BusyUnion::host_cores());  // the cores' busy time (Accounting::bound_terms)
-      host_accumulate(static_cast<float*>(acc.data()), ctx_.stage16.data(), ctx_.compute_dtype, s,
+      host_accumulate(acc.data(), ctx_.grad_dtype, ctx_.stage16.data(), ctx_.compute_dtype, s,
                       first);
       // The shard is final after the step's last micro-batch: its sum of squares is taken now,
       // while it is in the host cache, so the norm never reads it again (an NVMe-homed shard
       // would come back from the disk for it, between the backward and the update).
       if (g.reduces + 1 == ctx_.accumulation_steps()) {
         g.norm = gpu::NormAccumulator{};
-        gpu::sum_squares_fixed_order(acc.data(), DType::kF32, s, g.norm);
+        gpu::sum_squares_fixed_order(acc.data(), ctx_.grad_dtype, s, g.norm);
       }
     }
     ctx_.counters.optimizer_s += seconds_since(t_acc);

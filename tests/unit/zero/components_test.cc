@@ -3,7 +3,8 @@
 // stage 3's gather assembles every rank's shard (checked element by element against the values
 // each rank wrote), a persistent unit keeps its gathered copy until invalidated, and k reduces of
 // known integer gradients leave in each rank's accumulator the sum over ranks and micro-batches
-// (exact in fp32) with the global norm equal to a float64 sum over the whole gradient.
+// (exact in fp32) with the global norm equal to a float64 sum over the whole gradient; with one
+// micro-batch a step and bf16 compute the host accumulator is bf16 and holds that gradient.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -13,6 +14,7 @@
 
 #include "store/stack.h"
 #include "zero/coordinator.h"
+#include "zero/plan.h"
 #include "zero/reducer.h"
 
 namespace tz::zero::impl {
@@ -70,8 +72,8 @@ struct Rank {
     TZ_ASSIGN_OR_RETURN(ctx.stage16, pool->allocate(u.layout.padded * 4));
     TZ_ASSIGN_OR_RETURN(ctx.stage32, pool->allocate(u.layout.padded * 4));
     TZ_ASSIGN_OR_RETURN(u.param, store->create_block(u.layout.shard * 4, Tier::kDevice, "u.param"));
-    TZ_ASSIGN_OR_RETURN(u.grad_acc,
-                        store->create_block(u.layout.shard * 4, tier_of(ctx.grad_place), "u.grad"));
+    TZ_ASSIGN_OR_RETURN(u.grad_acc, store->create_block(u.layout.shard * dtype_size(ctx.grad_dtype),
+                                                        tier_of(ctx.grad_place), "u.grad"));
     ctx.counters.update_gathers.assign(1, 0);
     return Status::ok();
   }
@@ -236,6 +238,63 @@ void expect_reduces(Placement grads) {
 
 TEST(ZeroComponents, ReducerAccumulatesOnTheDevice) { expect_reduces(Placement::kDevice); }
 TEST(ZeroComponents, ReducerAccumulatesOnTheHost) { expect_reduces(Placement::kHost); }
+
+// One micro-batch a step with bf16 compute: the host accumulator is kept in bf16
+// (gradient_accumulator_dtype) and holds the reduced bf16 gradient itself, with -0 made +0 as
+// fp32's 0 + g makes it (elements where both ranks' gradients are -0 sum to -0); its norm is the
+// float64 sum of squares of the whole reduced gradient, taken at the reduce.
+TEST(ZeroComponents, ReducerKeepsOneMicroBatchsGradientInBf16OnTheHost) {
+  Config config = stage3_config();
+  config.gradient_accumulation_steps = 1;
+  auto value = [](int rank, std::size_t i) {
+    return i % 17 == 0 ? -0.0f : grad_value(rank, 0, i);  // small integers: exact in bf16
+  };
+  Status s = run_local_ranks(kRanks, 64u << 20, [&](int rank, gpu::Device& dev, comm::Comm& comm) {
+    Rank r(config, dev, comm, Placement::kHost);
+    r.ctx.compute_dtype = DType::kBF16;
+    r.ctx.grad_dtype = gradient_accumulator_dtype(DType::kBF16, Placement::kHost, 1);
+    EXPECT_EQ(r.ctx.grad_dtype, DType::kBF16);
+    TZ_RETURN_IF_ERROR(r.build(false));
+    GradientReducer reducer(r.ctx);
+    TZ_RETURN_IF_ERROR(reducer.finalize());
+    Unit& u = r.ctx.units[0];
+    const std::size_t padded = u.layout.padded;
+    std::vector<bf16> host(padded);
+    for (std::size_t i = 0; i < padded; ++i) host[i] = f32_to_bf16(value(rank, i));
+    TZ_ASSIGN_OR_RETURN(UnitViews g, reducer.grad(u));
+    TZ_RETURN_IF_ERROR(r.ctx.device.copy_async(g.tensors[0].data, host.data(), padded * 2,
+                                               gpu::CopyKind::kHostToDevice, r.ctx.stream()));
+    TZ_ASSIGN_OR_RETURN(const bool last, reducer.reduce(u));
+    EXPECT_TRUE(last);
+    TZ_RETURN_IF_ERROR(r.ctx.sync(r.ctx.stream(), "reduced"));
+    double want_norm = 0;
+    for (std::size_t e = 0; e < padded; ++e) {
+      const double sum = static_cast<double>(value(0, e)) + value(1, e);
+      want_norm += sum * sum;
+    }
+    {
+      TZ_ASSIGN_OR_RETURN(Lease acc, r.store->pin(u.grad_acc, Tier::kHost, Access::kRead));
+      TZ_RETURN_IF_ERROR(acc.wait());
+      const auto* got = static_cast<const bf16*>(acc.data());
+      for (std::size_t i = 0; i < u.layout.shard; ++i) {
+        const std::size_t e = static_cast<std::size_t>(rank) * u.layout.shard + i;
+        const float want = 0.0f + (value(0, e) + value(1, e));  // fp32's zeroed accumulator
+        EXPECT_EQ(got[i].bits, f32_to_bf16(want).bits) << "element " << e;
+      }
+      acc.release();
+    }
+    TZ_ASSIGN_OR_RETURN(gpu::NormAccumulator total, reducer.global_norm());
+    EXPECT_EQ(total.sum_squares, want_norm);
+    EXPECT_EQ(total.nonfinite_count, 0u);
+    TZ_RETURN_IF_ERROR(reducer.zero_gradients());
+    reducer.finish_step();
+    TZ_RETURN_IF_ERROR(r.ctx.sync(r.ctx.stream(), "end"));
+    r.ctx.buffers.reap(true);
+    reducer.clear();
+    return Status::ok();
+  });
+  ASSERT_TRUE(s.is_ok()) << s.to_string();
+}
 
 }  // namespace
 }  // namespace tz::zero::impl

@@ -76,9 +76,10 @@ TEST(ZeroEngine, NvmeStreamingUnderSmallHostTierIsBitIdentical) {
   RunSpec r = base;
   r.offload_optimizer = "nvme";
   r.offload_param = "nvme";
-  // tierzero.host_budget is the whole host tier: the units' state plus the staging (four 64 KiB
-  // store chunks, a 16-bit and an fp32 engine buffer of the largest unit's 4096 elements).
-  r.host_budget = 4 * (3 * 2048 * 4 + 2048 * 2) + (64u << 10) + 4 * (64u << 10) + 4096 * (2 + 4);
+  // tierzero.host_budget is the whole host tier: four units' NVMe-homed state, the eight bf16
+  // gradient shards (2048 * 2 B each: one micro-batch a step) and the staging (four 64 KiB store
+  // chunks, a 16-bit and an fp32 engine buffer of the largest unit's 4096 elements).
+  r.host_budget = 4 * (3 * 2048 * 4 + 2048 * 2) + 8 * 2048 * 2 + 4 * (64u << 10) + 4096 * (2 + 4);
   const RunResult want = run(base);
   const RunResult got = run(r);
   EXPECT_EQ(got.hash, want.hash);

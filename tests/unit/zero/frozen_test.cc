@@ -158,14 +158,14 @@ void expect_frozen_read_only(const std::string& param, const std::string& opt) {
   r.zero_extra = ", \"stage3_prefetch_bucket_size\": 4096";
   r.shape.layers = 8;
   r.shape.frozen = {0, 1, 2, 4, 5, 6};
-  // Host tier: the plan's least, the host-homed fp32 gradient shards of the trainable units and
-  // two units of NVMe-homed state (rounded to 16 KiB) beside four 64 KiB store chunks and the
-  // engine's 16-bit and fp32 staging of one unit, so NVMe-homed blocks are evicted and loaded
-  // again every step.
+  // Host tier: the plan's least, the host-homed bf16 gradient shards of the trainable units (one
+  // micro-batch a step: 2 B an element) and two units of NVMe-homed state (rounded to 16 KiB)
+  // beside four 64 KiB store chunks and the engine's 16-bit and fp32 staging of one unit, so
+  // NVMe-homed blocks are evicted and loaded again every step.
   const std::uint64_t unit_nvme =
       ((param == "nvme" ? 2048 * 2 : 0) + (opt == "nvme" ? 3 * 2048 * 4 : 0) + 16383) / 16384 *
       16384;
-  const std::uint64_t host_grads = opt == "none" ? 0 : 2 * 2048 * 4;
+  const std::uint64_t host_grads = opt == "none" ? 0 : 2 * 2048 * 2;
   if (unit_nvme > 0) r.host_budget = host_grads + 2 * unit_nvme + 4 * (64u << 10) + 4096 + 8192;
   const RunResult got = testing::run(launch_local, r);
   ASSERT_TRUE(got.ok);

@@ -78,9 +78,11 @@ TEST(ZeroPlan, Stage3ParamsCpuOptimizerNvmeByHand) {
   ASSERT_TRUE(got.is_ok()) << got.status().to_string();
   const MemoryPlan& p = *got;
 
-  // Homes: bf16 parameter shards (2 B) and fp32 gradient shards (4 B) on the host, fp32 master +
-  // m + v shards (12 B) on NVMe.
-  const std::uint64_t host_home = (4096 + 100352) * 2 + (4096 + 100352) * 4;
+  // Homes: bf16 parameter shards (2 B) and gradient shards on the host, in bf16 with one
+  // micro-batch a step (2 B: gradient_accumulator_dtype), fp32 master + m + v shards (12 B) on
+  // NVMe.
+  EXPECT_EQ(p.grad_dtype, DType::kBF16);
+  const std::uint64_t host_home = (4096 + 100352) * 2 + (4096 + 100352) * 2;
   const std::uint64_t nvme_home = (4096 + 100352) * 12;
   EXPECT_EQ(p.home.device, 0u);
   EXPECT_EQ(p.home.host, host_home);
@@ -280,9 +282,9 @@ TEST(ZeroPlan, HostOverBudgetNamesTheKey) {
   auto got = plan_memory(in, config, units);
   ASSERT_FALSE(got.is_ok());
   EXPECT_EQ(got.status().code(), ErrorCode::kOutOfMemory);
-  // Host-homed master + m + v + gradient shards (16 B per shard element) and the staging: four
-  // 401408 B chunks, a 16-bit and an fp32 unit of "b".
-  const std::uint64_t host_home = (4096 + 100352) * 16;
+  // Host-homed master + m + v (12 B per shard element) and bf16 gradient shards (2 B: one
+  // micro-batch a step) and the staging: four 401408 B chunks, a 16-bit and an fp32 unit of "b".
+  const std::uint64_t host_home = (4096 + 100352) * 14;
   const std::uint64_t staging = 4 * 401408 + 200704 * 2 + 200704 * 4;
   EXPECT_NE(got.status().message().find("host tier needs at least " +
                                         std::to_string(host_home + staging) + " bytes"),
@@ -297,8 +299,32 @@ TEST(ZeroPlan, HostOverBudgetNamesTheKey) {
   EXPECT_EQ(fits->bytes().host, host_home + staging);
 }
 
+// The gradient shards are kept in the compute dtype only where a step's one micro-batch makes
+// each the reduced gradient itself and the host or NVMe holds it; fp32 where micro-batches are
+// added or the device holds them. The plan sizes the homes with that dtype.
+TEST(ZeroPlan, GradientShardsAre16BitOnlyWithOneMicroBatchOffTheDevice) {
+  EXPECT_EQ(gradient_accumulator_dtype(DType::kBF16, Placement::kHost, 1), DType::kBF16);
+  EXPECT_EQ(gradient_accumulator_dtype(DType::kF16, Placement::kNvme, 1), DType::kF16);
+  EXPECT_EQ(gradient_accumulator_dtype(DType::kF32, Placement::kHost, 1), DType::kF32);
+  EXPECT_EQ(gradient_accumulator_dtype(DType::kBF16, Placement::kHost, 2), DType::kF32);
+  EXPECT_EQ(gradient_accumulator_dtype(DType::kBF16, Placement::kDevice, 1), DType::kF32);
+  PlanInputs in{.stage = 2, .compute_dtype = DType::kBF16, .optimizer = Placement::kHost,
+                .grad = Placement::kHost, .world_size = 2, .device_budget_bytes = 1ull << 30};
+  const auto units = two_units_two_ranks();
+  const std::uint64_t shards = 4096 + 100352;
+  for (const std::uint64_t k : {1, 2}) {
+    Config config;
+    config.gradient_accumulation_steps = k;
+    auto got = plan_memory(in, config, units);
+    ASSERT_TRUE(got.is_ok()) << got.status().to_string();
+    EXPECT_EQ(got->grad_dtype, k == 1 ? DType::kBF16 : DType::kF32);
+    // Master, m, v (12 B an element) and the gradient shard, 2 B or 4 B.
+    EXPECT_EQ(got->home.host, shards * (k == 1 ? 14 : 16)) << k;
+  }
+}
+
 // Optimizer on NVMe, parameters on the host, stage 3, 2 ranks, eight units of 200000 elements:
-// the fp32 gradient shards are homed on the host while a configured host budget holds them
+// the (bf16) gradient shards are homed on the host while a configured host budget holds them
 // beside the tier's minimum, else on NVMe with the optimizer state (worked on in the host cache);
 // only a budget below the minimum with them on NVMe is refused. With two units moving them would
 // not lower the minimum (two units' gradients come back in flight), so they stay.
@@ -311,7 +337,7 @@ TEST(ZeroPlan, GradientShardsMoveToNvmeWhenTheHostBudgetCannotHoldThem) {
   const auto two = two_units_two_ranks();
   auto two_refused = plan_memory(in, config, two);
   ASSERT_FALSE(two_refused.is_ok());
-  EXPECT_NE(two_refused.status().message().find("host tier needs at least 5861376 bytes"),
+  EXPECT_NE(two_refused.status().message().find("host tier needs at least 5652480 bytes"),
             std::string::npos)  // gradient shards on the host: the smaller minimum
       << two_refused.status().message();
   std::vector<UnitLayout> units;
@@ -320,13 +346,13 @@ TEST(ZeroPlan, GradientShardsMoveToNvmeWhenTheHostBudgetCannotHoldThem) {
   }
   ASSERT_EQ(units[0].shard, 100352u);
   const std::uint64_t params = 8 * 100352 * 2;  // bf16 shards, homed on the host
-  const std::uint64_t grads = 8 * 100352 * 4;   // fp32 shards
+  const std::uint64_t grads = 8 * 100352 * 2;   // bf16 shards (one micro-batch a step)
   const std::uint64_t staging = 4 * 401408 + 200704 * 2 + 200704 * 4;
   auto round16k = [](std::uint64_t b) { return (b + 16383) / 16384 * 16384; };
   auto round4k = [](std::uint64_t b) { return (b + 4095) / 4096 * 4096; };
-  // A unit in flight: master + m + v, and with the gradient its fp32 shard too.
+  // A unit in flight: master + m + v, and with the gradient its bf16 shard too.
   const std::uint64_t unit_opt = round16k(100352ull * 12);
-  const std::uint64_t unit_opt_grad = round16k(100352ull * 16);
+  const std::uint64_t unit_opt_grad = round16k(100352ull * 14);
   const std::uint64_t host_min = round4k(params + grads) + 2 * unit_opt + staging;
   const std::uint64_t nvme_min = round4k(params) + 2 * unit_opt_grad + staging;
   ASSERT_LT(nvme_min, host_min);
@@ -343,7 +369,7 @@ TEST(ZeroPlan, GradientShardsMoveToNvmeWhenTheHostBudgetCannotHoldThem) {
   ASSERT_TRUE(on_nvme.is_ok()) << on_nvme.status().to_string();
   EXPECT_EQ(on_nvme->grad, Placement::kNvme);
   EXPECT_EQ(on_nvme->home.host, params);
-  EXPECT_EQ(on_nvme->home.nvme, 8 * 100352 * 16u);
+  EXPECT_EQ(on_nvme->home.nvme, 8 * 100352 * 14u);
   EXPECT_EQ(on_nvme->bytes().host, host_min - 1);  // the whole budget: the cache takes the rest
   EXPECT_EQ(term_of(*on_nvme, Tier::kHost, "home blocks"), params);
 
@@ -568,10 +594,10 @@ TEST(ZeroPlan, FrozenUnitCostsItsParametersOnly) {
   ASSERT_TRUE(got.is_ok()) << got.status().to_string();
   const MemoryPlan& p = *got;
   // Homes: both bf16 parameter shards on NVMe (2 B each); a's fp32 master, m, v (12 B) and
-  // gradient shard (4 B) on the host; b has none of those.
+  // bf16 gradient shard (2 B: one micro-batch a step) on the host; b has none of those.
   EXPECT_EQ(p.home.device, 0u);
   EXPECT_EQ(p.home.nvme, (4096u + 100352u) * 2);
-  EXPECT_EQ(p.home.host, 4096u * 16);
+  EXPECT_EQ(p.home.host, 4096u * 14);
   EXPECT_EQ(term_of(p, Tier::kNvme, "home blocks"), (4096u + 100352u) * 2);
   // b streams through the gather buffers like any unit; gradient buffers are a's alone (two:
   // they go to the host); b's stage-3 get_tensor (200704 * 2 B) fits in the gather buffers.
@@ -585,12 +611,12 @@ TEST(ZeroPlan, FrozenUnitCostsItsParametersOnly) {
   // The host budget (unset): host-homed state plus four of the largest unit's NVMe-homed state
   // (b's shard, rounded to 16 KiB) plus 1 MiB.
   const std::uint64_t unit_nvme = (100352ull * 2 + 16383) / 16384 * 16384;
-  EXPECT_EQ(p.host_budget_bytes, 4096u * 16 + 4 * unit_nvme + (1u << 20));
+  EXPECT_EQ(p.host_budget_bytes, 4096u * 14 + 4 * unit_nvme + (1u << 20));
   // No overlap buffers for b: delayed keeps a's gradient shard and 16-bit parameters only.
   config.tierzero.overlap = "delayed";
   auto delayed = plan_memory(in, config, units);
   ASSERT_TRUE(delayed.is_ok()) << delayed.status().to_string();
-  EXPECT_EQ(delayed->overlap_bytes, 4096u * 4 + 4096u * 2);
+  EXPECT_EQ(delayed->overlap_bytes, 4096u * 2 + 4096u * 2);
 }
 
 // DESIGN.md's formula with a frozen part: its bf16 parameters only, sharded at stage 3.
