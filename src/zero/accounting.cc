@@ -278,6 +278,8 @@ void Accounting::close_step_report(StepReport& report, Clock::time_point t_opt, 
   const auto [gradient_reads, gradient_writes] = gradient_nvme_bytes();
   report.gradient_nvme_read_bytes = gradient_reads - gradient_nvme_base_.first;
   report.gradient_nvme_write_bytes = gradient_writes - gradient_nvme_base_.second;
+  report.state_read_ahead_bytes = ctx_.counters.state_read_ahead_bytes;
+  ctx_.counters.state_read_ahead_bytes = 0;
   const std::uint64_t link_bytes = copy_link_bytes(ss);
   report.bound_terms = bound_terms(report, link_bytes - copy_link_base_ + ctx_.counters.copy_bytes);
   // The disk moved this step's bytes faster than the probe's bandwidths allow: the probe (a short

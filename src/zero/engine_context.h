@@ -141,6 +141,9 @@ struct StepCounters {
   double optimizer_s = 0;        // CPU optimizer and host gradient accumulation
   double early_update_s = 0;     // eager: the early updates (inside reduce)
   std::uint64_t copy_bytes = 0;  // the engine's own host<->device copies
+  // exact with the optimizer on NVMe: the update's master and states loaded into the host during
+  // the backward (ExactOverlap::on_reduced's read-ahead).
+  std::uint64_t state_read_ahead_bytes = 0;
   // Per unit: all-gathers of its updated parameters (stages 1-2; stage 0: of its reduced
   // gradient), for Accounting's comm formula.
   std::vector<std::uint64_t> update_gathers;

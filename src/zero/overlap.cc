@@ -117,6 +117,18 @@ Status ExactOverlap::finalize(std::uint64_t overlap_bytes) {
   TZ_RETURN_IF_ERROR(OverlapMode::finalize(overlap_bytes));
   const EngineContext& ctx = deps_.ctx;
   TZ_ASSERT(worker_ == nullptr, "exact finalized twice");
+  if (ctx.opt_place == Placement::kNvme) {
+    // The host cache: the host tier less the host-homed blocks, which are all allocated now.
+    const std::uint64_t cache =
+        ctx.store->budget_bytes(Tier::kHost) - ctx.store->used_bytes(Tier::kHost);
+    std::uint64_t bytes = 0;
+    for (const Unit& u : ctx.units) {
+      if (u.frozen()) continue;
+      bytes += static_cast<std::uint64_t>(u.opt_elems) * 4 * (1 + ctx.states);
+      if (bytes > cache / 2) break;
+      read_ahead_.push_back(u.id);
+    }
+  }
   if (!streams_update(ctx.config, ctx.stage, ctx.param_place, ctx.grad_place, ctx.opt_place)) {
     return Status::ok();
   }
@@ -130,6 +142,10 @@ Status ExactOverlap::finalize(std::uint64_t overlap_bytes) {
 
 Status ExactOverlap::apply(const StepDecision& decision, std::int64_t step, std::int64_t update) {
   TZ_ASSERT(step >= 1 && !decision.roll_back, "exact mode has no early updates to roll back");
+  // What the backward read ahead for the update, before the update pins any of it.
+  if (read_ahead_next_ > 0) {
+    deps_.ctx.counters.state_read_ahead_bytes = read_ahead_loads() - read_ahead_base_;
+  }
   if (!streamed() || decision.update == StepUpdate::kNone) return update_now(decision, update);
   TZ_ASSERT(decision.update == StepUpdate::kAllUnitsNow, "exact updates every unit or none");
   TZ_ASSERT(!running_, "exact: an update started while the previous one runs");
@@ -150,6 +166,36 @@ Status ExactOverlap::apply(const StepDecision& decision, std::int64_t step, std:
     return s;
   });
   return Status::ok();
+}
+
+// The update waits for the global norm, so the backward leaves the disk to the parameters it
+// reads (none when they are cached) while the update's state reads and write-backs fill the
+// next forward. Each reduced unit starts one read of the update's first units' master and states
+// instead (Store::prefetch: into free room, or in place of copies the step's trace does not use
+// again, the previous update's states, written home first if dirty), as far as half the host
+// cache holds, so the update finds them loaded.
+Status ExactOverlap::on_reduced(Unit& u, double loss_scale, std::int64_t next_update) {
+  TZ_RETURN_IF_ERROR(OverlapMode::on_reduced(u, loss_scale, next_update));
+  if (read_ahead_next_ < read_ahead_.size()) {
+    if (read_ahead_next_ == 0) read_ahead_base_ = read_ahead_loads();
+    deps_.driver.prefetch_states(deps_.ctx.unit(read_ahead_[read_ahead_next_++]));
+  }
+  return Status::ok();
+}
+
+std::uint64_t ExactOverlap::read_ahead_loads() const {
+  const EngineContext& ctx = deps_.ctx;
+  std::uint64_t bytes = 0;
+  for (const UnitId id : read_ahead_) {
+    const Unit& u = ctx.units[id];
+    for (const BlockId b : {u.master, u.state[0], u.state[1]}) {
+      if (b == kNoBlock) continue;
+      const Result<store::BlockStats> s = ctx.store->block_stats(b);
+      TZ_ASSERT(s.is_ok(), "a unit's master and states are store blocks");
+      bytes += s->tier_bytes_in(Tier::kHost);
+    }
+  }
+  return bytes;
 }
 
 Status ExactOverlap::run_update(const cpu::StepArgs& args) {

@@ -161,7 +161,9 @@ class ExactOverlap final : public OverlapMode {
   Status wait_unit(const Unit& u) override;
   Status publish() override { return wait(); }
   bool update_pending() const override { return running_; }
+  Status on_reduced(Unit& u, double loss_scale, std::int64_t next_update) override;
   Status apply(const StepDecision& decision, std::int64_t step, std::int64_t update) override;
+  void finish_step() override { read_ahead_next_ = 0; }
 
   // Whether the update is streamed (decided at finalize from the config and the placements).
   bool streamed() const { return worker_ != nullptr; }
@@ -178,6 +180,13 @@ class ExactOverlap final : public OverlapMode {
   bool job_over_ = false;           // the job returned (every unit done, or an error)
   bool running_ = false;            // the rank's thread: a job was submitted, not waited for
   double worker_optimizer_s_ = 0;   // the worker's CPU optimizer time
+  // Optimizer state on NVMe: the first trainable units of the update, as many as half the host
+  // cache holds (finalize), whose states the backward reads ahead, one per reduced unit.
+  std::vector<UnitId> read_ahead_;
+  std::size_t read_ahead_next_ = 0;  // this step's next one
+  std::uint64_t read_ahead_base_ = 0;  // their host loads before the step's first one
+  // Bytes of their master and states loaded into the host tier so far (the blocks' counters).
+  std::uint64_t read_ahead_loads() const;
   std::unique_ptr<UpdateWorker> worker_;  // last: its job reads the members above
 };
 

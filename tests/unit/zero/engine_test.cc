@@ -84,10 +84,18 @@ TEST(ZeroEngine, NvmeStreamingUnderSmallHostTierIsBitIdentical) {
   const RunResult got = run(r);
   EXPECT_EQ(got.hash, want.hash);
   ASSERT_EQ(got.reports.size(), 5u);
+  std::uint64_t read_ahead = 0;
   for (std::size_t i = 1; i < got.reports.size(); ++i) {
     EXPECT_GT(got.reports[i].nvme_read_bytes, 0u) << "step " << i + 1;
     EXPECT_GT(got.reports[i].nvme_write_bytes, 0u) << "step " << i + 1;
+    read_ahead += got.reports[i].state_read_ahead_bytes;
   }
+  // The update's first units' states, evicted by the last ones', are read back during the
+  // backward (the cache's half holds two units' master and states, 3 * 2048 * 4 B each). A step
+  // counts the loads done by its decision, and this backward takes microseconds, so a step may
+  // count a part or none; over four steps, at least one unit's.
+  EXPECT_GE(read_ahead, 3u * 2048 * 4);
+  EXPECT_EQ(want.reports.back().state_read_ahead_bytes, 0u);  // nothing on NVMe
 }
 
 // StepReport's gradient_nvme_* bytes: with 32 units' fp32 gradients too large for the host tier
