@@ -191,8 +191,9 @@ struct StepReport {
   std::uint64_t gradient_nvme_write_bytes = 0;
   // tierzero.overlap exact with the optimizer on NVMe: bytes of the update's first units' master
   // and optimizer states loaded from NVMe into the host during the backward, which reads them
-  // ahead of the update (it must wait for the global norm; docs/zero.md, "The step"): the loads
-  // done by the step's decision (one still in flight then is not counted).
+  // ahead of the update (it must wait for the global norm; docs/zero.md, "exact, streamed"):
+  // every load of those blocks into the host tier done between the backward's first reduce and
+  // the step's decision (one still in flight then is not counted).
   std::uint64_t state_read_ahead_bytes = 0;
   // The store followed the previous step's access trace through the whole step, so its prefetch
   // walk and Belady's eviction worked (docs/store.md, "Policies"); false for the first step and

@@ -163,9 +163,9 @@ Status OptimizerDriver::update_unit(Unit& u, const cpu::StepArgs& args) {
   return Status::ok();
 }
 
-// Stage 0: every rank's reduced shard gathered into the full fp32-exact gradient of the unit,
-// in 16-bit when the shard holds one micro-batch (its fp32 values are exact 16-bit values, so
-// the bits match stage 1's) and in fp32 otherwise. Returns the dtype; data in `dev_full`.
+// Stage 0: every rank's reduced shard gathered into the full gradient of the unit, in 16-bit
+// when the shard holds one micro-batch (its values are exact 16-bit values, so the bits match
+// stage 1's) and in fp32 otherwise. Returns the dtype; data in `dev_full`.
 Result<DType> OptimizerDriver::gather_full_gradient(Unit& u, const Lease& acc,
                                                     gpu::DeviceBuffer& dev_full) {
   gpu::Stream& st = ctx_.stream();
@@ -192,9 +192,9 @@ Result<DType> OptimizerDriver::gather_full_gradient(Unit& u, const Lease& acc,
   return dt;
 }
 
-// The gradient update_unit reads: the reduced fp32 shard, or stage 0's all-gathered full gradient
-// (in `dev_full`, copied to the host staging buffer when the optimizer runs on the CPU);
-// `grad_dtype` says its dtype.
+// The gradient update_unit reads: the reduced shard (in EngineContext::grad_dtype), or stage 0's
+// all-gathered full gradient (in `dev_full`, copied to the host staging buffer when the optimizer
+// runs on the CPU); `grad_dtype` says its dtype.
 Result<const void*> OptimizerDriver::update_gradient(Unit& u, const Lease& acc, bool on_device,
                                                      gpu::DeviceBuffer& dev_full,
                                                      DType& grad_dtype) {

@@ -73,9 +73,9 @@ class OptimizerDriver {
                                      void* param_copy, const std::string& what);
 
  private:
-  // Stage 0: every rank's reduced shard gathered into the full fp32-exact gradient of the unit,
-  // in 16-bit when the shard holds one micro-batch (its fp32 values are exact 16-bit values, so
-  // the bits match stage 1's) and in fp32 otherwise. Returns the dtype; data in `dev_full`.
+  // Stage 0: every rank's reduced shard gathered into the full gradient of the unit, in 16-bit
+  // when the shard holds one micro-batch (its values are exact 16-bit values, so the bits match
+  // stage 1's) and in fp32 otherwise. Returns the dtype; data in `dev_full`.
   Result<DType> gather_full_gradient(Unit& u, const Lease& acc, gpu::DeviceBuffer& dev_full);
 
   Result<const void*> update_gradient(Unit& u, const Lease& acc, bool on_device,

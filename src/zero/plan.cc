@@ -499,9 +499,9 @@ void size_swap(const PlanContext& c, MemoryPlan& plan) {
 
 // tierzero.overlap (docs/zero.md, "Overlap modes"): eager keeps a rollback snapshot of master
 // and states when clipping or fp16 loss scaling can undo its early updates (device memory with
-// the optimizer there, else pinned host memory); delayed keeps the pending update's fp32
-// gradient shards and compute-dtype parameters in pinned host memory. Both come from their own
-// pool beside the store's tiers, so nothing above depends on them.
+// the optimizer there, else pinned host memory); delayed keeps the pending update's gradient
+// shards (UnitBytes::grad) and compute-dtype parameters in pinned host memory. Both come from
+// their own pool beside the store's tiers, so nothing above depends on them.
 void add_overlap_term(const PlanContext& c, MemoryPlan& plan) {
   if (!c.delayed && !c.snapshot) return;
   const bool on_device = c.snapshot_on_device;
