@@ -10,12 +10,12 @@
 
 namespace tz::store {
 
-std::uint64_t Store::home_write_bytes(std::span<const BlockId> ids) const {
+BlockStats Store::block_stats(std::span<const BlockId> ids) const {
   std::lock_guard lock(impl_->mu);
-  std::uint64_t sum = 0;
+  BlockStats sum;
   for (const BlockId id : ids) {
     const auto it = impl_->blocks.find(id);
-    if (it != impl_->blocks.end()) sum += it->second.stats.home_write_bytes;
+    if (it != impl_->blocks.end()) sum += it->second.stats;
   }
   return sum;
 }

@@ -58,12 +58,20 @@ struct LinkStats {
 // One block's counters (Store::block_stats): the bytes its moves copied into each tier (loads,
 // write-backs, flushes; a never-written NVMe block's zero fill copies nothing). bytes_in of the
 // block's home tier is what was written to its durable copy: 0 for a block whose bytes were never
-// written back (a frozen weight that is only read). home_write_bytes adds the write pins of the
-// home copy to the moves into it (Store::home_write_bytes). Zeroed by Store::reset_stats.
+// written back (a frozen weight that is only read). home_write_bytes: the bytes written into the
+// home copy, the moves into the home tier (write-backs, NVMe writes) and the write pins (kWrite,
+// kReadWrite) of it, each counted at the block's full size; a block only ever pinned for reading
+// after it was written (zero's frozen units) stops counting. Zeroed by Store::reset_stats.
+// Store::block_stats of several blocks adds them up (operator+=).
 struct BlockStats {
   std::array<std::uint64_t, kTierCount> bytes_in{};
   std::uint64_t home_write_bytes = 0;
   std::uint64_t tier_bytes_in(Tier t) const { return bytes_in[static_cast<std::size_t>(t)]; }
+  BlockStats& operator+=(const BlockStats& o) {
+    for (std::size_t t = 0; t < kTierCount; ++t) bytes_in[t] += o.bytes_in[t];
+    home_write_bytes += o.home_write_bytes;
+    return *this;
+  }
 };
 
 struct StoreStats {

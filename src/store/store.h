@@ -215,12 +215,9 @@ class Store {
   // One block's counters so far (stats.h, BlockStats). kInvalidArgument for an unknown block.
   Result<BlockStats> block_stats(BlockId id) const;
   const StoreOptions& options() const { return options_; }
-  // Bytes written into the home copies of `ids` since they were created or the last reset_stats
-  // (the sum of their BlockStats::home_write_bytes, under one lock): moves into a block's home
-  // tier (write-backs, NVMe writes) and write pins (kWrite, kReadWrite) in it, each counted at
-  // the block's full size; an unknown id adds 0. A block only ever pinned for reading after it
-  // was written (zero's frozen units) stops counting.
-  std::uint64_t home_write_bytes(std::span<const BlockId> ids) const;
+  // The counters of `ids` added up, under one lock (a consistent snapshot of a set of blocks, such
+  // as one kind of the engine's state); an unknown id adds nothing.
+  BlockStats block_stats(std::span<const BlockId> ids) const;
   // Bytes each tier holds now by its budget (logical: decided placements).
   std::uint64_t used_bytes(Tier tier) const;
   std::uint64_t budget_bytes(Tier tier) const;

@@ -123,20 +123,19 @@ std::pair<std::uint64_t, std::uint64_t> Accounting::home_write_bytes() const {
     trainable.insert(trainable.end(), {u.param, u.master, u.grad_acc});
     trainable.insert(trainable.end(), u.state, u.state + ctx_.states);
   }
-  return {ctx_.store->home_write_bytes(frozen), ctx_.store->home_write_bytes(trainable)};
+  return {ctx_.store->block_stats(frozen).home_write_bytes,
+          ctx_.store->block_stats(trainable).home_write_bytes};
 }
 
 std::pair<std::uint64_t, std::uint64_t> Accounting::gradient_nvme_bytes() const {
-  std::pair<std::uint64_t, std::uint64_t> bytes{0, 0};
-  if (ctx_.grad_place != Placement::kNvme) return bytes;
+  if (ctx_.grad_place != Placement::kNvme) return {0, 0};
+  std::vector<BlockId> grads;
   for (const Unit& u : ctx_.units) {
-    if (u.frozen()) continue;
-    const Result<store::BlockStats> b = ctx_.store->block_stats(u.grad_acc);
-    TZ_ASSERT(b.is_ok(), "a unit's gradient accumulator is a store block");
-    bytes.first += b->tier_bytes_in(Tier::kHost);  // loaded into the host cache: from NVMe
-    bytes.second += b->tier_bytes_in(Tier::kNvme);
+    if (!u.frozen()) grads.push_back(u.grad_acc);
   }
-  return bytes;
+  const store::BlockStats b = ctx_.store->block_stats(grads);
+  // Loaded into the host cache (from NVMe: an NVMe-homed accumulator is never on the device).
+  return {b.tier_bytes_in(Tier::kHost), b.tier_bytes_in(Tier::kNvme)};
 }
 
 TierBytes Accounting::bytes_in_use() const {

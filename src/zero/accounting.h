@@ -59,7 +59,7 @@ class Accounting {
  private:
   TierBytes bytes_in_use() const;
 
-  // Store::home_write_bytes summed over frozen units' blocks (first) and trainable units'.
+  // BlockStats::home_write_bytes summed over frozen units' blocks (first) and trainable units'.
   std::pair<std::uint64_t, std::uint64_t> home_write_bytes() const;
   // The gradient accumulators' NVMe bytes so far when they are homed there: read into the host
   // cache (first) and written home (Store::block_stats); {0, 0} otherwise.

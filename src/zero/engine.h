@@ -205,7 +205,7 @@ struct StepReport {
   double process_cpu_s = 0;
   // Bytes written into the home copies (whatever their tier) of frozen units' parameter blocks
   // and of trainable units' blocks (parameters, masters, states, gradient shards) during this
-  // step, as the store counts them (store::Store::home_write_bytes). The first is 0: a frozen
+  // step, as the store counts them (store::BlockStats::home_write_bytes). The first is 0: a frozen
   // unit's parameters are written home once, when set_tensor loads them (the engine flushes
   // those writes before the next gather, grad or step, outside any step's window).
   std::uint64_t frozen_home_write_bytes = 0;

@@ -127,6 +127,8 @@ Status ExactOverlap::finalize(std::uint64_t overlap_bytes) {
       bytes += static_cast<std::uint64_t>(u.opt_elems) * 4 * (1 + ctx.states);
       if (bytes > cache / 2) break;
       read_ahead_.push_back(u.id);
+      read_ahead_blocks_.push_back(u.master);
+      read_ahead_blocks_.insert(read_ahead_blocks_.end(), u.state, u.state + ctx.states);
     }
   }
   if (!streams_update(ctx.config, ctx.stage, ctx.param_place, ctx.grad_place, ctx.opt_place)) {
@@ -184,18 +186,7 @@ Status ExactOverlap::on_reduced(Unit& u, double loss_scale, std::int64_t next_up
 }
 
 std::uint64_t ExactOverlap::read_ahead_loads() const {
-  const EngineContext& ctx = deps_.ctx;
-  std::uint64_t bytes = 0;
-  for (const UnitId id : read_ahead_) {
-    const Unit& u = ctx.units[id];
-    for (const BlockId b : {u.master, u.state[0], u.state[1]}) {
-      if (b == kNoBlock) continue;
-      const Result<store::BlockStats> s = ctx.store->block_stats(b);
-      TZ_ASSERT(s.is_ok(), "a unit's master and states are store blocks");
-      bytes += s->tier_bytes_in(Tier::kHost);
-    }
-  }
-  return bytes;
+  return deps_.ctx.store->block_stats(read_ahead_blocks_).tier_bytes_in(Tier::kHost);
 }
 
 Status ExactOverlap::run_update(const cpu::StepArgs& args) {

@@ -181,8 +181,10 @@ class ExactOverlap final : public OverlapMode {
   bool running_ = false;            // the rank's thread: a job was submitted, not waited for
   double worker_optimizer_s_ = 0;   // the worker's CPU optimizer time
   // Optimizer state on NVMe: the first trainable units of the update, as many as half the host
-  // cache holds (finalize), whose states the backward reads ahead, one per reduced unit.
+  // cache holds (finalize), whose states the backward reads ahead, one per reduced unit, and
+  // their master and state blocks (whose host loads the step report counts).
   std::vector<UnitId> read_ahead_;
+  std::vector<BlockId> read_ahead_blocks_;
   std::size_t read_ahead_next_ = 0;  // this step's next one
   std::uint64_t read_ahead_base_ = 0;  // their host loads before the step's first one
   // Bytes of their master and states loaded into the host tier so far (the blocks' counters).

@@ -98,7 +98,6 @@ Result<bool> GradientReducer::reduce(Unit& u) {
       // while it is in the host cache, so the norm never reads it again (an NVMe-homed shard
       // would come back from the disk for it, between the backward and the update).
       if (g.reduces + 1 == ctx_.accumulation_steps()) {
-        g.norm = gpu::NormAccumulator{};
         gpu::sum_squares_fixed_order(acc.data(), ctx_.grad_dtype, s, g.norm);
       }
     }

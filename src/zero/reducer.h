@@ -59,7 +59,7 @@ class GradientReducer {
     UnitViews views;
     int reduces = 0;  // reduce() calls since the last step
     // Host accumulators: the shard's sum of squares and non-finite count, taken at the step's
-    // last reduce (local_norm adds them up).
+    // last reduce (local_norm adds them up), zeroed by finish_step.
     gpu::NormAccumulator norm;
   };
   GradState& state(UnitId id) {
