@@ -192,6 +192,12 @@ class ExactOverlap final : public OverlapMode {
   std::unique_ptr<UpdateWorker> worker_;  // last: its job reads the members above
 };
 
+// The eager queue a kept step leaves to run into the next forward: reduced last to first (the
+// backward's order), while the forward gathers first to last and waits for each unit's update, so
+// in the backward's order it would wait for all of them (unit 0 is reduced last). The front stays
+// (the worker has read its states ahead); the rest is put in registration order.
+void order_for_next_forward(std::deque<Unit*>& queue);
+
 // eager: a unit's update as soon as its last micro-batch's gradient is reduced, with the
 // multiplier the step has when it neither clips nor overflows (1 / (scale N k)); apply() rolls the
 // early updates back when the decision says the step clipped or overflowed. Streamed (where the
@@ -217,7 +223,8 @@ class EagerOverlap final : public OverlapMode {
 
  private:
   // The worker's job: the queued units' early updates (snapshot first when one is kept), in the
-  // order they were reduced, the next queued unit's NVMe states read ahead, each accumulator
+  // order they were reduced until apply() keeps them (then order_for_next_forward's), the next
+  // queued unit's NVMe states read ahead, each accumulator
   // zeroed after its update once the step kept them (zero_after_update_); returns once the queue
   // is closed and empty, or at the first error. Touches only the store, the CPU optimizer, the
   // snapshots and the queue and marks (under mu_).

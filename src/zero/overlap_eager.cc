@@ -12,6 +12,12 @@ namespace {
 constexpr const char* kZeroing = "eager update: zeroing the gradient";
 }  // namespace
 
+void order_for_next_forward(std::deque<Unit*>& queue) {
+  if (queue.size() < 3) return;
+  std::sort(queue.begin() + 1, queue.end(),
+            [](const Unit* a, const Unit* b) { return a->id < b->id; });
+}
+
 EagerOverlap::EagerOverlap(const OverlapDeps& deps, bool snapshot)
     : OverlapMode(deps), snapshot_(snapshot) {}
 
@@ -215,6 +221,7 @@ Status EagerOverlap::apply(const StepDecision& decision, std::int64_t step, std:
       std::lock_guard lock(mu_);
       closed_ = true;
       zero_after_update_ = true;
+      order_for_next_forward(queue_);
       for (Unit& u : deps_.ctx.units) {
         TZ_ASSERT(u.frozen() != queued_[u.id], "eager: a trainable unit missed its update");
         if (snapshot_ && done_[u.id]) zero_now.push_back(&u);

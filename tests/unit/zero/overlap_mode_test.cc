@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <deque>
 #include <future>
 #include <memory>
 #include <string>
@@ -112,6 +113,28 @@ TEST(OverlapModeConfig, StreamsTheUpdateOnlyWhereItIsHostWork) {
                  std::string(placement_name(r.opt)));
     EXPECT_EQ(streams_update(c, r.stage, r.param, r.grads, r.opt), r.streams);
   }
+}
+
+// The queue a kept eager step leaves arrives in the backward's order (the last unit first); the
+// next forward needs the first unit first, so all but the front (its states were read ahead) are
+// put in registration order. Short queues stay as they are.
+TEST(EagerQueue, RunsIntoTheNextForwardInRegistrationOrder) {
+  std::vector<Unit> units(6);
+  for (std::size_t i = 0; i < units.size(); ++i) units[i].id = static_cast<UnitId>(i);
+  auto ids = [](const std::deque<Unit*>& q) {
+    std::vector<UnitId> out;
+    for (const Unit* u : q) out.push_back(u->id);
+    return out;
+  };
+  std::deque<Unit*> q{&units[4], &units[3], &units[2], &units[1], &units[0]};
+  order_for_next_forward(q);
+  EXPECT_EQ(ids(q), (std::vector<UnitId>{4, 0, 1, 2, 3}));
+  std::deque<Unit*> two{&units[1], &units[0]};
+  order_for_next_forward(two);
+  EXPECT_EQ(ids(two), (std::vector<UnitId>{1, 0}));
+  std::deque<Unit*> none;
+  order_for_next_forward(none);
+  EXPECT_TRUE(none.empty());
 }
 
 TEST(UpdateWorker, RunsOneJobAndReturnsItsStatusOnce) {
