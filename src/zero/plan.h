@@ -48,10 +48,6 @@ struct PlanInputs {
   std::uint64_t nccl_buffer_bytes = 0;
 };
 
-// What the engine's init() derives from the options: stage, precision, placements and the
-// optimizer's state count. The same kInvalidArgument errors as Engine::create for a bad stage,
-// offload device, parameter offload below stage 3, fp16 with bf16 or an unknown optimizer.
-// `world_size` >= 1; `device_budget_bytes` as in PlanInputs; nvme_paths from swap_paths().
 // The dtype of the gradient shards (the accumulators the reduce writes and the update reads)
 // homed at `home`: fp32 where a step adds micro-batches or the device holds them; with one
 // micro-batch a step a host- or NVMe-homed shard is the reduced compute-dtype gradient itself,
@@ -59,6 +55,10 @@ struct PlanInputs {
 DType gradient_accumulator_dtype(DType compute_dtype, Placement home,
                                  std::uint64_t accumulation_steps);
 
+// What the engine's init() derives from the options: stage, precision, placements and the
+// optimizer's state count. The same kInvalidArgument errors as Engine::create for a bad stage,
+// offload device, parameter offload below stage 3, fp16 with bf16 or an unknown optimizer.
+// `world_size` >= 1; `device_budget_bytes` as in PlanInputs; nvme_paths from swap_paths().
 Result<PlanInputs> plan_inputs(const EngineOptions& options, int world_size,
                                std::uint64_t device_budget_bytes);
 

@@ -199,13 +199,19 @@ TEST(ZeroEngine, CommBytesPerStepEqualTheFormula) {
   }
 }
 
-// The measured peak of every tier never exceeds the plan, over stages and placements.
+// The measured peak of every tier never exceeds the plan, over stages and placements, on one
+// rank and on two.
 TEST(ZeroEngine, MeasuredPeaksStayWithinThePlan) {
-  RunSpec base;  // two ranks
+  RunSpec base;
   base.dtype = "bf16";
   base.persistence = 0;
   base.steps = 3;
-  for (const RunSpec& r : testing::every_placement(base)) {
+  std::vector<RunSpec> runs;
+  for (const int ranks : {1, 2}) {
+    base.ranks = ranks;
+    for (const RunSpec& r : testing::every_placement(base)) runs.push_back(r);
+  }
+  for (const RunSpec& r : runs) {
     const RunResult got = run(r);
     for (std::size_t rank = 0; rank < got.reports_by_rank.size(); ++rank) {
       const TierBytes plan = got.plan_by_rank[rank];
