@@ -224,10 +224,10 @@ class EagerOverlap final : public OverlapMode {
  private:
   // The worker's job: the queued units' early updates (snapshot first when one is kept), in the
   // order they were reduced until apply() keeps them (then order_for_next_forward's), the next
-  // queued unit's NVMe states read ahead, each accumulator
-  // zeroed after its update once the step kept them (zero_after_update_); returns once the queue
-  // is closed and empty, or at the first error. Touches only the store, the CPU optimizer, the
-  // snapshots and the queue and marks (under mu_).
+  // queued unit's NVMe states read ahead, each accumulator zeroed after its update once the step
+  // kept them (zero_after_update_); returns once the queue is closed and empty, or at the first
+  // error. Touches only the store, the CPU optimizer, the snapshots and the queue and marks
+  // (under mu_).
   Status run_queue(const cpu::StepArgs& args);
   // One unit's early update on the host (the worker's): gradient and parameter shard pinned in
   // the host tier, the accumulator kept for step()'s norm.
