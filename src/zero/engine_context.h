@@ -231,6 +231,11 @@ struct EngineContext {
   StepCounters counters;
 
   int accumulation_steps() const { return static_cast<int>(config.gradient_accumulation_steps); }
+  // A trainable unit's fp32 master and optimizer states: opt_elems * 4 * (1 + states) bytes (the
+  // plan's UnitBytes::optimizer).
+  std::uint64_t optimizer_bytes(const Unit& u) const {
+    return static_cast<std::uint64_t>(u.opt_elems) * 4 * (1 + static_cast<std::uint64_t>(states));
+  }
   gpu::Stream& stream() { return device.compute_stream(); }
   Unit& unit(UnitId id) {
     TZ_ASSERT(id < units.size(), "unit id out of range");

@@ -124,7 +124,7 @@ Status ExactOverlap::finalize(std::uint64_t overlap_bytes) {
     std::uint64_t bytes = 0;
     for (const Unit& u : ctx.units) {
       if (u.frozen()) continue;
-      bytes += static_cast<std::uint64_t>(u.opt_elems) * 4 * (1 + ctx.states);
+      bytes += ctx.optimizer_bytes(u);
       if (bytes > cache / 2) break;
       read_ahead_.push_back(u.id);
       read_ahead_blocks_.push_back(u.master);

@@ -44,13 +44,12 @@ Status EagerOverlap::finalize(std::uint64_t overlap_bytes) {
   }
   if (!snapshot_) return OverlapMode::finalize(overlap_bytes);
   TZ_ASSERT(overlap_bytes > 0, "eager's snapshot has no bytes in the plan");
-  const std::uint64_t state_bytes_per_elem = 4ull * (1 + static_cast<std::uint64_t>(ctx.states));
   if (ctx.opt_place == Placement::kDevice) {
     snapshot_device_.resize(ctx.units.size());
     for (const Unit& u : ctx.units) {
       if (u.frozen()) continue;
       TZ_ASSIGN_OR_RETURN(snapshot_device_[u.id],
-                          ctx.buffers.allocate(u.opt_elems * state_bytes_per_elem));
+                          ctx.buffers.allocate(ctx.optimizer_bytes(u)));
     }
     return Status::ok();
   }
@@ -58,7 +57,7 @@ Status EagerOverlap::finalize(std::uint64_t overlap_bytes) {
   snapshot_host_.resize(ctx.units.size());
   for (const Unit& u : ctx.units) {
     if (u.frozen()) continue;
-    TZ_ASSIGN_OR_RETURN(snapshot_host_[u.id], pool_->allocate(u.opt_elems * state_bytes_per_elem));
+    TZ_ASSIGN_OR_RETURN(snapshot_host_[u.id], pool_->allocate(ctx.optimizer_bytes(u)));
   }
   return Status::ok();
 }
