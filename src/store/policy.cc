@@ -15,9 +15,7 @@ std::uint64_t Store::Impl::next_use(const Block& b, Tier t) const {
   return trace.next_use(b.id, t);
 }
 
-bool Store::Impl::belady() const {
-  return options.policy == Policy::kTrace && trace.following();
-}
+bool Store::Impl::belady() const { return options.policy == Policy::kTrace && trace.following(); }
 
 // The eviction key of b's copy in `t` (larger: evict first). Following the trace, the trace
 // position of its next use (Belady's farthest first); it is the position plus next_use, which stays
@@ -59,9 +57,10 @@ void Store::Impl::rebuild_candidates() {
 // only host copies whose pinned buffer exists (not ones still queued for their allocation).
 // Empty optional: impossible. Reads the tier's candidates from the evict-first end, so a pin
 // that needs one victim touches O(log n) entries, not every block.
-std::optional<std::vector<BlockId>> Store::Impl::choose_victims(
-    Tier t, std::uint64_t need, BlockId for_block, std::optional<std::uint64_t> beyond,
-    bool allocated_only) {
+std::optional<std::vector<BlockId>> Store::Impl::choose_victims(Tier t, std::uint64_t need,
+                                                                BlockId for_block,
+                                                                std::optional<std::uint64_t> beyond,
+                                                                bool allocated_only) {
   if (logical_used[ti(t)] + need <= budget[ti(t)]) return std::vector<BlockId>{};
   const bool bel = belady();
   if (beyond && !bel) return std::nullopt;  // without a trace nothing is known to be farther
@@ -154,6 +153,45 @@ void Store::Impl::prefetch_ahead() {
   bool dev_stop = false;
   bool host_stop = false;
   std::uint32_t host_sourced = 0;  // device uses in the window whose bytes come from the host
+  // Host-sourced device loads the walk left for later (past host_prefetch_depth), and device
+  // loads of blocks being written now (after the write): the pins that make them take room then. An NVMe load started past them into room they need would be
+  // the farthest copy when they come, evicted for them and started again by the next walk. The
+  // device copies used before the first of them (the one pinned now included) free room for them
+  // once used, if used next only past that NVMe load's use.
+  struct Use {
+    std::uint64_t bytes;
+    std::uint64_t next_after;  // the copy's next device use after this one (its key then)
+  };
+  std::vector<Use> skipped;
+  std::vector<Use> before_skips;
+  std::unordered_set<BlockId> skipped_ids;
+  // Room an NVMe load `d` pins ahead must leave (free, or copies used after it) for the skipped
+  // loads before it: each whose copy is used again before d stays nearer than d (held), the
+  // others take their room in turn (the largest of them, once); less what the copies used
+  // before them free.
+  const auto skipped_room = [&](std::uint64_t d) {
+    std::uint64_t need = 0;
+    std::uint64_t turn = 0;
+    for (const Use& k : skipped) {
+      if (k.next_after < d) {
+        need += k.bytes;
+      } else {
+        turn = std::max(turn, k.bytes);
+      }
+    }
+    need += turn;
+    std::uint64_t freed = 0;
+    for (const Use& u : before_skips) {
+      if (u.next_after >= d) freed += u.bytes;
+    }
+    return need > freed ? need - freed : 0;
+  };
+  const auto skip = [&](const Block& b, std::uint64_t d) {
+    skipped_far = true;
+    if (skipped_ids.insert(b.id).second) {
+      skipped.push_back({b.bytes, trace.next_use(b.id, Tier::kDevice, d + 1)});
+    }
+  };
   const std::size_t len = trace.size();
   if (trace.pos() > 0) {
     const TraceEntry& cur = trace.at(trace.pos() - 1);
@@ -161,6 +199,9 @@ void Store::Impl::prefetch_ahead() {
     if (cur.tier == Tier::kDevice && b != nullptr && b->leases[ti(Tier::kDevice)] > 0 &&
         b->copies[ti(Tier::kDevice)].loaded_from == Tier::kHost) {
       ++host_sourced;
+    }
+    if (cur.tier == Tier::kDevice && b != nullptr) {
+      before_skips.push_back({b->bytes, trace.next_use(b->id, Tier::kDevice)});
     }
   }
   // Bytes that write-only pins met so far in the window will allocate (blocks not present in
@@ -195,7 +236,12 @@ void Store::Impl::prefetch_ahead() {
     if (b->total_leases > 0 && b->copies[ti(e.tier)].valid) continue;
     bool has_writer = false;
     for (std::size_t i = 0; i < kTierCount; ++i) has_writer |= b->write_leases[i] > 0;
-    if (has_writer) continue;
+    if (has_writer) {
+      // Being written elsewhere (the update worker's host pin): its device load comes after
+      // the write, into room taken then, like a skipped one.
+      if (e.tier == Tier::kDevice && !b->copies[ti(Tier::kDevice)].present) skip(*b, d);
+      continue;
+    }
     if (e.tier == Tier::kDevice) {
       if (dev_rest || b->home == Tier::kDevice) continue;
       if (dev_stop) {
@@ -212,14 +258,26 @@ void Store::Impl::prefetch_ahead() {
         skipped_far = true;  // the loads past here are for later walks
         continue;
       }
-      if (dev.valid) continue;
-      if (far && from_host) {
-        skipped_far = true;
+      const auto used_before_skips = [&] {
+        if (skipped.empty()) {
+          before_skips.push_back({b->bytes, trace.next_use(b->id, Tier::kDevice, d + 1)});
+        }
+      };
+      if (dev.valid) {
+        used_before_skips();
         continue;
       }
-      if (!try_prefetch(*b, Tier::kDevice, d, reserved[ti(Tier::kDevice)])) {
+      if (far && from_host) {
+        skip(*b, d);
+        continue;
+      }
+      const std::uint64_t headroom =
+          reserved[ti(Tier::kDevice)] + (from_host ? 0 : skipped_room(d));
+      if (!try_prefetch(*b, Tier::kDevice, d, headroom)) {
         dev_stop = true;
         if (!stage_stop) stage_stop = !try_stage(*b, d);  // the first use the window cannot take
+      } else {
+        used_before_skips();
       }
     } else if (e.tier == Tier::kHost && !host_stop && b->home == Tier::kNvme) {
       if (!try_prefetch(*b, Tier::kHost, d, reserved[ti(Tier::kHost)])) host_stop = true;

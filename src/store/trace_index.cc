@@ -102,20 +102,23 @@ std::uint32_t TraceIndex::last_recorded() const {
   return record_.empty() ? kNoPos : static_cast<std::uint32_t>(record_.size() - 1);
 }
 
-std::uint64_t TraceIndex::next_in(const Uses& uses, BlockId block) const {
+std::uint64_t TraceIndex::next_in(const Uses& uses, BlockId block, std::uint64_t from) const {
   TZ_ASSERT(pos_ <= trace_.size(), "trace index: position past the trace");
   auto it = uses.find(block);
   if (it == uses.end() || it->second.empty()) return kNever;
   const auto& v = it->second;
-  auto p = std::lower_bound(v.begin(), v.end(), static_cast<std::uint32_t>(pos_));
-  if (p != v.end()) return *p - pos_;
-  return trace_.size() - pos_ + v.front();
+  const std::uint64_t n = trace_.size();
+  const std::uint64_t start = pos_ + from;  // an absolute position, past n in a later repeat
+  const std::uint64_t repeat = start / n * n;
+  auto p = std::lower_bound(v.begin(), v.end(), static_cast<std::uint32_t>(start - repeat));
+  if (p != v.end()) return repeat + *p - pos_;
+  return repeat + n + v.front() - pos_;
 }
 
-std::uint64_t TraceIndex::next_use(BlockId block, Tier tier) const {
+std::uint64_t TraceIndex::next_use(BlockId block, Tier tier, std::uint64_t from) const {
   TZ_ASSERT(static_cast<std::size_t>(tier) < kTierCount, "trace index: no such tier");
-  const std::uint64_t nu = next_in(tier == Tier::kDevice ? dev_uses_ : any_uses_, block);
-  return next_in(overwrites_, block) < nu ? kNever : nu;
+  const std::uint64_t nu = next_in(tier == Tier::kDevice ? dev_uses_ : any_uses_, block, from);
+  return next_in(overwrites_, block, from) < nu ? kNever : nu;
 }
 
 std::uint64_t TraceIndex::next_overwrite(BlockId block) const {

@@ -68,8 +68,9 @@ class TraceIndex {
   // Distance in pins from the position to the next use of `block`'s copy in `tier` (kNever when
   // none): a device copy serves device pins; a host copy serves host pins and device pins once
   // the device copy is gone, so it counts pins of every tier. A copy whose block is overwritten
-  // (a write-only pin) before its next use holds dead bytes: kNever.
-  std::uint64_t next_use(BlockId block, Tier tier) const;
+  // (a write-only pin) before its next use holds dead bytes: kNever. With `from`, the next use
+  // at or past `from` pins ahead (still counted from the position).
+  std::uint64_t next_use(BlockId block, Tier tier, std::uint64_t from = 0) const;
   // Distance to the block's next write-only pin (kNever when none).
   std::uint64_t next_overwrite(BlockId block) const;
   // Whether the trace pins an NVMe-homed block, and reads one in the host tier (set by end_step).
@@ -84,9 +85,9 @@ class TraceIndex {
 
  private:
   using Uses = std::unordered_map<BlockId, std::vector<std::uint32_t>>;
-  // Distance from the position to the first entry of `uses` for `block` at or after it,
-  // wrapping around the trace.
-  std::uint64_t next_in(const Uses& uses, BlockId block) const;
+  // Distance from the position to the first entry of `uses` for `block` at least `from` pins
+  // ahead of it, wrapping around the trace.
+  std::uint64_t next_in(const Uses& uses, BlockId block, std::uint64_t from = 0) const;
   void build(const std::function<bool(BlockId)>& nvme_homed);
   void check() const;  // the state every entry point starts from
 

@@ -230,6 +230,68 @@ TEST(StorePolicy, NvmeLoadsStartWhileHostLoadsComeFirst) {
   EXPECT_EQ(backward_reads_by_layer_8(std::numeric_limits<std::uint32_t>::max()), 0u);
 }
 
+// The engine's streamed update on one device: each layer's host copy is updated (a read-write host
+// pin, untraced as the update worker's, which makes its device copy stale and frees that room)
+// just before the forward pins it on
+// the device; the backward pins the layers in reverse, then one more NVMe-homed block `x` that the
+// host tier cannot hold. The forward's loads come from the host, past host_prefetch_depth only
+// NVMe loads start: the walk may start x's load only into room the forward's next loads leave it,
+// or that load is the farthest copy when the next one comes, evicted for it, and started again.
+// Returns how many times x was loaded to the device in the two steps after the recording one.
+std::uint64_t far_nvme_loads_while_updates_free_room() {
+  Harness h;
+  constexpr int kLayers = 8;
+  constexpr std::uint64_t kBytes = 64 << 10;
+  HarnessOptions o;
+  o.store.device_budget_bytes = 4 * kBytes;
+  o.store.host_budget_bytes = kLayers * kBytes;
+  o.store.chunk_bytes = 32 << 10;
+  o.swap_bytes = 16ull << 20;
+  h.init(o);
+  if (::testing::Test::HasFatalFailure()) return 0;
+  std::vector<BlockId> layers;
+  for (int i = 0; i < kLayers; ++i) {
+    layers.push_back(*h.store->create_block(kBytes, Tier::kNvme, "p" + std::to_string(i)));
+  }
+  const BlockId x = *h.store->create_block(kBytes, Tier::kNvme, "x");
+  const auto pin = [&](BlockId id, Tier t, Access a) {
+    auto l = h.store->pin(id, t, a);
+    ASSERT_TRUE(l.is_ok()) << l.status().to_string();
+    ASSERT_TRUE(l->wait().is_ok());
+  };
+  for (BlockId id : layers) pin(id, Tier::kHost, Access::kWrite);
+  pin(x, Tier::kDevice, Access::kWrite);
+  EXPECT_TRUE(h.store->flush().is_ok());
+  h.store->mark_step();
+  const auto step = [&] {
+    for (BlockId id : layers) {
+      {
+        const UntracedPins untraced;  // the update worker's pins
+        pin(id, Tier::kHost, Access::kReadWrite);
+      }
+      pin(id, Tier::kDevice, Access::kRead);
+    }
+    for (int i = kLayers - 1; i >= 0; --i) {
+      pin(layers[static_cast<std::size_t>(i)], Tier::kDevice, Access::kRead);
+    }
+    pin(x, Tier::kDevice, Access::kRead);
+    EXPECT_TRUE(h.store->drain().is_ok());
+    h.store->mark_step();
+  };
+  step();  // records the trace
+  const std::uint64_t before = h.store->block_stats(x)->tier_bytes_in(Tier::kDevice);
+  step();
+  step();
+  EXPECT_TRUE(h.store->following_trace());
+  const std::uint64_t loads = (h.store->block_stats(x)->tier_bytes_in(Tier::kDevice) - before) / kBytes;
+  h.finish();
+  return loads;
+}
+
+TEST(StorePolicy, AnNvmeLoadPastSkippedHostLoadsKeepsItsRoom) {
+  EXPECT_EQ(far_nvme_loads_while_updates_free_room(), 2u);  // once a step
+}
+
 // A store of 64 KiB blocks with a device tier of two and a host tier of `host_blocks`, and six
 // NVMe-homed blocks: the small trace walks below.
 std::vector<BlockId> six_blocks(Harness& h, int host_blocks) {

@@ -74,6 +74,31 @@ TEST(TraceIndex, NextUsePerTierCountsPinsAheadAndWraps) {
   EXPECT_EQ(t.next_use(3, Tier::kDevice), 4u);
 }
 
+// next_use(block, tier, from): the first use at least `from` pins ahead, still counted from the
+// position (the use after one the prefetch walk skips).
+TEST(TraceIndex, NextUseFromAPinAheadCountsFromThePosition) {
+  TraceIndex t;
+  // 0: dev 1, 1: dev 2, 2: dev 1, 3: host 3, 4: dev 2 write-only, 5: dev 2
+  record_step(t, {dev(1), dev(2), dev(1), host(3), dev(2, Access::kWrite), dev(2)});
+  (void)t.begin_pin(dev(1), true);
+  // At position 1.
+  EXPECT_EQ(t.next_use(1, Tier::kDevice, 0), 1u);
+  EXPECT_EQ(t.next_use(1, Tier::kDevice, 1), 1u);
+  EXPECT_EQ(t.next_use(1, Tier::kDevice, 2), 5u);  // past position 2: 0 of the next repeat
+  EXPECT_EQ(t.next_use(2, Tier::kDevice, 0), 0u);
+  EXPECT_EQ(t.next_use(2, Tier::kDevice, 1), kNever);  // overwritten (4) before its read (5)
+  EXPECT_EQ(t.next_use(2, Tier::kDevice, 3), kNever);  // from position 4, the overwrite
+  EXPECT_EQ(t.next_use(2, Tier::kDevice, 4), 4u);      // from position 5, the read
+  EXPECT_EQ(t.next_use(2, Tier::kDevice, 5), 6u);  // 1 of the next repeat: 6 - 1 + 1
+  EXPECT_EQ(t.next_use(3, Tier::kHost, 2), 2u);
+  EXPECT_EQ(t.next_use(3, Tier::kHost, 3), 8u);  // 3 of the next repeat: 6 - 1 + 3
+  for (int i = 0; i < 5; ++i) (void)t.begin_pin(t.ahead(0), true);
+  // At the end (position 6): `from` counts into the repeat after the next.
+  EXPECT_EQ(t.pos(), 6u);
+  EXPECT_EQ(t.next_use(1, Tier::kDevice, 3), 6u);
+  EXPECT_EQ(t.next_use(1, Tier::kDevice, 7), 8u);  // 2 of the repeat after: 12 + 2 - 6
+}
+
 TEST(TraceIndex, AnOverwriteBeforeTheNextReadMeansNeverAgain) {
   TraceIndex t;
   // 0: dev 1, 1: dev 1 write-only, 2: dev 1, 3: dev 2
