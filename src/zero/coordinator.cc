@@ -25,7 +25,7 @@ Result<UnitViews> ParameterCoordinator::gather(Unit& u) {
   gpu::Stream& st = ctx_.stream();
   const std::size_t es = dtype_size(ctx_.compute_dtype);
   void* base = nullptr;
-  if (ctx_.stage < 3) {
+  if (ctx_.stage < 3 || (gather_pins_shard(ctx_.stage, ctx_.world) && !u.persistent)) {
     TZ_ASSIGN_OR_RETURN(g.param_lease,
                         ctx_.pin_for(u, "gather", u.param, Tier::kDevice, Access::kRead));
     TZ_RETURN_IF_ERROR(ctx_.with_unit(u, "gather", g.param_lease.wait()));
@@ -57,7 +57,7 @@ Status ParameterCoordinator::release(Unit& u) {
   GatherState& g = state(u.id);
   TZ_ASSERT(g.refs > 0, "release of a unit that is not gathered");
   if (--g.refs > 0) return Status::ok();
-  if (ctx_.stage < 3) {
+  if (g.param_lease.valid()) {
     g.param_lease.release(&ctx_.stream());
   } else if (!u.persistent) {
     TZ_RETURN_IF_ERROR(ctx_.buffers.defer_free(std::move(g.buffer)));

@@ -1,5 +1,6 @@
 // The parameter coordinator (DESIGN.md, zero/): gather and release of a unit's parameters on the
-// device. Stages 0-2 pin the unit's full block on the device for as long as it is gathered; stage
+// device. Stages 0-2 pin the unit's full block on the device for as long as it is gathered, and
+// so does stage 3 on one rank (the shard is the unit: gather_pins_shard, plan.h); otherwise stage
 // 3 all-gathers every rank's shard into a device buffer, freed after the compute stream is past
 // it, except for persistent units (small ones, the plan decides), gathered once per step and kept.
 // It owns the per-unit gather state: the reference count, the lease or gathered buffer, the views
@@ -45,7 +46,7 @@ class ParameterCoordinator {
  private:
   struct GatherState {
     int refs = 0;
-    Lease param_lease;         // stages 0-2: the full block pinned while gathered
+    Lease param_lease;         // the full block pinned while gathered (gather_pins_shard too)
     gpu::DeviceBuffer buffer;  // stage 3: the all-gathered unit
     bool valid = false;        // stage 3, persistent: `buffer` holds the current parameters
     UnitViews views;

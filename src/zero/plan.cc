@@ -253,7 +253,10 @@ std::size_t add_device_terms(const PlanContext& c, MemoryPlan& plan) {
   // gradient reduced on the device is freed the same way (a third buffer); one going to the host
   // (optimizer offloaded) is copied out synchronously and freed at once, so two are all there are.
   const bool grads_on_device = c.in.grad == Placement::kDevice;
-  const std::uint64_t gather = c.in.stage == 3 ? largest_sum(c.streamed_padded, 3) * c.es : 0;
+  // On one rank a stage-3 gather computes on the shard pinned in the device tier (the cache or
+  // its home there: shard_cache_range counts them), so there is no buffer to gather into.
+  const bool buffered = c.in.stage == 3 && !gather_pins_shard(c.in.stage, c.in.world_size);
+  const std::uint64_t gather = buffered ? largest_sum(c.streamed_padded, 3) * c.es : 0;
   const std::uint64_t grads = largest_sum(c.grad_padded, grads_on_device ? 3 : 2) * c.es;
   add_term(plan, Tier::kDevice, "gather buffers (3 largest units)", gather);
   add_term(plan, Tier::kDevice,
@@ -290,8 +293,15 @@ std::size_t add_device_terms(const PlanContext& c, MemoryPlan& plan) {
 // device tier for gathering: the ones in use plus DeepSpeed's prefetch bucket
 // (stage3_prefetch_bucket_size elements of the unit, this rank's 1/N of them), at most
 // stage3_max_live_parameters, at most all of them. The walk needs two shards at once (the one
-// gathered and the next loaded); beyond those the cache shrinks to what the budget leaves, which
-// changes only how often a shard is loaded again, not the math.
+// gathered and the next loaded: the two largest); where the gather computes on the pinned shard
+// (one rank: gather_pins_shard) the units the gather buffers would hold stay pinned there instead,
+// so four (three gathered, as the gather buffers count, and the next loaded). Beyond those the
+// cache shrinks to what the budget leaves, which changes only how often a shard is loaded again,
+// not the math.
+std::size_t cache_min_shards(const PlanInputs& in) {
+  return gather_pins_shard(in.stage, in.world_size) ? 4 : 2;
+}
+
 struct CacheRange {
   std::uint64_t min = 0;
   std::uint64_t want = 0;
@@ -303,15 +313,16 @@ CacheRange shard_cache_range(const PlanContext& c) {
   const std::uint64_t bucket =
       std::min(z.stage3_prefetch_bucket_size, z.stage3_max_live_parameters) /
       static_cast<std::uint64_t>(c.in.world_size) * c.es;
-  std::uint64_t shard_bytes = 0;
+  std::vector<std::uint64_t> shards;
   std::uint64_t all = 0;
   for (const UnitLayout& u : c.units) {
-    shard_bytes = std::max<std::uint64_t>(shard_bytes, u.shard * c.es);
+    shards.push_back(u.shard * c.es);
     all += u.shard * c.es;
   }
+  const std::uint64_t shard_bytes = largest_sum(shards, 1);
   CacheRange r;
-  r.min = std::min(2 * shard_bytes, all);
-  r.want = std::min(std::max<std::uint64_t>(2 * shard_bytes, round_up(bucket, shard_bytes)), all);
+  r.min = std::min(largest_sum(shards, cache_min_shards(c.in)), all);
+  r.want = std::min(std::max<std::uint64_t>(r.min, round_up(bucket, shard_bytes)), all);
   return r;
 }
 
@@ -328,7 +339,8 @@ std::uint64_t device_snapshot_bytes(const PlanContext& c) {
 Status device_refusal(const PlanContext& c, const MemoryPlan& plan, std::size_t cache_index,
                       std::uint64_t cache_min, std::uint64_t snapshot, std::uint64_t fixed) {
   std::vector<PlanTerm> terms = plan.terms;
-  terms[cache_index].name = "device cache of offloaded parameter shards (2 largest shards)";
+  terms[cache_index].name = "device cache of offloaded parameter shards (" +
+                            std::to_string(cache_min_shards(c.in)) + " largest shards)";
   terms[cache_index].bytes = cache_min;
   if (snapshot > 0) {
     terms.push_back(PlanTerm{Tier::kDevice,

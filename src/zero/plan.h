@@ -55,6 +55,11 @@ struct PlanInputs {
 DType gradient_accumulator_dtype(DType compute_dtype, Placement home,
                                  std::uint64_t accumulation_steps);
 
+// Whether a stage-3 gather pins the unit's shard in the device tier and computes on it (as
+// stages 0-2 pin their full blocks) instead of all-gathering into a buffer: on one rank the shard
+// is the whole unit, so the all-gather would be a copy of it. Persistent units keep their buffer.
+inline bool gather_pins_shard(int stage, int world_size) { return stage == 3 && world_size == 1; }
+
 // What the engine's init() derives from the options: stage, precision, placements and the
 // optimizer's state count. The same kInvalidArgument errors as Engine::create for a bad stage,
 // offload device, parameter offload below stage 3, fp16 with bf16 or an unknown optimizer.

@@ -49,13 +49,17 @@ std::vector<UnitLayout> two_units_two_ranks() {
   return v;
 }
 
-// One single-tensor unit "u<numel>" of each size, laid out for one rank.
-std::vector<UnitLayout> one_rank_units(std::initializer_list<std::int64_t> numels) {
+// One single-tensor unit "u<numel>" of each size, laid out for `world` ranks.
+std::vector<UnitLayout> units_for(int world, std::initializer_list<std::int64_t> numels) {
   std::vector<UnitLayout> v;
   for (const std::int64_t n : numels) {
-    v.push_back(plan_unit_layout(unit("u" + std::to_string(n), {n}), 1));
+    v.push_back(plan_unit_layout(unit("u" + std::to_string(n), {n}), world));
   }
   return v;
+}
+
+std::vector<UnitLayout> one_rank_units(std::initializer_list<std::int64_t> numels) {
+  return units_for(1, numels);
 }
 
 TEST(ZeroPlan, LayoutsAreTheOnesTheTestAssumes) {
@@ -160,14 +164,23 @@ TEST(ZeroPlan, Stage1OnDeviceByHand) {
 }
 
 // The buffers hold the three largest units, whatever their order: four units of 4096, 16384,
-// 8192 and 32768 elements (padded as they are for one rank), stage 3, fp32 (4 B), nothing
-// persistent.
+// 8192 and 32768 elements (padded as they are, shards of half of each for two ranks), stage 3,
+// fp32 (4 B), nothing persistent. On one rank a gather computes on the shard pinned in the
+// device tier (gather_pins_shard): no gather buffers.
 TEST(ZeroPlan, BuffersHoldTheThreeLargestUnits) {
   PlanInputs in{.stage = 3, .compute_dtype = DType::kF32, .world_size = 1,
                 .device_budget_bytes = 1ull << 30};
   Config config;
   config.zero.stage3_param_persistence_threshold = 0;
-  const std::vector<UnitLayout> units = one_rank_units({4096, 16384, 8192, 32768});
+  auto one = plan_memory(in, config, one_rank_units({4096, 16384, 8192, 32768}));
+  ASSERT_TRUE(one.is_ok()) << one.status().to_string();
+  EXPECT_EQ(term_of(*one, Tier::kDevice, "gather buffers"), 0u);
+  EXPECT_EQ(term_of(*one, Tier::kDevice, "gradient buffers"), (32768u + 16384u + 8192u) * 4);
+  EXPECT_EQ(term_of(*one, Tier::kDevice, "scratch"), 0u);
+
+  in.world_size = 2;
+  const std::vector<UnitLayout> units = units_for(2, {4096, 16384, 8192, 32768});
+  ASSERT_EQ(units[3].padded, 32768u);
   auto got = plan_memory(in, config, units);
   ASSERT_TRUE(got.is_ok()) << got.status().to_string();
   EXPECT_EQ(term_of(*got, Tier::kDevice, "gather buffers"), (32768u + 16384u + 8192u) * 4);
@@ -456,13 +469,13 @@ TEST(ZeroPlan, InputsFromOptionsAsTheEngineReadsThem) {
 // issue 29's bench-zero case: 16 dense layers of 1024 x 1024 (one tensor each: 1048576 elements,
 // no padding at one rank), 1 rank, stage 3, bf16, Adam, parameters and optimizer on NVMe
 // (gradient shards homed on the host), a device budget of 32 MiB.
-std::vector<UnitLayout> bench_zero_units() {
+std::vector<UnitLayout> bench_zero_units(int world = 1) {
   std::vector<UnitLayout> v;
   for (int l = 0; l < 16; ++l) {
     UnitSpec s;
     s.name = "layer" + std::to_string(l);
     s.tensors.push_back(TensorSpec{"weight", {1024, 1024}});
-    v.push_back(plan_unit_layout(s, 1));
+    v.push_back(plan_unit_layout(s, world));
   }
   return v;
 }
@@ -473,16 +486,17 @@ PlanInputs bench_zero_inputs(std::uint64_t device_budget) {
                     .world_size = 1, .device_budget_bytes = device_budget};
 }
 
-// The device cache (the tunable term) shrinks to what the 32 MiB budget leaves after the gather
-// buffers (3 units), the gradient buffers (2 units) and the norm/scalar buffers; with room to
-// spare it keeps its unconstrained size (every shard: the 50M-element prefetch bucket is larger).
+// The device cache (the tunable term) shrinks to what the 32 MiB budget leaves after the
+// gradient buffers (2 units) and the norm/scalar buffers (one rank: no gather buffers, the
+// gathers compute on the shards pinned in the cache); with room to spare it keeps its
+// unconstrained size (every shard: the 50M-element prefetch bucket is larger).
 TEST(ZeroPlan, DeviceCacheShrinksToWhatTheBudgetLeaves) {
   const auto units = bench_zero_units();
   ASSERT_EQ(units[0].padded, 1048576u);
   ASSERT_EQ(units[0].shard, 1048576u);
   const std::uint64_t unit_bytes = 1048576ull * 2;  // one bf16 unit
   const std::uint64_t norm = sizeof(gpu::NormAccumulator) + 1 * 2 * 4 * 4;
-  const std::uint64_t fixed = 3 * unit_bytes + 2 * unit_bytes + norm;
+  const std::uint64_t fixed = 2 * unit_bytes + norm;
   Config config;
 
   auto roomy = plan_memory(bench_zero_inputs(1ull << 30), config, units);
@@ -494,11 +508,11 @@ TEST(ZeroPlan, DeviceCacheShrinksToWhatTheBudgetLeaves) {
   auto got = plan_memory(bench_zero_inputs(budget), config, units);
   ASSERT_TRUE(got.is_ok()) << got.status().to_string();
   const MemoryPlan& p = *got;
-  EXPECT_EQ(term_of(p, Tier::kDevice, "gather buffers"), 3 * unit_bytes);
+  EXPECT_EQ(term_of(p, Tier::kDevice, "gather buffers"), 0u);
   EXPECT_EQ(term_of(p, Tier::kDevice, "gradient buffers"), 2 * unit_bytes);
   EXPECT_EQ(term_of(p, Tier::kDevice, "norm and scalar"), norm);
   EXPECT_EQ(term_of(p, Tier::kDevice, "device cache"), budget - fixed);
-  EXPECT_GE(budget - fixed, 2 * unit_bytes);  // at least the two shards the walk needs
+  EXPECT_GE(budget - fixed, 4 * unit_bytes);  // at least the four shards pinned at once
   EXPECT_EQ(p.bytes().device, budget);
   EXPECT_EQ(p.store.device_budget_bytes, budget - fixed);  // nothing homed on the device
 
@@ -509,18 +523,19 @@ TEST(ZeroPlan, DeviceCacheShrinksToWhatTheBudgetLeaves) {
   EXPECT_EQ(term_of(*cfg, Tier::kDevice, "device cache"), (20ull << 20) - fixed);
 }
 
-// Below the irreducible minimum (the buffers plus two shards in the cache) the plan refuses,
-// naming the tier, each irreducible term with its bytes and the budget; at exactly the minimum
-// it plans.
+// Below the irreducible minimum (the buffers plus the shards the cache must hold at once) the
+// plan refuses, naming the tier, each irreducible term with its bytes and the budget; at exactly
+// the minimum it plans. On one rank the cache holds four shards (three gathered ones pinned, one
+// loading) and there are no gather buffers; on two, gather buffers for three and two shards.
 TEST(ZeroPlan, DeviceBelowIrreducibleMinimumNamesTheTerms) {
   const auto units = bench_zero_units();
   const std::uint64_t unit_bytes = 1048576ull * 2;
   const std::uint64_t norm = sizeof(gpu::NormAccumulator) + 1 * 2 * 4 * 4;
-  const std::uint64_t minimum = (3 + 2 + 2) * unit_bytes + norm;
+  const std::uint64_t minimum = (2 + 4) * unit_bytes + norm;
   Config config;
   auto at = plan_memory(bench_zero_inputs(minimum), config, units);
   ASSERT_TRUE(at.is_ok()) << at.status().to_string();
-  EXPECT_EQ(term_of(*at, Tier::kDevice, "device cache"), 2 * unit_bytes);
+  EXPECT_EQ(term_of(*at, Tier::kDevice, "device cache"), 4 * unit_bytes);
   EXPECT_EQ(at->bytes().device, minimum);
 
   auto got = plan_memory(bench_zero_inputs(minimum - 1), config, units);
@@ -530,17 +545,38 @@ TEST(ZeroPlan, DeviceBelowIrreducibleMinimumNamesTheTerms) {
   EXPECT_NE(m.find("device tier needs at least " + std::to_string(minimum)), std::string::npos)
       << m;
   EXPECT_NE(m.find("irreducible minimum"), std::string::npos) << m;
-  EXPECT_NE(m.find("gather buffers (3 largest units) " + std::to_string(3 * unit_bytes)),
-            std::string::npos) << m;
+  EXPECT_EQ(m.find("gather buffers"), std::string::npos) << m;
   EXPECT_NE(m.find("gradient buffers (2 largest units) " + std::to_string(2 * unit_bytes)),
             std::string::npos) << m;
-  EXPECT_NE(m.find("device cache of offloaded parameter shards (2 largest shards) " +
-                   std::to_string(2 * unit_bytes)),
+  EXPECT_NE(m.find("device cache of offloaded parameter shards (4 largest shards) " +
+                   std::to_string(4 * unit_bytes)),
             std::string::npos) << m;
   EXPECT_NE(m.find("norm and scalar buffers " + std::to_string(norm)), std::string::npos) << m;
   EXPECT_NE(m.find("device budget of " + std::to_string(minimum - 1) + " bytes"),
             std::string::npos) << m;
   EXPECT_NE(m.find("tierzero.device_budget"), std::string::npos) << m;
+
+  // Two ranks: shards of half a unit; gathers all-gather into three buffers of a whole unit.
+  const auto two = bench_zero_units(2);
+  ASSERT_EQ(two[0].shard, 524288u);
+  PlanInputs in2 = bench_zero_inputs(1ull << 30);
+  in2.world_size = 2;
+  const std::uint64_t norm2 = sizeof(gpu::NormAccumulator) + 2 * 2 * 4 * 4;
+  const std::uint64_t minimum2 = (3 + 2) * unit_bytes + 2 * (unit_bytes / 2) + norm2;
+  in2.device_budget_bytes = minimum2;
+  auto at2 = plan_memory(in2, config, two);
+  ASSERT_TRUE(at2.is_ok()) << at2.status().to_string();
+  EXPECT_EQ(term_of(*at2, Tier::kDevice, "gather buffers"), 3 * unit_bytes);
+  EXPECT_EQ(term_of(*at2, Tier::kDevice, "device cache"), unit_bytes);
+  in2.device_budget_bytes = minimum2 - 1;
+  auto below2 = plan_memory(in2, config, two);
+  ASSERT_FALSE(below2.is_ok());
+  const std::string m2 = below2.status().message();
+  EXPECT_NE(m2.find("gather buffers (3 largest units) " + std::to_string(3 * unit_bytes)),
+            std::string::npos) << m2;
+  EXPECT_NE(m2.find("device cache of offloaded parameter shards (2 largest shards) " +
+                    std::to_string(unit_bytes)),
+            std::string::npos) << m2;
 }
 
 // The refusal's advice starts with the largest term: activations larger than the device's home
