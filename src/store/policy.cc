@@ -15,7 +15,9 @@ std::uint64_t Store::Impl::next_use(const Block& b, Tier t) const {
   return trace.next_use(b.id, t);
 }
 
-bool Store::Impl::belady() const { return options.policy == Policy::kTrace && trace.following(); }
+bool Store::Impl::belady() const {
+  return options.policy == Policy::kTrace && trace.following();
+}
 
 // The eviction key of b's copy in `t` (larger: evict first). Following the trace, the trace
 // position of its next use (Belady's farthest first); it is the position plus next_use, which stays
@@ -57,10 +59,9 @@ void Store::Impl::rebuild_candidates() {
 // only host copies whose pinned buffer exists (not ones still queued for their allocation).
 // Empty optional: impossible. Reads the tier's candidates from the evict-first end, so a pin
 // that needs one victim touches O(log n) entries, not every block.
-std::optional<std::vector<BlockId>> Store::Impl::choose_victims(Tier t, std::uint64_t need,
-                                                                BlockId for_block,
-                                                                std::optional<std::uint64_t> beyond,
-                                                                bool allocated_only) {
+std::optional<std::vector<BlockId>> Store::Impl::choose_victims(
+    Tier t, std::uint64_t need, BlockId for_block, std::optional<std::uint64_t> beyond,
+    bool allocated_only) {
   if (logical_used[ti(t)] + need <= budget[ti(t)]) return std::vector<BlockId>{};
   const bool bel = belady();
   if (beyond && !bel) return std::nullopt;  // without a trace nothing is known to be farther
@@ -154,10 +155,11 @@ void Store::Impl::prefetch_ahead() {
   bool host_stop = false;
   std::uint32_t host_sourced = 0;  // device uses in the window whose bytes come from the host
   // Host-sourced device loads the walk left for later (past host_prefetch_depth), and device
-  // loads of blocks being written now (after the write): the pins that make them take room then. An NVMe load started past them into room they need would be
-  // the farthest copy when they come, evicted for them and started again by the next walk. The
-  // device copies used before the first of them (the one pinned now included) free room for them
-  // once used, if used next only past that NVMe load's use.
+  // loads of blocks being written now (after the write): the pins that make them take room then.
+  // An NVMe load started past them into room they need would be the farthest copy when they
+  // come, evicted for them and started again by the next walk. The device copies used before the
+  // first of them (the one pinned now included) free room for them once used, if used next only
+  // past that NVMe load's use.
   struct Use {
     std::uint64_t bytes;
     std::uint64_t next_after;  // the copy's next device use after this one (its key then)

@@ -283,7 +283,8 @@ std::uint64_t far_nvme_loads_while_updates_free_room() {
   step();
   step();
   EXPECT_TRUE(h.store->following_trace());
-  const std::uint64_t loads = (h.store->block_stats(x)->tier_bytes_in(Tier::kDevice) - before) / kBytes;
+  const std::uint64_t loads =
+      (h.store->block_stats(x)->tier_bytes_in(Tier::kDevice) - before) / kBytes;
   h.finish();
   return loads;
 }
