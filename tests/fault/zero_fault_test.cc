@@ -185,8 +185,10 @@ int expect_failed_update_names_unit_and_keeps_state(bool streamed,
   }
   EXPECT_GT(failures_seen, 0) << "no injected EIO reached step 3's update";
   // The counts move by a few requests (more with eager's queue, whose read ahead depends on
-  // when each unit is reduced): the first tries may land in step 2's update.
-  EXPECT_LE(before_step3, static_cast<int>(kTries / 4)) << "the request counts moved too far";
+  // when each unit is reduced, and which runs into step 3's forward): the first tries may land
+  // in step 2's update. Under a parallel ctest run eager's first four tries (+1 to +12 of ~35
+  // requests) did so in 2 runs of 50.
+  EXPECT_LE(before_step3, static_cast<int>(kTries / 3)) << "the request counts moved too far";
   return after_step;
 }
 
