@@ -188,22 +188,28 @@ void Store::Impl::prefetch_ahead() {
     }
     return need > freed ? need - freed : 0;
   };
-  const auto skip = [&](const Block& b, std::uint64_t d) {
+  // A device use the walk skips, or (before the first skip) one whose copy is in place; `from`:
+  // the pins ahead past that use (0 for the one pinned now), where its copy's next use is sought.
+  const auto skip = [&](const Block& b, std::uint64_t from) {
     skipped_far = true;
     if (skipped_ids.insert(b.id).second) {
-      skipped.push_back({b.bytes, trace.next_use(b.id, Tier::kDevice, d + 1)});
+      skipped.push_back({b.bytes, trace.next_use(b.id, Tier::kDevice, from)});
     }
+  };
+  const auto used_before_skips = [&](const Block& b, std::uint64_t from) {
+    if (!skipped.empty()) return;
+    before_skips.push_back({b.bytes, trace.next_use(b.id, Tier::kDevice, from)});
   };
   const std::size_t len = trace.size();
   if (trace.pos() > 0) {
     const TraceEntry& cur = trace.at(trace.pos() - 1);
     const Block* b = find(cur.block);
-    if (cur.tier == Tier::kDevice && b != nullptr && b->leases[ti(Tier::kDevice)] > 0 &&
-        b->copies[ti(Tier::kDevice)].loaded_from == Tier::kHost) {
-      ++host_sourced;
-    }
     if (cur.tier == Tier::kDevice && b != nullptr) {
-      before_skips.push_back({b->bytes, trace.next_use(b->id, Tier::kDevice)});
+      if (b->leases[ti(Tier::kDevice)] > 0 &&
+          b->copies[ti(Tier::kDevice)].loaded_from == Tier::kHost) {
+        ++host_sourced;
+      }
+      used_before_skips(*b, 0);
     }
   }
   // Bytes that write-only pins met so far in the window will allocate (blocks not present in
@@ -241,7 +247,7 @@ void Store::Impl::prefetch_ahead() {
     if (has_writer) {
       // Being written elsewhere (the update worker's host pin): its device load comes after
       // the write, into room taken then, like a skipped one.
-      if (e.tier == Tier::kDevice && !b->copies[ti(Tier::kDevice)].present) skip(*b, d);
+      if (e.tier == Tier::kDevice && !b->copies[ti(Tier::kDevice)].present) skip(*b, d + 1);
       continue;
     }
     if (e.tier == Tier::kDevice) {
@@ -260,17 +266,12 @@ void Store::Impl::prefetch_ahead() {
         skipped_far = true;  // the loads past here are for later walks
         continue;
       }
-      const auto used_before_skips = [&] {
-        if (skipped.empty()) {
-          before_skips.push_back({b->bytes, trace.next_use(b->id, Tier::kDevice, d + 1)});
-        }
-      };
       if (dev.valid) {
-        used_before_skips();
+        used_before_skips(*b, d + 1);
         continue;
       }
       if (far && from_host) {
-        skip(*b, d);
+        skip(*b, d + 1);
         continue;
       }
       const std::uint64_t headroom =
@@ -279,7 +280,7 @@ void Store::Impl::prefetch_ahead() {
         dev_stop = true;
         if (!stage_stop) stage_stop = !try_stage(*b, d);  // the first use the window cannot take
       } else {
-        used_before_skips();
+        used_before_skips(*b, d + 1);
       }
     } else if (e.tier == Tier::kHost && !host_stop && b->home == Tier::kNvme) {
       if (!try_prefetch(*b, Tier::kHost, d, reserved[ti(Tier::kHost)])) host_stop = true;
