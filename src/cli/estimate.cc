@@ -135,17 +135,7 @@ Result<Setup> prepare(const EstimateFlags& f) {
     s.config.train_micro_batch_size_per_gpu = static_cast<std::uint64_t>(f.micro_batch);
     s.config.train_batch_size = 0;  // derived again from the new micro-batch
   }
-  TZ_ASSIGN_OR_RETURN(s.shape, model::resolve_model(f.model));
-  if (!f.lora.empty() && !f.adapter.empty()) {
-    return Status::invalid_argument("--lora and --adapter both give the adapters; give one");
-  }
-  if (!f.lora.empty()) {
-    TZ_ASSIGN_OR_RETURN(s.shape.lora, model::parse_lora(s.shape, f.lora));
-  } else if (!f.adapter.empty()) {
-    Result<model::LoraSpec> lora = model::read_adapter(s.shape, f.adapter);
-    if (!lora.is_ok()) return std::move(lora).take_status().with_context("--adapter");
-    s.shape.lora = std::move(lora).value();
-  }
+  TZ_ASSIGN_OR_RETURN(s.shape, resolve_run_model(f.model, f.lora, f.adapter));
   if (f.seq > s.shape.seq) {
     return Status::invalid_argument("--seq " + std::to_string(f.seq) + " is longer than " +
                                     s.shape.name + "'s " + std::to_string(s.shape.seq) +

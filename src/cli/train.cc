@@ -268,17 +268,7 @@ Result<RunSetup> prepare(const TrainFlags& f) {
   RunSetup s;
   s.flags = f;
   TZ_ASSIGN_OR_RETURN(s.config, load_run_config("train", f.config_path, f.nvme_path));
-  TZ_ASSIGN_OR_RETURN(s.shape, model::resolve_model(f.model));
-  if (!f.lora.empty() && !f.adapter.empty()) {
-    return Status::invalid_argument("--lora and --adapter both give the adapters; give one");
-  }
-  if (!f.lora.empty()) {
-    TZ_ASSIGN_OR_RETURN(s.shape.lora, model::parse_lora(s.shape, f.lora));
-  } else if (!f.adapter.empty()) {
-    Result<model::LoraSpec> lora = model::read_adapter(s.shape, f.adapter);
-    if (!lora.is_ok()) return std::move(lora).take_status().with_context("--adapter");
-    s.shape.lora = std::move(lora).value();
-  }
+  TZ_ASSIGN_OR_RETURN(s.shape, resolve_run_model(f.model, f.lora, f.adapter));
   const int seq = f.seq > 0 ? f.seq : s.shape.seq;
   if (f.seq < 0) return Status::invalid_argument("--seq must be positive");
   if (seq > s.shape.seq) {

@@ -27,6 +27,22 @@ ConfigLoad load_config_with_nvme_path(const std::string& config_path, const std:
   });
 }
 
+Result<model::ModelDesc> resolve_run_model(const std::string& name, const std::string& lora,
+                                           const std::string& adapter) {
+  TZ_ASSIGN_OR_RETURN(model::ModelDesc shape, model::resolve_model(name));
+  if (!lora.empty() && !adapter.empty()) {
+    return Status::invalid_argument("--lora and --adapter both give the adapters; give one");
+  }
+  if (!lora.empty()) {
+    TZ_ASSIGN_OR_RETURN(shape.lora, model::parse_lora(shape, lora));
+  } else if (!adapter.empty()) {
+    Result<model::LoraSpec> spec = model::read_adapter(shape, adapter);
+    if (!spec.is_ok()) return std::move(spec).take_status().with_context("--adapter");
+    shape.lora = std::move(spec).value();
+  }
+  return shape;
+}
+
 Result<Config> load_run_config(const std::string& command, const std::string& config_path,
                                const std::string& nvme_path) {
   const ConfigLoad load = load_config_with_nvme_path(config_path, nvme_path);

@@ -33,6 +33,12 @@ Status check_nvme_path_used(const Config& config, const std::string& config_path
 // be a folder, accept a new file and have `needed_bytes` free (the shortfall named).
 Status check_swap_path(const std::string& dir, std::uint64_t needed_bytes);
 
+// The shape of `--model name`, with the adapters of `--lora lora` or `--adapter adapter` (at most
+// one of them; both empty: full training). Errors: the model's, the spec's, or kInvalidArgument
+// when both are given.
+Result<model::ModelDesc> resolve_run_model(const std::string& name, const std::string& lora,
+                                           const std::string& adapter);
+
 // bf16, fp16 or fp32, as the config's precision sections say.
 DType compute_dtype_of(const Config& config);
 

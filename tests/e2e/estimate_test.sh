@@ -46,6 +46,13 @@ if [ "$rc" -eq 1 ] && [ "$(printf '%s\n' "$err" | wc -l)" -eq 1 ]; then
 else
   bad "bad model: rc=$rc: $err"
 fi
+# Adapters given twice are refused as train refuses them (one function resolves both).
+err=$("$tz" estimate --config "$work/all.json" --model "$shape" --lora r=4 --adapter "$work" 2>&1 >/dev/null); rc=$?
+if [ "$rc" -eq 1 ] && [ "$err" = "tierzero estimate: --lora and --adapter both give the adapters; give one" ]; then
+  ok "--lora with --adapter: $err"
+else
+  bad "--lora with --adapter: rc=$rc: $err"
+fi
 # A swap path that train would refuse (a file, not a folder) does not fit here either.
 config "$work/nvme.json" 3 nvme nvme
 : > "$work/a_file"

@@ -48,6 +48,7 @@ expect val_token_ge_vocab "vocab.bin" "${base[@]}" --data "$work/good.txt" --val
 expect too_few_tokens "fewer than one micro-batch" "${base[@]}" --data "$work/short.txt"
 expect empty_file "empty data file" "${base[@]}" --data "$work/empty.txt"
 expect missing_file "missing.txt" "${base[@]}" --data "$work/missing.txt"
+expect lora_and_adapter "--lora and --adapter both give the adapters; give one" "${base[@]}" --data "$work/good.txt" --lora r=4 --adapter "$work"
 expect steps_zero "--steps" --config "$work/stage0.json" --model "$model" --steps 0 --data "$work/good.txt"
 expect eval_without_val "--eval-every needs --val-data" "${base[@]}" --data "$work/good.txt" --eval-every 2
 expect nvme_flag_no_offload "offloads nothing to nvme" "${base[@]}" --data "$work/good.txt" --nvme-path "$work"
