@@ -2,11 +2,19 @@
 // (device, CPU, NVMe-streamed states) and the new 16-bit parameters written to their home tier.
 #include "zero/optimizer_driver.h"
 
+#include <optional>
+#include <string_view>
+
 #include "core/busy_union.h"
+#include "core/trace.h"
 #include "zero/optimizer_args.h"
 #include "zero/schedule.h"
 
 namespace tz::zero::impl {
+namespace {
+// The Chrome trace track of the CPU optimizer's waits for a unit's states and its steps.
+constexpr std::string_view kOptimizerTrack = "cpu optimizer";
+}  // namespace
 
 Status OptimizerDriver::init() {
   TZ_ASSERT(!cpu_opt_, "optimizer driver initialized twice");
@@ -62,9 +70,13 @@ Status OptimizerDriver::pin_update_blocks(Unit& u, bool on_device, Lease& master
                                                 Access::kReadWrite));
   }
   TZ_ASSIGN_OR_RETURN(acc, ctx_.pin_for(u, "step: gradient", u.grad_acc, tier, Access::kRead));
-  TZ_RETURN_IF_ERROR(ctx_.with_unit(u, "step: master", master.wait()));
-  for (int i = 0; i < ctx_.states; ++i) {
-    TZ_RETURN_IF_ERROR(ctx_.with_unit(u, "step: state", states[i].wait()));
+  {
+    std::optional<TraceSpan> span;
+    if (!on_device) span.emplace(kOptimizerTrack, "wait master, states " + u.spec.name);
+    TZ_RETURN_IF_ERROR(ctx_.with_unit(u, "step: master", master.wait()));
+    for (int i = 0; i < ctx_.states; ++i) {
+      TZ_RETURN_IF_ERROR(ctx_.with_unit(u, "step: state", states[i].wait()));
+    }
   }
   return ctx_.with_unit(u, "step: gradient", acc.wait());
 }
@@ -135,6 +147,7 @@ Status OptimizerDriver::update_unit(Unit& u, const cpu::StepArgs& args) {
     {
       // The cores' busy time, which the bound counts once with a host-memory device's compute.
       BusyScope busy(BusyUnion::host_cores());
+      TraceSpan span(kOptimizerTrack, "step " + u.spec.name);
       TZ_RETURN_IF_ERROR(ctx_.with_unit(
           u, "step: cpu optimizer", cpu_opt_->step(std::span<const cpu::Shard>(&shard, 1), sa)));
     }
@@ -337,9 +350,12 @@ Result<double> OptimizerDriver::update_unit_on_host(Unit& u, const cpu::StepArgs
     TZ_ASSIGN_OR_RETURN(states[s], ctx_.pin_for(u, state_what.c_str(), u.state[s],
                                                 Tier::kHost, Access::kReadWrite));
   }
-  TZ_RETURN_IF_ERROR(ctx_.with_unit(u, master_what.c_str(), master.wait()));
-  for (int s = 0; s < ctx_.states; ++s) {
-    TZ_RETURN_IF_ERROR(ctx_.with_unit(u, state_what.c_str(), states[s].wait()));
+  {
+    TraceSpan span(kOptimizerTrack, "wait master, states " + u.spec.name);
+    TZ_RETURN_IF_ERROR(ctx_.with_unit(u, master_what.c_str(), master.wait()));
+    for (int s = 0; s < ctx_.states; ++s) {
+      TZ_RETURN_IF_ERROR(ctx_.with_unit(u, state_what.c_str(), states[s].wait()));
+    }
   }
   const bool copy16 = ctx_.compute_dtype != DType::kF32;
   cpu::Shard shard;
@@ -353,6 +369,7 @@ Result<double> OptimizerDriver::update_unit_on_host(Unit& u, const cpu::StepArgs
     // The cores' busy time, which the bound counts once with a host-memory device's compute (the
     // update runs beside the next forward's kernels).
     BusyScope busy(BusyUnion::host_cores());
+    TraceSpan span(kOptimizerTrack, "step " + u.spec.name);
     TZ_RETURN_IF_ERROR(ctx_.with_unit(
         u, step_what.c_str(), cpu_opt_->step(std::span<const cpu::Shard>(&shard, 1), args)));
     if (!copy16) std::memcpy(param_copy, master.data(), u.opt_elems * 4);

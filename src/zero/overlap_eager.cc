@@ -4,12 +4,19 @@
 
 #include <algorithm>
 #include <cstring>
+#include <string_view>
 
+#include "core/trace.h"
 #include "zero/optimizer_driver.h"
 
 namespace tz::zero::impl {
 namespace {
 constexpr const char* kZeroing = "eager update: zeroing the gradient";
+// Chrome trace tracks: the worker's waits for a queued unit's gradient and parameters (its waits
+// for master and states, and its steps, are on the optimizer driver's "cpu optimizer" track), and
+// the model thread's waits for a unit's early update before the unit's next gather or gradient.
+constexpr std::string_view kWorkerTrack = "eager worker";
+constexpr std::string_view kModelWaitsTrack = "model waits";
 }  // namespace
 
 void order_for_next_forward(std::deque<Unit*>& queue) {
@@ -162,8 +169,11 @@ Status EagerOverlap::update_on_host(Unit& u, const cpu::StepArgs& args) {
                                              Access::kRead));
   TZ_ASSIGN_OR_RETURN(Lease param, ctx.pin_for(u, "eager update: parameters", u.param,
                                                Tier::kHost, Access::kWrite));
-  TZ_RETURN_IF_ERROR(ctx.with_unit(u, "eager update: gradient", acc.wait()));
-  TZ_RETURN_IF_ERROR(ctx.with_unit(u, "eager update: parameters", param.wait()));
+  {
+    TraceSpan span(kWorkerTrack, "wait gradient, parameters " + u.spec.name);
+    TZ_RETURN_IF_ERROR(ctx.with_unit(u, "eager update: gradient", acc.wait()));
+    TZ_RETURN_IF_ERROR(ctx.with_unit(u, "eager update: parameters", param.wait()));
+  }
   TZ_ASSIGN_OR_RETURN(const double seconds, deps_.driver.update_unit_on_host(
                                                 u, args, acc.data(), param.data(), "eager update"));
   worker_optimizer_s_ += seconds;
@@ -199,7 +209,10 @@ Status EagerOverlap::wait_unit(const Unit& u) {
   {
     std::unique_lock lock(mu_);
     if (!queued_[u.id]) return Status::ok();
-    progress_.wait(lock, [&] { return done_[u.id] || job_over_; });
+    if (!done_[u.id] && !job_over_) {
+      TraceSpan span(kModelWaitsTrack, "update of " + u.spec.name);
+      progress_.wait(lock, [&] { return done_[u.id] || job_over_; });
+    }
     done = done_[u.id];
   }
   // The job ended without this unit: its error comes back now.

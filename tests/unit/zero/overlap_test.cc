@@ -5,9 +5,13 @@
 // fp16); configurations a mode cannot run are refused by name.
 #include <gtest/gtest.h>
 
+#include <map>
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
+#include "core/trace.h"
 #include "engine_bodies.h"
 #include "zero/engine.h"
 
@@ -155,6 +159,43 @@ TEST(ZeroOverlap, EagerWithoutSnapshotReportsANonFiniteGradient) {
   });
   ASSERT_FALSE(s.is_ok());
   EXPECT_NE(s.message().find("tierzero.overlap \"eager\""), std::string::npos) << s.to_string();
+}
+
+// A traced eager run with the states on NVMe shows the worker's side: the CPU optimizer's waits
+// for master and states and its steps, per unit, on their own tracks (docs/train.md, --trace-out).
+TEST(ZeroOverlap, EagerStreamedUpdatesAppearOnTheOptimizerTrack) {
+  RunSpec r;
+  r.ranks = 1;
+  r.stage = 3;
+  r.offload_optimizer = "nvme";
+  r.offload_param = "nvme";  // stage 3 with nothing on the device: the worker streams the updates
+  r.overlap = "eager";
+  r.dtype = "bf16";
+  r.clip = 0;
+  r.persistence = 0;
+  r.steps = 2;
+  Trace::global().enable();
+  const std::size_t before = Trace::global().event_count();
+  (void)testing::run(launch_local, r);
+  ASSERT_GT(Trace::global().event_count(), before);
+  const nlohmann::json j = nlohmann::json::parse(Trace::global().to_json());
+  std::map<std::string, int> tracks;  // name -> tid
+  for (const nlohmann::json& e : j["traceEvents"]) {
+    if (e["ph"] == "M" && e["name"] == "thread_name") tracks[e["args"]["name"]] = e["tid"];
+  }
+  ASSERT_TRUE(tracks.count("cpu optimizer")) << j.dump().substr(0, 2000);
+  EXPECT_TRUE(tracks.count("eager worker"));
+  std::size_t steps = 0;
+  std::size_t waits = 0;
+  for (const nlohmann::json& e : j["traceEvents"]) {
+    if (e["ph"] != "X" || e["tid"] != tracks["cpu optimizer"]) continue;
+    const std::string name = e["name"];
+    steps += name.rfind("step ", 0) == 0;
+    waits += name.rfind("wait master, states ", 0) == 0;
+  }
+  // Every trainable unit is stepped once a step, after waiting for its states.
+  EXPECT_GE(steps, 2 * static_cast<std::size_t>(r.shape.layers));
+  EXPECT_EQ(steps, waits);
 }
 
 // The plan counts eager's snapshot and delayed's buffers, and the measured peaks stay within it.
