@@ -226,7 +226,7 @@ Status EngineImpl::finalize() {
   coordinator_.finalize();
   TZ_RETURN_IF_ERROR(reducer_.finalize());
   TZ_RETURN_IF_ERROR(create_blocks());
-  TZ_RETURN_IF_ERROR(overlap_->finalize(mp.overlap_bytes));
+  TZ_RETURN_IF_ERROR(overlap_->finalize(mp.overlap_bytes, mp.overlap_pool));
   accounting_.set_pools(pool_.get(), overlap_->pool());
   finalized_ = true;
   return Status::ok();

@@ -62,7 +62,8 @@ std::unique_ptr<OverlapMode> OverlapMode::create(Overlap overlap, const OverlapD
   return nullptr;
 }
 
-Status OverlapMode::finalize(std::uint64_t overlap_bytes) {
+Status OverlapMode::finalize(std::uint64_t overlap_bytes,
+                             const PinnedPoolOptions& /*pool_options*/) {
   TZ_ASSERT(overlap_bytes == 0, "the plan gave buffers to a mode that keeps none");
   return Status::ok();
 }
@@ -83,14 +84,10 @@ Status OverlapMode::publish() { return Status::ok(); }
 
 void OverlapMode::finish_step() {}
 
-Status OverlapMode::create_pool(std::uint64_t bytes) {
-  TZ_ASSERT(pool_ == nullptr && bytes > 0, "an overlap mode's pool is created once, with bytes");
-  constexpr std::uint64_t kSlabUnit = 2u << 20;
-  PinnedPoolOptions po;
-  po.budget_bytes = bytes;
-  po.slab_bytes = std::min<std::uint64_t>(1ull << 30, (bytes + kSlabUnit - 1) / kSlabUnit * kSlabUnit);
-  po.prefault = false;
-  TZ_ASSIGN_OR_RETURN(PinnedPool pool, PinnedPool::create(po));
+Status OverlapMode::create_pool(const PinnedPoolOptions& options) {
+  TZ_ASSERT(pool_ == nullptr && options.budget_bytes > 0,
+            "an overlap mode's pool is created once, with bytes");
+  TZ_ASSIGN_OR_RETURN(PinnedPool pool, PinnedPool::create(options));
   pool_ = std::make_unique<PinnedPool>(std::move(pool));
   return gpu::register_pinned_pool(deps_.ctx.device, *pool_);
 }
@@ -113,8 +110,8 @@ ExactOverlap::~ExactOverlap() {
 
 // Streamed where every unit's update is host work (the CPU optimizer, host-tier parameter shards
 // written in place, host gradient accumulators): stage 3, nothing of the update on the device.
-Status ExactOverlap::finalize(std::uint64_t overlap_bytes) {
-  TZ_RETURN_IF_ERROR(OverlapMode::finalize(overlap_bytes));
+Status ExactOverlap::finalize(std::uint64_t overlap_bytes, const PinnedPoolOptions& pool_options) {
+  TZ_RETURN_IF_ERROR(OverlapMode::finalize(overlap_bytes, pool_options));
   const EngineContext& ctx = deps_.ctx;
   TZ_ASSERT(worker_ == nullptr, "exact finalized twice");
   if (ctx.opt_place == Placement::kNvme) {

@@ -65,9 +65,10 @@ class OverlapMode {
   virtual ~OverlapMode() = default;
   virtual Overlap kind() const = 0;
 
-  // The mode's buffers (plan_memory's overlap_bytes, 0 when it keeps none), once the units and
-  // the store exist.
-  virtual Status finalize(std::uint64_t overlap_bytes);
+  // The mode's buffers (plan_memory's overlap_bytes, 0 when it keeps none; host buffers from a
+  // pool made with `pool_options`, plan_memory's overlap_pool), once the units and the store
+  // exist.
+  virtual Status finalize(std::uint64_t overlap_bytes, const PinnedPoolOptions& pool_options);
 
   // The unit's last micro-batch of the step was reduced. `loss_scale` is the scale of the step's
   // backward, `next_update` the update number the step gets if it is not skipped.
@@ -102,9 +103,9 @@ class OverlapMode {
   explicit OverlapMode(const OverlapDeps& deps) : deps_(deps) {}
   // Runs `decision.update` kNone or kAllUnitsNow (asserts it is one of them).
   Status update_now(const StepDecision& decision, std::int64_t update);
-  // Creates pool_ for the mode's host buffers (plan_memory's overlap_bytes) and registers it with
+  // Creates pool_ for the mode's host buffers (plan_memory's overlap_pool) and registers it with
   // the device.
-  Status create_pool(std::uint64_t bytes);
+  Status create_pool(const PinnedPoolOptions& options);
 
   OverlapDeps deps_;
   std::unique_ptr<PinnedPool> pool_;  // a derived mode's buffers go before it (members first)
@@ -156,7 +157,7 @@ class ExactOverlap final : public OverlapMode {
   explicit ExactOverlap(const OverlapDeps& deps) : OverlapMode(deps) {}
   ~ExactOverlap() override;
   Overlap kind() const override { return Overlap::kExact; }
-  Status finalize(std::uint64_t overlap_bytes) override;
+  Status finalize(std::uint64_t overlap_bytes, const PinnedPoolOptions& pool_options) override;
   Status wait() override;
   Status wait_unit(const Unit& u) override;
   Status publish() override { return wait(); }
@@ -213,7 +214,7 @@ class EagerOverlap final : public OverlapMode {
   EagerOverlap(const OverlapDeps& deps, bool snapshot);
   ~EagerOverlap() override;
   Overlap kind() const override { return Overlap::kEager; }
-  Status finalize(std::uint64_t overlap_bytes) override;
+  Status finalize(std::uint64_t overlap_bytes, const PinnedPoolOptions& pool_options) override;
   Status on_reduced(Unit& u, double loss_scale, std::int64_t next_update) override;
   Status wait() override;
   Status wait_unit(const Unit& u) override;
@@ -268,7 +269,7 @@ class DelayedOverlap final : public OverlapMode {
   explicit DelayedOverlap(const OverlapDeps& deps) : OverlapMode(deps) {}
   ~DelayedOverlap() override;
   Overlap kind() const override { return Overlap::kDelayed; }
-  Status finalize(std::uint64_t overlap_bytes) override;
+  Status finalize(std::uint64_t overlap_bytes, const PinnedPoolOptions& pool_options) override;
   Status wait() override;
   Status publish() override;
   Status apply(const StepDecision& decision, std::int64_t step, std::int64_t update) override;

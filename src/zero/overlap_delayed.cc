@@ -14,12 +14,13 @@ DelayedOverlap::~DelayedOverlap() {
 
 // The pending update's gradient shards (in EngineContext::grad_dtype) and 16-bit parameters,
 // from the mode's own pinned pool (plan_memory's overlap_bytes), and the worker.
-Status DelayedOverlap::finalize(std::uint64_t overlap_bytes) {
+Status DelayedOverlap::finalize(std::uint64_t overlap_bytes,
+                                const PinnedPoolOptions& pool_options) {
   EngineContext& ctx = deps_.ctx;
   TZ_ASSERT(worker_ == nullptr && ctx.store != nullptr, "delayed finalized twice or early");
   TZ_ASSERT(overlap_bytes > 0 && deps_.driver.cpu_optimizer() != nullptr,
             "delayed needs its buffers in the plan and the CPU optimizer");
-  TZ_RETURN_IF_ERROR(create_pool(overlap_bytes));
+  TZ_RETURN_IF_ERROR(create_pool(pool_options));
   const std::size_t es = dtype_size(ctx.compute_dtype);
   const std::size_t gs = dtype_size(ctx.grad_dtype);
   grad_.resize(ctx.units.size());

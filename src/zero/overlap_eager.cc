@@ -39,7 +39,7 @@ EagerOverlap::~EagerOverlap() {
 
 // The rollback snapshot: device memory with the optimizer there (the plan counts it in the device
 // tier), else pinned host memory from the mode's own pool (plan_memory's overlap_bytes).
-Status EagerOverlap::finalize(std::uint64_t overlap_bytes) {
+Status EagerOverlap::finalize(std::uint64_t overlap_bytes, const PinnedPoolOptions& pool_options) {
   EngineContext& ctx = deps_.ctx;
   TZ_ASSERT(updated_early_.empty() && ctx.store != nullptr, "eager finalized twice or early");
   updated_early_.assign(ctx.units.size(), false);
@@ -49,7 +49,7 @@ Status EagerOverlap::finalize(std::uint64_t overlap_bytes) {
     done_.assign(ctx.units.size(), false);
     worker_ = std::make_unique<UpdateWorker>();
   }
-  if (!snapshot_) return OverlapMode::finalize(overlap_bytes);
+  if (!snapshot_) return OverlapMode::finalize(overlap_bytes, pool_options);
   TZ_ASSERT(overlap_bytes > 0, "eager's snapshot has no bytes in the plan");
   if (ctx.opt_place == Placement::kDevice) {
     snapshot_device_.resize(ctx.units.size());
@@ -60,7 +60,7 @@ Status EagerOverlap::finalize(std::uint64_t overlap_bytes) {
     }
     return Status::ok();
   }
-  TZ_RETURN_IF_ERROR(create_pool(overlap_bytes));
+  TZ_RETURN_IF_ERROR(create_pool(pool_options));
   snapshot_host_.resize(ctx.units.size());
   for (const Unit& u : ctx.units) {
     if (u.frozen()) continue;

@@ -468,33 +468,42 @@ void add_host_and_nvme_terms(const PlanContext& c, MemoryPlan& plan) {
   add_term(plan, Tier::kNvme, "home blocks (NVMe-homed state)", c.home[2]);
 }
 
-// The pinned pool's budget and slab. Its slack covers its 4 KiB rounding and fragmentation:
-// blocks of several sizes come and go in a slab, so the free bytes the store's budget leaves can
-// be split into pieces smaller than the next block, and a buffer never spans two slabs; one
-// largest block more per slab keeps a piece that fits. The plan's host term is what is handed
-// out of it.
-void size_pool(const PlanContext& c, MemoryPlan& plan) {
-  std::uint64_t max_block = 0;
-  for (const UnitBytes& u : c.unit) {
-    max_block = std::max<std::uint64_t>({max_block, u.opt_elems * 4, u.grad, u.param});
-  }
-  const std::uint64_t host_plan = plan.tier_bytes(Tier::kHost) + (2u << 20);
+// A pinned pool that hands out `handed_out` bytes at once in buffers of at most `max_block`
+// bytes. Its slack covers the 4 KiB rounding and fragmentation: a buffer never spans two slabs,
+// and blocks of several sizes that come and go leave free pieces smaller than the next block; one
+// largest block more per slab keeps a piece that fits.
+PinnedPoolOptions pool_with_slack(std::uint64_t handed_out, std::uint64_t max_block) {
   const std::uint64_t block_slack = round_up(max_block, 4096);
   // Slabs of 1 GiB, or of 8 blocks when a block is over half of that (a 394 M-element
   // embedding's fp32 state is 1.6 GB): the slack of one block per slab then stays an eighth of
   // the pool, and the loop below converges (a slab no larger than its slack never does).
   const std::uint64_t slab_cap =
       2 * block_slack <= (1ull << 30) ? 1ull << 30 : round_up(8 * block_slack, 2u << 20);
+  PinnedPoolOptions po;
   std::uint64_t slabs = 1;
   for (;;) {
-    plan.pool.budget_bytes = host_plan + slabs * block_slack;
-    plan.pool.slab_bytes = std::min(slab_cap, round_up(plan.pool.budget_bytes, 2u << 20));
-    const std::uint64_t need =
-        (plan.pool.budget_bytes + plan.pool.slab_bytes - 1) / plan.pool.slab_bytes;
+    po.budget_bytes = handed_out + slabs * block_slack;
+    po.slab_bytes = std::min(slab_cap, round_up(po.budget_bytes, 2u << 20));
+    const std::uint64_t need = (po.budget_bytes + po.slab_bytes - 1) / po.slab_bytes;
     if (need <= slabs) break;
     slabs = need;
   }
-  plan.pool.prefault = false;
+  po.prefault = false;
+  return po;
+}
+
+// The engine's pinned pool: the host plan and 2 MiB, with pool_with_slack's slack for the
+// largest block the store moves. The plan's host term is what is handed out of it.
+void size_pool(const PlanContext& c, MemoryPlan& plan) {
+  std::uint64_t max_block = 0;
+  for (const UnitBytes& u : c.unit) {
+    max_block = std::max<std::uint64_t>({max_block, u.opt_elems * 4, u.grad, u.param});
+  }
+  const PinnedPoolOptions po =
+      pool_with_slack(plan.tier_bytes(Tier::kHost) + (2u << 20), max_block);
+  plan.pool.budget_bytes = po.budget_bytes;
+  plan.pool.slab_bytes = po.slab_bytes;
+  plan.pool.prefault = po.prefault;
 }
 
 // The swap files: every block's extent is 4 KiB-rounded; stripes add at most one per path of
@@ -517,17 +526,28 @@ void size_swap(const PlanContext& c, MemoryPlan& plan) {
 void add_overlap_term(const PlanContext& c, MemoryPlan& plan) {
   if (!c.delayed && !c.snapshot) return;
   const bool on_device = c.snapshot_on_device;
+  std::uint64_t max_block = 0;
   for (const UnitBytes& u : c.unit) {
     if (c.delayed) {
-      plan.overlap_bytes += round_up(u.grad, 4096) + round_up(u.opt_elems * c.es, 4096);
+      const std::uint64_t grad = round_up(u.grad, 4096);
+      const std::uint64_t param = round_up(u.opt_elems * c.es, 4096);
+      plan.overlap_bytes += grad + param;
+      max_block = std::max({max_block, grad, param});
     } else {
       plan.overlap_bytes += on_device ? u.optimizer : round_up(u.optimizer, 4096);
+      max_block = std::max(max_block, round_up(u.optimizer, 4096));
     }
   }
   add_term(plan, on_device ? Tier::kDevice : Tier::kHost,
            c.delayed ? "delayed: pending update's gradient shards and 16-bit parameters"
                      : "eager: rollback snapshot (master and optimizer states)",
            plan.overlap_bytes);
+  if (!on_device) {
+    plan.overlap_pool = pool_with_slack(plan.overlap_bytes, max_block);
+    plan.process.push_back(PlanTerm{Tier::kHost,
+                                    "overlap pool slack (a buffer never spans two slabs)",
+                                    plan.overlap_pool.budget_bytes - plan.overlap_bytes});
+  }
   // The device cache was sized with the snapshot counted, so the tier stays within budget.
   TZ_ASSERT(!on_device || plan.tier_bytes(Tier::kDevice) <= plan.device_budget_bytes,
             "plan_memory: the device tier passes its budget after the rollback snapshot");

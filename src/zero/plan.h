@@ -101,6 +101,9 @@ struct MemoryPlan {
   // tierzero.overlap's buffers (eager's rollback snapshot, delayed's pending update), also a
   // term; 0 in exact mode or for eager without clipping and fp16.
   std::uint64_t overlap_bytes = 0;
+  // The pinned pool the mode allocates its host buffers from: overlap_bytes plus one largest
+  // buffer per slab (a buffer never spans two slabs), that slack a process term.
+  PinnedPoolOptions overlap_pool;
 
   // Host memory the process holds outside the store's tiers (docs/estimate.md, "The process's
   // memory"): its baseline and the pinned pool's slack. Kept apart from the host tier, which

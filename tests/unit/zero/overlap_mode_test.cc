@@ -228,7 +228,7 @@ TEST(OverlapMode, CreateGivesTheKindAsked) {
 TEST(OverlapMode, ASkippedStepRunsNoUpdate) {
   Bench b(overlap_config("exact"));
   EXPECT_TRUE(b.mode(Overlap::kExact)->apply(decision(StepUpdate::kNone, true), 1, 0).is_ok());
-  EXPECT_TRUE(b.mode(Overlap::kExact)->finalize(0).is_ok());
+  EXPECT_TRUE(b.mode(Overlap::kExact)->finalize(0, PinnedPoolOptions{}).is_ok());
 }
 
 // delayed with nothing pending: wait and publish do nothing (publishing would write parameters
@@ -272,10 +272,12 @@ TEST(OverlapModeDeathTest, ModesAndComponentsRefuseWorkBeforeFinalize) {
   Bench b(overlap_config("delayed"));
   EXPECT_DEATH(b.mode(Overlap::kDelayed)->apply(decision(StepUpdate::kBackground), 1, 1),
                "before finalize");
-  EXPECT_DEATH(b.mode(Overlap::kDelayed)->finalize(4096).ignore(), "finalized twice or early");
-  EXPECT_DEATH(b.mode(Overlap::kEager)->finalize(0).ignore(), "finalized twice or early");
+  EXPECT_DEATH(b.mode(Overlap::kDelayed)->finalize(4096, PinnedPoolOptions{}).ignore(),
+               "finalized twice or early");
+  EXPECT_DEATH(b.mode(Overlap::kEager)->finalize(0, PinnedPoolOptions{}).ignore(),
+               "finalized twice or early");
   // Buffers planned for a mode that keeps none.
-  EXPECT_DEATH(b.mode(Overlap::kExact)->finalize(4096).ignore(), "keeps none");
+  EXPECT_DEATH(b.mode(Overlap::kExact)->finalize(4096, PinnedPoolOptions{}).ignore(), "keeps none");
   EXPECT_DEATH(b.coordinator->gathered(0), "before finalize");
   GradientReducer reducer(*b.ctx);
   EXPECT_DEATH(reducer.holds_buffer(0), "before finalize");
