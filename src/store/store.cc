@@ -323,6 +323,12 @@ Status Store::prefetch(BlockId id, Tier tier) {
     if (b->write_leases[i] > 0) return Status::ok();  // the writer's copy is the current one
   }
   if (tier == b->home) return Status::ok();
+  if (b->copies[ti(tier)].present && b->copies[ti(tier)].valid) {
+    // Already current there: kept as a copy this call loaded would be, until its next pin.
+    b->copies[ti(tier)].by_prefetch = true;
+    m.refresh_candidate(*b);
+    return Status::ok();
+  }
   // Following the trace, copies it never uses again may go (a distance whose floor is kNever - 1
   // admits only kNever keys as victims); otherwise only free bytes.
   std::optional<std::uint64_t> dead_only;

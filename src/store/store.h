@@ -185,8 +185,10 @@ class Store {
   // Best effort: starts loading `id` into `tier` if that fits in the tier's free bytes or, while
   // the step follows the trace, by evicting unpinned copies the trace never uses again (their
   // dirty bytes go home first). Not recorded in the trace. A copy loaded this way for a block the
-  // trace does not use (its pins are untraced) is evicted last until its next pin. Errors only for
-  // bad arguments.
+  // trace does not use (its pins are untraced) is evicted last until its next pin; so is a copy
+  // already current in `tier` when called (for a caller that knows its next use comes before
+  // the other untraced copies': the eager worker keeps the states the next forward waits for).
+  // Errors only for bad arguments.
   Status prefetch(BlockId id, Tier tier);
   // Makes every byte of `id` zero without moving any: each copy it has is zeroed where it is (a
   // memset of the host or device copy, an NVMe extent marked unwritten so that it reads as

@@ -230,6 +230,9 @@ class EagerOverlap final : public OverlapMode {
   // error. Touches only the store, the CPU optimizer, the snapshots and the queue and marks
   // (under mu_).
   Status run_queue(const cpu::StepArgs& args);
+  // Which units' states stay in the host tier after their update (kept_), from the previous
+  // step's reduce order (order_), at the first reduce of a step.
+  void choose_kept_states();
   // One unit's early update on the host (the worker's): gradient and parameter shard pinned in
   // the host tier, the accumulator kept for step()'s norm.
   Status update_on_host(Unit& u, const cpu::StepArgs& args);
@@ -257,6 +260,9 @@ class EagerOverlap final : public OverlapMode {
   bool running_ = false;             // the rank's thread: a job was submitted, not waited for
   bool closed_by_step_ = false;      // the rank's thread: apply() left the job running
   double worker_optimizer_s_ = 0;    // the worker's CPU optimizer time
+  std::vector<Unit*> order_;         // the step's units in the order they were reduced
+  std::vector<bool> kept_;           // per unit: its states kept in the host tier (NVMe-homed)
+  static constexpr std::uint64_t kKeptStatesShare = 5;  // kept: up to 1/5 of the host tier
   std::unique_ptr<UpdateWorker> worker_;  // last: its job reads the members above
 };
 

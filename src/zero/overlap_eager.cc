@@ -46,6 +46,7 @@ Status EagerOverlap::finalize(std::uint64_t overlap_bytes, const PinnedPoolOptio
   if (streams_update(ctx.config, ctx.stage, ctx.param_place, ctx.grad_place, ctx.opt_place)) {
     TZ_ASSERT(deps_.driver.cpu_optimizer() != nullptr, "an offloaded optimizer runs on the CPU");
     queued_.assign(ctx.units.size(), false);
+    kept_.assign(ctx.units.size(), false);
     done_.assign(ctx.units.size(), false);
     worker_ = std::make_unique<UpdateWorker>();
   }
@@ -97,7 +98,10 @@ Status EagerOverlap::on_reduced(Unit& u, double loss_scale, std::int64_t next_up
         closed_ = false;
         zero_after_update_ = false;
         job_over_ = false;
+        choose_kept_states();
+        order_.clear();
       }
+      order_.push_back(&u);
       first = queue_.empty();
       queue_.push_back(&u);
       queued_[u.id] = true;
@@ -143,6 +147,7 @@ Status EagerOverlap::run_queue(const cpu::StepArgs& args) {
     }
     if (snapshot_) TZ_RETURN_IF_ERROR(copy_snapshot(*u, /*to_snapshot=*/true));
     TZ_RETURN_IF_ERROR(update_on_host(*u, args));
+    if (kept_[u->id]) deps_.driver.prefetch_states(*u);  // kept until its next update
     // With a snapshot, before the step's decision the unit is done as it is (a rollback may
     // redo its update from the accumulator; apply() zeroes the accumulators of the units done
     // by then); after it, the job zeroes the accumulator first. Without one nothing reads the
@@ -160,6 +165,26 @@ Status EagerOverlap::run_queue(const cpu::StepArgs& args) {
       done_[u->id] = true;
     }
     progress_.notify_all();
+  }
+}
+
+// The units the next forward needs first are the ones the backward reduces last, so their
+// updates come last and the forward waits for them (gpt2-774m: its tied `wte`, 0.5 s of master
+// and states through the disk, then h.0, h.1 ...). Their states are kept in the host tier from
+// their update to the next one, as far as a fifth of the tier holds: the last reduced units of
+// the previous step, latest first. A fifth: gpt2-774m (wte and h.0, 1.0 of 5.6 GB) and
+// llama-3.2-3b (one of its four embedding units, 1.2 of 8 GB) gained most with that many
+// (bench/RESULTS.md, fifteenth session); more took the room of copies the step reads again.
+void EagerOverlap::choose_kept_states() {
+  std::fill(kept_.begin(), kept_.end(), false);
+  const EngineContext& ctx = deps_.ctx;
+  if (ctx.opt_place != Placement::kNvme) return;
+  const std::uint64_t room = ctx.store->budget_bytes(Tier::kHost) / kKeptStatesShare;
+  std::uint64_t held = 0;
+  for (auto it = order_.rbegin(); it != order_.rend(); ++it) {
+    held += ctx.optimizer_bytes(**it);
+    if (held > room) break;
+    kept_[(*it)->id] = true;
   }
 }
 

@@ -399,6 +399,62 @@ TEST(StorePolicy, PrefetchedCopyOfAnUntracedBlockIsKeptUntilItsPin) {
   h.finish();
 }
 
+// Store::prefetch of an untraced block's copy already current in the tier keeps it until its
+// next pin, as a copy it loaded would be: the room another prefetch makes comes from the other
+// untraced copy, not from the kept one (the lower block id, which untraced copies' equal keys
+// would give up first), and traced pins that turn the tier over leave it too.
+TEST(StorePolicy, PrefetchOfACurrentCopyKeepsItUntilItsPin) {
+  Harness h;
+  const std::vector<BlockId> ids = six_blocks(h, 3);
+  ASSERT_FALSE(ids.empty());
+  const BlockId kept = *h.store->create_block(64 << 10, Tier::kNvme, "state kept");
+  const BlockId other = *h.store->create_block(64 << 10, Tier::kNvme, "state other");
+  const BlockId next = *h.store->create_block(64 << 10, Tier::kNvme, "state next");
+  const auto untraced_pin = [&](BlockId id, Access access) {
+    const UntracedPins untraced;
+    auto l = h.store->pin(id, Tier::kHost, access);
+    ASSERT_TRUE(l.is_ok());
+    ASSERT_TRUE(l->wait().is_ok());
+  };
+  for (BlockId id : ids) {
+    auto l = h.store->pin(id, Tier::kHost, Access::kWrite);
+    ASSERT_TRUE(l.is_ok());
+    ASSERT_TRUE(l->wait().is_ok());
+  }
+  for (BlockId id : {kept, other, next}) untraced_pin(id, Access::kWrite);
+  ASSERT_TRUE(h.store->flush().is_ok());
+  h.store->mark_step();
+  for (int step = 0; step < 2; ++step) {  // the traced steps: six blocks through three
+    for (BlockId id : ids) {
+      auto l = h.store->pin(id, Tier::kHost, Access::kRead);
+      ASSERT_TRUE(l.is_ok());
+      ASSERT_TRUE(l->wait().is_ok());
+    }
+    h.store->mark_step();
+  }
+  ASSERT_TRUE(h.store->following_trace());
+  untraced_pin(kept, Access::kReadWrite);  // updated: current in the host tier only
+  ASSERT_TRUE(h.store->prefetch(kept, Tier::kHost).is_ok());
+  untraced_pin(other, Access::kReadWrite);
+  const std::uint64_t other_home = h.store->block_stats(other)->tier_bytes_in(Tier::kNvme);
+  ASSERT_TRUE(h.store->prefetch(next, Tier::kHost).is_ok());
+  ASSERT_TRUE(h.store->drain().is_ok());
+  EXPECT_GT(h.store->block_stats(other)->tier_bytes_in(Tier::kNvme), other_home)
+      << "the other untraced copy did not give the room";
+  EXPECT_EQ(h.store->block_stats(next)->tier_bytes_in(Tier::kHost), 64u << 10)
+      << "the prefetch found no room";
+  const std::uint64_t kept_in = h.store->block_stats(kept)->tier_bytes_in(Tier::kHost);
+  for (std::size_t i = 0; i < 3; ++i) {  // half a traced step
+    auto l = h.store->pin(ids[i], Tier::kHost, Access::kRead);
+    ASSERT_TRUE(l.is_ok());
+    ASSERT_TRUE(l->wait().is_ok());
+  }
+  untraced_pin(kept, Access::kReadWrite);
+  EXPECT_EQ(h.store->block_stats(kept)->tier_bytes_in(Tier::kHost), kept_in)
+      << "the kept copy was evicted and read again at its pin";
+  h.finish();
+}
+
 TEST(StorePolicy, DeviationFallsBackAndReRecords) {
   Harness h;
   const std::vector<BlockId> ids = six_blocks(h, 2);
