@@ -326,6 +326,7 @@ Status Store::prefetch(BlockId id, Tier tier) {
   if (b->copies[ti(tier)].present && b->copies[ti(tier)].valid) {
     // Already current there: kept as a copy this call loaded would be, until its next pin.
     b->copies[ti(tier)].by_prefetch = true;
+    b->copies[ti(tier)].lru_tick = ++m.tick;
     m.refresh_candidate(*b);
     return Status::ok();
   }

@@ -448,6 +448,8 @@ TEST(StorePolicy, PrefetchOfACurrentCopyKeepsItUntilItsPin) {
     auto l = h.store->pin(ids[i], Tier::kHost, Access::kRead);
     ASSERT_TRUE(l.is_ok());
     ASSERT_TRUE(l->wait().is_ok());
+    // The kept copies' eviction keys hold as the trace moves.
+    ASSERT_TRUE(h.store->check_invariants().is_ok()) << h.store->check_invariants().to_string();
   }
   untraced_pin(kept, Access::kReadWrite);
   EXPECT_EQ(h.store->block_stats(kept)->tier_bytes_in(Tier::kHost), kept_in)
