@@ -259,18 +259,23 @@ void check_machine(const Setup& s, Estimate& e) {
     e.checks.push_back(c);
   }
   {
-    // Ranks as threads of one process: every rank's pinned pool is this process's, and on
-    // HostDevice the device tier is host memory too.
-    // The pool's slack is in its size; the process's other terms once (one process).
-    const std::uint64_t pool = n * e.plan.pool.budget_bytes;
-    const std::uint64_t baseline = e.plan.process_bytes() - (e.plan.pool.budget_bytes - b.host);
+    // Ranks as threads of one process: every rank's pinned pools (the engine's, and the overlap
+    // mode's when it keeps host buffers) are this process's, and on HostDevice the device tier is
+    // host memory too. Each pool's slack is in its size; the process's other terms once (one
+    // process). The host plan holds the overlap mode's host buffers; its process terms, both
+    // pools' slack.
+    const std::uint64_t overlap_pool = e.plan.overlap_pool.budget_bytes;
+    const std::uint64_t per_rank = e.plan.pool.budget_bytes + overlap_pool;
+    const std::uint64_t pool = n * per_rank;
+    const std::uint64_t baseline = e.plan.process_bytes() + b.host - per_rank;
     const std::uint64_t need = pool + baseline + (s.device_is_host ? n * b.device : 0);
     const std::uint64_t avail = host_memory().available_bytes;
     Estimate::Check c{"host", avail == 0 || need <= avail, ""};
-    c.text = "host: " + std::to_string(n) + " x " + gib(e.plan.pool.budget_bytes) +
-             " pinned + " + gib(baseline) + " process baseline" +
-             (s.device_is_host ? " + the device tier (host memory here)" : "") +
-             " = " + gib(need) + ", MemAvailable " + (avail == 0 ? "unknown" : gib(avail));
+    c.text = "host: " + std::to_string(n) + " x " + gib(per_rank) + " pinned" +
+             (overlap_pool > 0 ? " (" + gib(overlap_pool) + " of it the overlap mode's)" : "") +
+             " + " + gib(baseline) + " process baseline" +
+             (s.device_is_host ? " + the device tier (host memory here)" : "") + " = " + gib(need) +
+             ", MemAvailable " + (avail == 0 ? "unknown" : gib(avail));
     if (!c.ok) {
       c.text += ": over; move state to NVMe (offload_optimizer.device / offload_param.device "
                 "\"nvme\") or lower tierzero.host_budget";

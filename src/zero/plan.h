@@ -103,7 +103,7 @@ struct MemoryPlan {
   std::uint64_t overlap_bytes = 0;
   // The pinned pool the mode allocates its host buffers from: overlap_bytes plus one largest
   // buffer per slab (a buffer never spans two slabs), that slack a process term.
-  PinnedPoolOptions overlap_pool;
+  PinnedPoolOptions overlap_pool{.budget_bytes = 0};  // budget 0: no host buffers
 
   // Host memory the process holds outside the store's tiers (docs/estimate.md, "The process's
   // memory"): its baseline and the pinned pool's slack. Kept apart from the host tier, which

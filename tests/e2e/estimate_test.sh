@@ -53,6 +53,15 @@ if [ "$rc" -eq 1 ] && [ "$err" = "tierzero estimate: --lora and --adapter both g
 else
   bad "--lora with --adapter: rc=$rc: $err"
 fi
+# Ranks as threads: each rank's overlap pool (delayed's pending update) is the process's too, so
+# the host check counts it per rank beside the engine's pool.
+config "$work/delayed.json" 1 cpu none ', "bf16": {"enabled": true}, "tierzero": {"overlap": "delayed"}'
+out=$("$tz" estimate --config "$work/delayed.json" --model "$shape" --ranks 2 2>&1)
+if printf '%s\n' "$out" | grep -Eq "host: 2 x [0-9.]+ [KMG]iB pinned \([0-9.]+ [KMG]iB of it the overlap mode's\)"; then
+  ok "delayed on 2 ranks: $(printf '%s\n' "$out" | grep -o 'host: 2 x [^=]*')"
+else
+  bad "delayed on 2 ranks: the host check leaves out the overlap pools: $(printf '%s\n' "$out" | grep 'host:')"
+fi
 # A swap path that train would refuse (a file, not a folder) does not fit here either.
 config "$work/nvme.json" 3 nvme nvme
 : > "$work/a_file"
