@@ -90,6 +90,16 @@ TraceSpan::TraceSpan(std::string_view track, std::string_view name)
   }
 }
 
+TraceSpan::TraceSpan(std::string_view track, std::string_view prefix, std::string_view subject)
+    : active_(Trace::global().enabled()) {
+  if (active_) {
+    track_ = track;
+    name_.reserve(prefix.size() + subject.size());
+    name_.append(prefix).append(subject);
+    start_us_ = Trace::global().now_us();
+  }
+}
+
 TraceSpan::~TraceSpan() {
   if (active_) {
     Trace& t = Trace::global();

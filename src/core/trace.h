@@ -58,6 +58,9 @@ class Trace {
 class TraceSpan {
  public:
   TraceSpan(std::string_view track, std::string_view name);
+  // Named `prefix` + `subject`, joined only when the trace is enabled (no string is built on a
+  // hot path that is not traced).
+  TraceSpan(std::string_view track, std::string_view prefix, std::string_view subject);
   ~TraceSpan();
   TraceSpan(const TraceSpan&) = delete;
   TraceSpan& operator=(const TraceSpan&) = delete;

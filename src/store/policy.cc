@@ -23,8 +23,8 @@ bool Store::Impl::belady() const {
 // position of its next use (Belady's farthest first); it is the position plus next_use, which stays
 // the same while the trace moves on, because the position can only pass a block's next use by
 // pinning that block, and a pinned block is no candidate (its key is taken again at release).
-// A copy that Store::prefetch loaded or found current for a block the trace never uses (its pins
-// are untraced) is kept until that pin: its key is 0, nearer than any use ahead, and the same
+// A copy that Store::prefetch loaded, or Store::keep kept, for a block the trace never uses (its
+// pins are untraced) is kept until that pin: its key is 0, nearer than any use ahead, and the same
 // however far the trace has moved (the index's keys are checked against a fresh computation).
 // Otherwise LRU: least recently used first.
 std::uint64_t Store::Impl::candidate_key(const Block& b, Tier t) const {

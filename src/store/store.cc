@@ -323,18 +323,26 @@ Status Store::prefetch(BlockId id, Tier tier) {
     if (b->write_leases[i] > 0) return Status::ok();  // the writer's copy is the current one
   }
   if (tier == b->home) return Status::ok();
-  if (b->copies[ti(tier)].present && b->copies[ti(tier)].valid) {
-    // Already current there: kept as a copy this call loaded would be, until its next pin.
-    b->copies[ti(tier)].by_prefetch = true;
-    b->copies[ti(tier)].lru_tick = ++m.tick;
-    m.refresh_candidate(*b);
-    return Status::ok();
-  }
   // Following the trace, copies it never uses again may go (a distance whose floor is kNever - 1
   // admits only kNever keys as victims); otherwise only free bytes.
   std::optional<std::uint64_t> dead_only;
   if (m.belady()) dead_only = kNever - 1 - m.trace.pos();
   (void)m.try_prefetch(*b, tier, dead_only);
+  return Status::ok();
+}
+
+Status Store::keep(BlockId id, Tier tier) {
+  std::lock_guard lock(impl_->mu);
+  Impl& m = *impl_;
+  Block* b = m.find(id);
+  if (b == nullptr) {
+    return Status::invalid_argument("store: keep of unknown block " + std::to_string(id));
+  }
+  Copy& c = b->copies[ti(tier)];
+  if (tier == b->home || !c.present || !c.valid) return Status::ok();
+  c.by_prefetch = true;  // kept as a copy prefetch loaded is
+  c.lru_tick = ++m.tick;
+  m.refresh_candidate(*b);
   return Status::ok();
 }
 

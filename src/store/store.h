@@ -185,11 +185,15 @@ class Store {
   // Best effort: starts loading `id` into `tier` if that fits in the tier's free bytes or, while
   // the step follows the trace, by evicting unpinned copies the trace never uses again (their
   // dirty bytes go home first). Not recorded in the trace. A copy loaded this way for a block the
-  // trace does not use (its pins are untraced) is evicted last until its next pin; so is a copy
-  // already current in `tier` when called (for a caller that knows its next use comes before
-  // the other untraced copies': the eager worker keeps the states the next forward waits for).
-  // Errors only for bad arguments.
+  // trace does not use (its pins are untraced) is evicted last until its next pin. Errors only for
+  // bad arguments.
   Status prefetch(BlockId id, Tier tier);
+  // Keeps `id`'s copy in `tier`, when it is current there, as a copy prefetch loaded for an
+  // untraced block is kept: evicted last until the block's next pin. For a caller that knows
+  // that copy's next use comes before the other untraced copies' (the eager worker keeps the
+  // states the next forward waits for). Nothing for a copy not current there or the home copy.
+  // Errors: kInvalidArgument for an unknown block.
+  Status keep(BlockId id, Tier tier);
   // Makes every byte of `id` zero without moving any: each copy it has is zeroed where it is (a
   // memset of the host or device copy, an NVMe extent marked unwritten so that it reads as
   // zeros), and every copy is then current, so none is dirty: nothing is written back, and a

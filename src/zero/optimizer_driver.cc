@@ -72,7 +72,7 @@ Status OptimizerDriver::pin_update_blocks(Unit& u, bool on_device, Lease& master
   TZ_ASSIGN_OR_RETURN(acc, ctx_.pin_for(u, "step: gradient", u.grad_acc, tier, Access::kRead));
   {
     std::optional<TraceSpan> span;
-    if (!on_device) span.emplace(kOptimizerTrack, "wait master, states " + u.spec.name);
+    if (!on_device) span.emplace(kOptimizerTrack, "wait master, states ", u.spec.name);
     TZ_RETURN_IF_ERROR(ctx_.with_unit(u, "step: master", master.wait()));
     for (int i = 0; i < ctx_.states; ++i) {
       TZ_RETURN_IF_ERROR(ctx_.with_unit(u, "step: state", states[i].wait()));
@@ -147,7 +147,7 @@ Status OptimizerDriver::update_unit(Unit& u, const cpu::StepArgs& args) {
     {
       // The cores' busy time, which the bound counts once with a host-memory device's compute.
       BusyScope busy(BusyUnion::host_cores());
-      TraceSpan span(kOptimizerTrack, "step " + u.spec.name);
+      TraceSpan span(kOptimizerTrack, "step ", u.spec.name);
       TZ_RETURN_IF_ERROR(ctx_.with_unit(
           u, "step: cpu optimizer", cpu_opt_->step(std::span<const cpu::Shard>(&shard, 1), sa)));
     }
@@ -351,7 +351,7 @@ Result<double> OptimizerDriver::update_unit_on_host(Unit& u, const cpu::StepArgs
                                                 Tier::kHost, Access::kReadWrite));
   }
   {
-    TraceSpan span(kOptimizerTrack, "wait master, states " + u.spec.name);
+    TraceSpan span(kOptimizerTrack, "wait master, states ", u.spec.name);
     TZ_RETURN_IF_ERROR(ctx_.with_unit(u, master_what.c_str(), master.wait()));
     for (int s = 0; s < ctx_.states; ++s) {
       TZ_RETURN_IF_ERROR(ctx_.with_unit(u, state_what.c_str(), states[s].wait()));
@@ -369,7 +369,7 @@ Result<double> OptimizerDriver::update_unit_on_host(Unit& u, const cpu::StepArgs
     // The cores' busy time, which the bound counts once with a host-memory device's compute (the
     // update runs beside the next forward's kernels).
     BusyScope busy(BusyUnion::host_cores());
-    TraceSpan span(kOptimizerTrack, "step " + u.spec.name);
+    TraceSpan span(kOptimizerTrack, "step ", u.spec.name);
     TZ_RETURN_IF_ERROR(ctx_.with_unit(
         u, step_what.c_str(), cpu_opt_->step(std::span<const cpu::Shard>(&shard, 1), args)));
     if (!copy16) std::memcpy(param_copy, master.data(), u.opt_elems * 4);
@@ -378,6 +378,11 @@ Result<double> OptimizerDriver::update_unit_on_host(Unit& u, const cpu::StepArgs
   for (int s = 0; s < ctx_.states; ++s) states[s].release();
   master.release();
   return seconds;
+}
+
+void OptimizerDriver::keep_states(const Unit& u) {
+  ctx_.store->keep(u.master, Tier::kHost).ignore();
+  for (int i = 0; i < ctx_.states; ++i) ctx_.store->keep(u.state[i], Tier::kHost).ignore();
 }
 
 void OptimizerDriver::prefetch_states(const Unit& u) {

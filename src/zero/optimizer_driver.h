@@ -56,6 +56,9 @@ class OptimizerDriver {
 
   // The unit's master and states start loading into the host tier (NVMe-homed states).
   void prefetch_states(const Unit& u);
+  // The unit's master and states, current in the host tier, kept there until their next pin
+  // (Store::keep).
+  void keep_states(const Unit& u);
 
   // Every trainable unit in registration order through `fn`, the next trainable unit's
   // NVMe-homed states read ahead while `fn` works on this one (the previous unit's write-back is

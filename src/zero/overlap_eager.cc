@@ -147,7 +147,7 @@ Status EagerOverlap::run_queue(const cpu::StepArgs& args) {
     }
     if (snapshot_) TZ_RETURN_IF_ERROR(copy_snapshot(*u, /*to_snapshot=*/true));
     TZ_RETURN_IF_ERROR(update_on_host(*u, args));
-    if (kept_[u->id]) deps_.driver.prefetch_states(*u);  // kept until its next update
+    if (kept_[u->id]) deps_.driver.keep_states(*u);  // kept until its next update
     // With a snapshot, before the step's decision the unit is done as it is (a rollback may
     // redo its update from the accumulator; apply() zeroes the accumulators of the units done
     // by then); after it, the job zeroes the accumulator first. Without one nothing reads the
@@ -195,7 +195,7 @@ Status EagerOverlap::update_on_host(Unit& u, const cpu::StepArgs& args) {
   TZ_ASSIGN_OR_RETURN(Lease param, ctx.pin_for(u, "eager update: parameters", u.param,
                                                Tier::kHost, Access::kWrite));
   {
-    TraceSpan span(kWorkerTrack, "wait gradient, parameters " + u.spec.name);
+    TraceSpan span(kWorkerTrack, "wait gradient, parameters ", u.spec.name);
     TZ_RETURN_IF_ERROR(ctx.with_unit(u, "eager update: gradient", acc.wait()));
     TZ_RETURN_IF_ERROR(ctx.with_unit(u, "eager update: parameters", param.wait()));
   }
@@ -235,7 +235,7 @@ Status EagerOverlap::wait_unit(const Unit& u) {
     std::unique_lock lock(mu_);
     if (!queued_[u.id]) return Status::ok();
     if (!done_[u.id] && !job_over_) {
-      TraceSpan span(kModelWaitsTrack, "update of " + u.spec.name);
+      TraceSpan span(kModelWaitsTrack, "update of ", u.spec.name);
       progress_.wait(lock, [&] { return done_[u.id] || job_over_; });
     }
     done = done_[u.id];

@@ -499,11 +499,7 @@ void size_pool(const PlanContext& c, MemoryPlan& plan) {
   for (const UnitBytes& u : c.unit) {
     max_block = std::max<std::uint64_t>({max_block, u.opt_elems * 4, u.grad, u.param});
   }
-  const PinnedPoolOptions po =
-      pool_with_slack(plan.tier_bytes(Tier::kHost) + (2u << 20), max_block);
-  plan.pool.budget_bytes = po.budget_bytes;
-  plan.pool.slab_bytes = po.slab_bytes;
-  plan.pool.prefault = po.prefault;
+  plan.pool = pool_with_slack(plan.tier_bytes(Tier::kHost) + (2u << 20), max_block);
 }
 
 // The swap files: every block's extent is 4 KiB-rounded; stripes add at most one per path of

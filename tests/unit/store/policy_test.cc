@@ -5,6 +5,7 @@
 // LRU, and strictly fewer when the host tier holds only part of the model.
 #include <cstdio>
 #include <cstdlib>
+#include <initializer_list>
 #include <limits>
 #include <optional>
 #include <thread>
@@ -348,6 +349,32 @@ TEST(StorePolicy, UntracedPinsOfAnotherThreadLeaveTheTraceAlone) {
   EXPECT_EQ(deviations_with_a_second_thread(false), 3u);  // steps 2-4 each leave it
 }
 
+// One host pin, waited for; `untraced`: inside an UntracedPins scope, as the engine's update
+// worker pins its states.
+void pin_host(Harness& h, BlockId id, Access access, bool untraced = false) {
+  std::optional<UntracedPins> scope;
+  if (untraced) scope.emplace();
+  auto l = h.store->pin(id, Tier::kHost, access);
+  ASSERT_TRUE(l.is_ok());
+  ASSERT_TRUE(l->wait().is_ok());
+}
+
+// The kept-copy tests' start: every block gets bytes on NVMe (`states` through untraced pins),
+// then two traced steps read six_blocks' blocks through three host slots, so that the store
+// follows a trace in which the states never appear.
+void follow_a_trace_without(Harness& h, const std::vector<BlockId>& ids,
+                            std::initializer_list<BlockId> states) {
+  for (BlockId id : ids) ASSERT_NO_FATAL_FAILURE(pin_host(h, id, Access::kWrite));
+  for (BlockId id : states) ASSERT_NO_FATAL_FAILURE(pin_host(h, id, Access::kWrite, true));
+  ASSERT_TRUE(h.store->flush().is_ok());
+  h.store->mark_step();
+  for (int step = 0; step < 2; ++step) {
+    for (BlockId id : ids) ASSERT_NO_FATAL_FAILURE(pin_host(h, id, Access::kRead));
+    h.store->mark_step();
+  }
+  ASSERT_TRUE(h.store->following_trace());
+}
+
 // A copy Store::prefetch loaded for a block that only untraced pins use has no next use in the
 // trace; it is kept until its pin, not taken first by Belady's eviction of the traced pins that
 // turn the host tier over meanwhile. The prefetch makes its room from a copy the trace never uses
@@ -358,84 +385,39 @@ TEST(StorePolicy, PrefetchedCopyOfAnUntracedBlockIsKeptUntilItsPin) {
   ASSERT_FALSE(ids.empty());
   const BlockId updated = *h.store->create_block(64 << 10, Tier::kNvme, "state 1");
   const BlockId next = *h.store->create_block(64 << 10, Tier::kNvme, "state 2");
-  const auto untraced_pin = [&](BlockId id, Access access) {
-    const UntracedPins untraced;
-    auto l = h.store->pin(id, Tier::kHost, access);
-    ASSERT_TRUE(l.is_ok());
-    ASSERT_TRUE(l->wait().is_ok());
-  };
-  const auto traced_pins = [&](std::size_t n) {
-    for (std::size_t i = 0; i < n; ++i) {
-      auto l = h.store->pin(ids[i], Tier::kHost, Access::kRead);
-      ASSERT_TRUE(l.is_ok());
-      ASSERT_TRUE(l->wait().is_ok());
-    }
-  };
-  // Every block gets bytes on NVMe first.
-  for (BlockId id : ids) {
-    auto l = h.store->pin(id, Tier::kHost, Access::kWrite);
-    ASSERT_TRUE(l.is_ok());
-    ASSERT_TRUE(l->wait().is_ok());
-  }
-  untraced_pin(updated, Access::kWrite);
-  untraced_pin(next, Access::kWrite);
-  ASSERT_TRUE(h.store->flush().is_ok());
-  h.store->mark_step();
-  for (int step = 0; step < 2; ++step) {  // the traced steps: six blocks through three
-    traced_pins(ids.size());
-    h.store->mark_step();
-  }
-  ASSERT_TRUE(h.store->following_trace());
-  untraced_pin(updated, Access::kReadWrite);  // its copy stays dirty, with no use in the trace
+  ASSERT_NO_FATAL_FAILURE(follow_a_trace_without(h, ids, {updated, next}));
+  // its copy stays dirty, with no use in the trace
+  ASSERT_NO_FATAL_FAILURE(pin_host(h, updated, Access::kReadWrite, true));
   ASSERT_TRUE(h.store->prefetch(next, Tier::kHost).is_ok());
   ASSERT_TRUE(h.store->drain().is_ok());
   const std::uint64_t loaded = h.store->block_stats(next)->tier_bytes_in(Tier::kHost);
   ASSERT_EQ(loaded, 64u << 10) << "the prefetch did not take the updated state's room";
-  traced_pins(3);  // half the step: the host tier turns over
-  untraced_pin(next, Access::kReadWrite);
+  for (std::size_t i = 0; i < 3; ++i) {  // half the step: the host tier turns over
+    ASSERT_NO_FATAL_FAILURE(pin_host(h, ids[i], Access::kRead));
+  }
+  ASSERT_NO_FATAL_FAILURE(pin_host(h, next, Access::kReadWrite, true));
   EXPECT_EQ(h.store->block_stats(next)->tier_bytes_in(Tier::kHost), loaded)
       << "the prefetched copy was evicted and read again at its pin";
   EXPECT_TRUE(h.store->following_trace());
   h.finish();
 }
 
-// Store::prefetch of an untraced block's copy already current in the tier keeps it until its
-// next pin, as a copy it loaded would be: the room another prefetch makes comes from the other
+// Store::keep of an untraced block's copy current in the tier keeps it until its next pin, as a
+// copy Store::prefetch loaded would be: the room another prefetch makes comes from the other
 // untraced copy, not from the kept one (the lower block id, which untraced copies' equal keys
 // would give up first), and traced pins that turn the tier over leave it too.
-TEST(StorePolicy, PrefetchOfACurrentCopyKeepsItUntilItsPin) {
+TEST(StorePolicy, KeepHoldsACurrentCopyUntilItsPin) {
   Harness h;
   const std::vector<BlockId> ids = six_blocks(h, 3);
   ASSERT_FALSE(ids.empty());
   const BlockId kept = *h.store->create_block(64 << 10, Tier::kNvme, "state kept");
   const BlockId other = *h.store->create_block(64 << 10, Tier::kNvme, "state other");
   const BlockId next = *h.store->create_block(64 << 10, Tier::kNvme, "state next");
-  const auto untraced_pin = [&](BlockId id, Access access) {
-    const UntracedPins untraced;
-    auto l = h.store->pin(id, Tier::kHost, access);
-    ASSERT_TRUE(l.is_ok());
-    ASSERT_TRUE(l->wait().is_ok());
-  };
-  for (BlockId id : ids) {
-    auto l = h.store->pin(id, Tier::kHost, Access::kWrite);
-    ASSERT_TRUE(l.is_ok());
-    ASSERT_TRUE(l->wait().is_ok());
-  }
-  for (BlockId id : {kept, other, next}) untraced_pin(id, Access::kWrite);
-  ASSERT_TRUE(h.store->flush().is_ok());
-  h.store->mark_step();
-  for (int step = 0; step < 2; ++step) {  // the traced steps: six blocks through three
-    for (BlockId id : ids) {
-      auto l = h.store->pin(id, Tier::kHost, Access::kRead);
-      ASSERT_TRUE(l.is_ok());
-      ASSERT_TRUE(l->wait().is_ok());
-    }
-    h.store->mark_step();
-  }
-  ASSERT_TRUE(h.store->following_trace());
-  untraced_pin(kept, Access::kReadWrite);  // updated: current in the host tier only
-  ASSERT_TRUE(h.store->prefetch(kept, Tier::kHost).is_ok());
-  untraced_pin(other, Access::kReadWrite);
+  ASSERT_NO_FATAL_FAILURE(follow_a_trace_without(h, ids, {kept, other, next}));
+  // updated: current in the host tier only
+  ASSERT_NO_FATAL_FAILURE(pin_host(h, kept, Access::kReadWrite, true));
+  ASSERT_TRUE(h.store->keep(kept, Tier::kHost).is_ok());
+  ASSERT_NO_FATAL_FAILURE(pin_host(h, other, Access::kReadWrite, true));
   const std::uint64_t other_home = h.store->block_stats(other)->tier_bytes_in(Tier::kNvme);
   ASSERT_TRUE(h.store->prefetch(next, Tier::kHost).is_ok());
   ASSERT_TRUE(h.store->drain().is_ok());
@@ -445,13 +427,11 @@ TEST(StorePolicy, PrefetchOfACurrentCopyKeepsItUntilItsPin) {
       << "the prefetch found no room";
   const std::uint64_t kept_in = h.store->block_stats(kept)->tier_bytes_in(Tier::kHost);
   for (std::size_t i = 0; i < 3; ++i) {  // half a traced step
-    auto l = h.store->pin(ids[i], Tier::kHost, Access::kRead);
-    ASSERT_TRUE(l.is_ok());
-    ASSERT_TRUE(l->wait().is_ok());
+    ASSERT_NO_FATAL_FAILURE(pin_host(h, ids[i], Access::kRead));
     // The kept copies' eviction keys hold as the trace moves.
     ASSERT_TRUE(h.store->check_invariants().is_ok()) << h.store->check_invariants().to_string();
   }
-  untraced_pin(kept, Access::kReadWrite);
+  ASSERT_NO_FATAL_FAILURE(pin_host(h, kept, Access::kReadWrite, true));
   EXPECT_EQ(h.store->block_stats(kept)->tier_bytes_in(Tier::kHost), kept_in)
       << "the kept copy was evicted and read again at its pin";
   h.finish();

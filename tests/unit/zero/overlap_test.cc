@@ -177,6 +177,7 @@ TEST(ZeroOverlap, EagerStreamedUpdatesAppearOnTheOptimizerTrack) {
   Trace::global().enable();
   const std::size_t before = Trace::global().event_count();
   (void)testing::run(launch_local, r);
+  ASSERT_FALSE(HasFailure()) << "the traced run failed";
   ASSERT_GT(Trace::global().event_count(), before);
   const nlohmann::json j = nlohmann::json::parse(Trace::global().to_json());
   std::map<std::string, int> tracks;  // name -> tid

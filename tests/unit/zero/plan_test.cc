@@ -2,8 +2,6 @@
 // from the layout rules (tensors at 128-element offsets, shards of 2048-element multiples) and
 // the terms docs/estimate.md lists; the out-of-memory errors name the tier, the bytes and the
 // setting to change; DESIGN.md's formula for every stage.
-#include "zero/plan.h"
-
 #include <gtest/gtest.h>
 
 #include <initializer_list>
@@ -13,6 +11,7 @@
 #include "cpu/pinned_pool.h"
 #include "gpu/device.h"
 #include "zero/layout.h"
+#include "zero/plan.h"
 
 namespace tz::zero {
 namespace {
