@@ -1,13 +1,19 @@
-// Host probes (host_probe.h): /proc/meminfo, RLIMIT_MEMLOCK and statvfs behind one small API.
+// Host probes (host_probe.h): /proc/meminfo, RLIMIT_MEMLOCK, statvfs and /proc/diskstats behind
+// one small API.
 #include "core/host_probe.h"
 
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/statvfs.h>
+#include <sys/sysmacros.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <charconv>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <vector>
 
 #include "core/units.h"
 
@@ -94,6 +100,62 @@ Result<FilesystemSpace> filesystem_space(const std::string& path) {
   s.free_bytes = static_cast<std::uint64_t>(vfs.f_bavail) * vfs.f_frsize;
   s.total_bytes = static_cast<std::uint64_t>(vfs.f_blocks) * vfs.f_frsize;
   return s;
+}
+
+DiskCounters parse_diskstats(std::string_view text, std::string_view device) {
+  while (!text.empty()) {
+    const std::size_t nl = text.find('\n');
+    std::string_view line = text.substr(0, nl);
+    text.remove_prefix(nl == std::string_view::npos ? text.size() : nl + 1);
+    // Fields: major minor name, then the counters (iostats.rst numbers them from 1).
+    std::vector<std::string_view> fields;
+    while (!line.empty()) {
+      const std::size_t b = line.find_first_not_of(" \t");
+      if (b == std::string_view::npos) break;
+      line.remove_prefix(b);
+      const std::size_t e = std::min(line.find_first_of(" \t"), line.size());
+      fields.push_back(line.substr(0, e));
+      line.remove_prefix(e);
+    }
+    if (fields.size() < 14 || fields[2] != device) continue;
+    std::uint64_t v[11] = {};
+    bool ok = true;
+    for (std::size_t i = 0; i < 11 && ok; ++i) {
+      const std::string_view f = fields[3 + i];
+      ok = std::from_chars(f.data(), f.data() + f.size(), v[i]).ec == std::errc();
+    }
+    if (!ok) continue;
+    DiskCounters d;
+    d.known = true;
+    d.read_bytes = v[2] * 512;   // 3: sectors read
+    d.write_bytes = v[6] * 512;  // 7: sectors written
+    d.busy_ms = v[9];            // 10: io_ticks
+    d.queue_ms = v[10];          // 11: time_in_queue
+    return d;
+  }
+  return DiskCounters{};
+}
+
+DiskCounters disk_counters(const std::string& device) {
+  std::ifstream in("/proc/diskstats");
+  if (!in) return DiskCounters{};
+  std::ostringstream text;
+  text << in.rdbuf();
+  return parse_diskstats(text.str(), device);
+}
+
+Result<std::string> block_device_of(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return Status::from_errno(errno, "stat", path);
+  const std::string link = "/sys/dev/block/" + std::to_string(major(st.st_dev)) + ":" +
+                           std::to_string(minor(st.st_dev));
+  std::error_code ec;
+  const std::filesystem::path target = std::filesystem::read_symlink(link, ec);
+  if (ec) {
+    return Status(ErrorCode::kNotFound, 0,
+                  path + " is on no block device (" + link + ": " + ec.message() + ")");
+  }
+  return target.filename().string();
 }
 
 }  // namespace tz

@@ -1,6 +1,6 @@
 // What the host offers a run, read in one place: memory (/proc/meminfo: MemTotal, MemAvailable,
-// reserved huge pages), the memlock limit (RLIMIT_MEMLOCK) and a filesystem's free space
-// (statvfs). `tierzero info`, `estimate`, the data-path report, the NVMe probe, swap-file sizing
+// reserved huge pages), the memlock limit (RLIMIT_MEMLOCK), a filesystem's free space
+// (statvfs) and the counters of the block device under it (/proc/diskstats). `tierzero info`, `estimate`, the data-path report, the NVMe probe, swap-file sizing
 // and the output rule all read these through this header, so a field is parsed one way.
 #pragma once
 
@@ -50,5 +50,25 @@ struct FilesystemSpace {
 // statvfs of `path` (any file or folder on the filesystem). Errors: the errno of statvfs, naming
 // `path`.
 Result<FilesystemSpace> filesystem_space(const std::string& path);
+
+// One block device's cumulative counters in /proc/diskstats (the kernel's
+// Documentation/admin-guide/iostats.rst). They count every process's I/O on the device.
+struct DiskCounters {
+  bool known = false;            // the device's line was found and had the fields below
+  std::uint64_t read_bytes = 0;  // sectors read x 512
+  std::uint64_t write_bytes = 0;
+  std::uint64_t busy_ms = 0;   // io_ticks: milliseconds with at least one request in flight
+  std::uint64_t queue_ms = 0;  // time_in_queue: milliseconds weighted by the requests in flight
+};
+// The line of `device` ("vda", "nvme0n1p2") in /proc/diskstats text ("major minor name reads
+// ..."); `known` false when it is absent or too short. Pure: the unit test feeds it hand-written
+// text.
+DiskCounters parse_diskstats(std::string_view text, std::string_view device);
+// /proc/diskstats's counters for `device`; `known` false when they cannot be read.
+DiskCounters disk_counters(const std::string& device);
+// The block device that holds the filesystem `path` is on, by the name /proc/diskstats uses
+// (stat's st_dev, then /sys/dev/block/MAJOR:MINOR). Errors: kNotFound when the filesystem is on
+// no block device (tmpfs, overlayfs, procfs), the errno of stat naming `path`.
+Result<std::string> block_device_of(const std::string& path);
 
 }  // namespace tz

@@ -65,6 +65,21 @@ void Reporter::line(const std::string& text) {
   std::fflush(stderr);
 }
 
+// The swap devices' share of the step with a request in flight, for the step line: " | disk vda
+// 63% busy" (nothing without one).
+namespace {
+std::string disks_text(const zero::StepReport& r) {
+  std::string text;
+  for (const zero::DiskStep& d : r.disks) {
+    char buf[96];
+    std::snprintf(buf, sizeof(buf), "%s %s %.0f%% busy", text.empty() ? " | disk" : ",",
+                  d.device.c_str(), 100 * d.busy_fraction);
+    text += buf;
+  }
+  return text;
+}
+}  // namespace
+
 // What the rank's thread waited on, as shares of the step (docs/train.md, "Output"): gathering
 // parameters from host/NVMe, reducing and copying gradients (without a GPU this includes the
 // kernels' own compute, which the thread waits for there), the CPU optimizer step.
@@ -99,6 +114,14 @@ void Reporter::write_metrics(const zero::StepReport& r, double loss,
   j["state_read_ahead_bytes"] = r.state_read_ahead_bytes;
   j["trace_followed"] = r.trace_followed;
   j["process_cpu_s"] = r.process_cpu_s;
+  nlohmann::ordered_json disks = nlohmann::ordered_json::object();
+  for (const zero::DiskStep& d : r.disks) {
+    disks[d.device] = {{"busy_fraction", d.busy_fraction},
+                       {"mean_in_flight", d.mean_in_flight},
+                       {"read_bytes", d.read_bytes},
+                       {"write_bytes", d.write_bytes}};
+  }
+  j["disks"] = std::move(disks);
   if (val_loss) j["val_loss"] = *val_loss;
   // One write per line: the file holds whole records only. A failed write (a full disk) drops
   // the file, says so once and lets the run go on.
@@ -141,12 +164,12 @@ void Reporter::step(const zero::StepReport& r, double loss, std::optional<double
     std::snprintf(buf, sizeof(buf),
                   "step %lld/%d | loss %.4f | lr %.3e | grad norm %.4f | loss scale %g | "
                   "%.3f s | %.0f tok/s | bound %.3f s (%s) | waits: params %.0f%% grads %.0f%% "
-                  "optimizer %.0f%% | %s%s%s",
+                  "optimizer %.0f%%%s | %s%s%s",
                   static_cast<long long>(r.step), steps_, loss, r.lr, r.grad_norm, r.loss_scale,
                   r.step_s, tokens_per_s, r.bound_s, r.bound_term.c_str(),
                   100 * share(r, r.stall_gather_s),
                   100 * share(r, r.stall_reduce_s), 100 * share(r, r.stall_optimizer_s),
-                  tier_text(r.bytes_in_use).c_str(), r.skipped ? " | skipped (overflow)" : "",
+                  disks_text(r).c_str(), tier_text(r.bytes_in_use).c_str(), r.skipped ? " | skipped (overflow)" : "",
                   val_loss ? (" | val loss " + std::to_string(*val_loss)).c_str() : "");
     line(buf);
   }

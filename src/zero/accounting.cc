@@ -22,6 +22,11 @@ void Accounting::set_plan(const MemoryPlan& plan) {
   ctx_.counters.update_gathers.assign(ctx_.units.size(), 0);
 }
 
+void Accounting::set_disks(std::vector<std::string> devices) {
+  TZ_ASSERT(disks_.empty(), "the swap devices are set once");
+  disks_ = std::move(devices);
+}
+
 void Accounting::set_pools(const PinnedPool* pool, const PinnedPool* overlap_pool) {
   TZ_ASSERT(pool != nullptr && ctx_.store != nullptr, "the engine's pool comes with the store");
   pool_ = pool;
@@ -155,6 +160,8 @@ void Accounting::open_step() {
   step_open_ = true;
   step_start_ = Clock::now();
   process_cpu_base_ = process_cpu_seconds();
+  disk_base_.clear();
+  for (const std::string& d : disks_) disk_base_.push_back(disk_counters(d));
   comm_base_ = ctx_.comm.counters();
   const store::StoreStats ss = ctx_.store->stats();
   nvme_read_base_ = ss.nvme_read_bytes();
@@ -181,6 +188,26 @@ StepBound step_bound_of(const BoundTerms& t) {
   if (t.nvme_s > b.seconds) b = {t.nvme_s, "nvme"};
   if (t.copy_s > b.seconds) b = {t.copy_s, "copy"};
   return b;
+}
+
+// The swap devices' counters since the step opened, over its `step_s` seconds; a device whose
+// counters could not be read at either end is left out.
+std::vector<DiskStep> Accounting::disk_steps(double step_s) const {
+  std::vector<DiskStep> out;
+  for (std::size_t i = 0; i < disks_.size() && i < disk_base_.size(); ++i) {
+    const DiskCounters& a = disk_base_[i];
+    const DiskCounters b = disk_counters(disks_[i]);
+    if (!a.known || !b.known || step_s <= 0) continue;
+    DiskStep d;
+    d.device = disks_[i];
+    // io_ticks moves in jiffies (1-10 ms): a step of a few milliseconds can read past 1.
+    d.busy_fraction = std::min(1.0, static_cast<double>(b.busy_ms - a.busy_ms) / 1e3 / step_s);
+    d.mean_in_flight = static_cast<double>(b.queue_ms - a.queue_ms) / 1e3 / step_s;
+    d.read_bytes = b.read_bytes - a.read_bytes;
+    d.write_bytes = b.write_bytes - a.write_bytes;
+    out.push_back(std::move(d));
+  }
+  return out;
 }
 
 // The step's lower bound's terms (accounting.h): compute from the compute stream's busy time
@@ -257,6 +284,7 @@ void Accounting::close_step_report(StepReport& report, Clock::time_point t_opt, 
   open_step();
   report.step_s = seconds_since(step_start_);
   report.process_cpu_s = process_cpu_seconds() - process_cpu_base_;
+  report.disks = disk_steps(report.step_s);
   step_open_ = false;
   report.bytes_in_use = bytes_in_use();
   report.peak_bytes = peak_bytes();

@@ -6,9 +6,11 @@
 #pragma once
 
 #include <nlohmann/json.hpp>
+#include <string>
 #include <utility>
 #include <vector>
 
+#include "core/host_probe.h"
 #include "zero/engine_context.h"
 
 namespace tz::zero::impl {
@@ -36,6 +38,9 @@ class Accounting {
   // The host pools whose bytes count in the host tier (the engine's, the overlap mode's or null);
   // once the store exists.
   void set_pools(const PinnedPool* pool, const PinnedPool* overlap_pool);
+  // The block devices (by their /proc/diskstats names) under the swap paths, for the step
+  // report's `disks`; once, before the first step.
+  void set_disks(std::vector<std::string> devices);
 
   std::uint64_t param_count() const { return param_count_; }
   std::uint64_t trainable_param_count() const { return trainable_param_count_; }
@@ -57,6 +62,9 @@ class Accounting {
   void close_step_report(StepReport& report, Clock::time_point t_opt, std::int64_t step);
 
  private:
+  // The swap devices during the step (StepReport::disks), `step_s` seconds long.
+  std::vector<DiskStep> disk_steps(double step_s) const;
+
   TierBytes bytes_in_use() const;
 
   // BlockStats::home_write_bytes summed over frozen units' blocks (first) and trainable units'.
@@ -101,6 +109,8 @@ class Accounting {
   double compute_busy_base_ = -1;  // the compute stream's busy_seconds() when the step opened
   double shared_busy_base_ = 0;    // BusyUnion::host_cores().seconds() when the step opened
   double process_cpu_base_ = 0;    // process_cpu_seconds() when the step opened
+  std::vector<std::string> disks_;       // set_disks
+  std::vector<DiskCounters> disk_base_;  // per disk: its counters when the step opened
   bool warned_slow_probe_ = false;  // the NVMe term passed a step's time once (warned)
   comm::CommCounters comm_base_;
   std::uint64_t nvme_read_base_ = 0;

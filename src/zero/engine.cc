@@ -8,6 +8,9 @@
 
 #include <xxhash.h>
 
+#include <algorithm>
+
+#include "core/host_probe.h"
 #include "core/log.h"
 #include "cpu/simd.h"
 #include "gpu/workspaces.h"
@@ -228,8 +231,24 @@ Status EngineImpl::finalize() {
   TZ_RETURN_IF_ERROR(create_blocks());
   TZ_RETURN_IF_ERROR(overlap_->finalize(mp.overlap_bytes, mp.overlap_pool));
   accounting_.set_pools(pool_.get(), overlap_->pool());
+  if (mp.home.nvme > 0) accounting_.set_disks(swap_devices());
   finalized_ = true;
   return Status::ok();
+}
+
+// The block devices under the NVMe swap paths, each once, for the step report's `disks`; a path
+// on no block device (tmpfs, overlayfs) has none and is left out.
+std::vector<std::string> EngineImpl::swap_devices() const {
+  std::vector<std::string> devices;
+  for (const std::string& p : nvme_paths_) {
+    Result<std::string> d = block_device_of(p);
+    if (!d.is_ok()) {
+      TZ_LOG_DEBUG("swap path %s: %s", p.c_str(), d.status().to_string().c_str());
+      continue;
+    }
+    if (std::find(devices.begin(), devices.end(), *d) == devices.end()) devices.push_back(*d);
+  }
+  return devices;
 }
 
 // Every unit's blocks in the store, homed where the placements say. Blocks read as zeros until

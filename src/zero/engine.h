@@ -156,6 +156,16 @@ struct BoundTerms {
   nlohmann::ordered_json to_json() const;
 };
 
+// One swap path's block device during a step, as the kernel counts it (/proc/diskstats): every
+// process's I/O on the device, the store's among it (docs/train.md, "Output").
+struct DiskStep {
+  std::string device;              // "vda", "nvme0n1p2"
+  double busy_fraction = 0;        // of the step's time with a request at the device (io_ticks)
+  double mean_in_flight = 0;       // requests at the device on average (time_in_queue / step)
+  std::uint64_t read_bytes = 0;    // read from the device during the step
+  std::uint64_t write_bytes = 0;   // written to it
+};
+
 // What one optimizer step did and cost, on this rank.
 struct StepReport {
   std::int64_t step = 0;          // 1-based count of optimizer steps taken (skipped ones too)
@@ -203,6 +213,10 @@ struct StepReport {
   // --ranks N as threads: all ranks'). Over step_s and the cores it says how busy the machine's
   // cores were, whatever the work: kernels, the CPU optimizer, the store's copies and checksums.
   double process_cpu_s = 0;
+  // The swap paths' block devices during the step, one entry per device; empty without NVMe
+  // offload or when the swap paths are on no block device (tmpfs, overlayfs). A device busy
+  // well below 1 while the step waits for NVMe is not the disk's limit but the store's.
+  std::vector<DiskStep> disks;
   // Bytes written into the home copies (whatever their tier) of frozen units' parameter blocks
   // and of trainable units' blocks (parameters, masters, states, gradient shards) during this
   // step, as the store counts them (store::BlockStats::home_write_bytes). The first is 0: a frozen

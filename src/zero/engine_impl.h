@@ -134,6 +134,8 @@ class EngineImpl final : public Engine {
 
   // Every unit's blocks in the store (finalize).
   Status create_blocks();
+  // The block devices under the NVMe swap paths, each once (Accounting::set_disks).
+  std::vector<std::string> swap_devices() const;
 
   // step()'s preconditions: every unit reduced k times since the last step, none still gathered
   // or holding a gradient buffer (kInvalidArgument naming the unit otherwise).

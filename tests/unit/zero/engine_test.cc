@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/host_probe.h"
 #include "engine_bodies.h"
 #include "zero/engine.h"
 
@@ -96,6 +97,22 @@ TEST(ZeroEngine, NvmeStreamingUnderSmallHostTierIsBitIdentical) {
   // count a part or none; over four steps, at least one unit's.
   EXPECT_GE(read_ahead, 3u * 2048 * 4);
   EXPECT_EQ(want.reports.back().state_read_ahead_bytes, 0u);  // nothing on NVMe
+  // Each step reports the swap path's block device as the kernel counts it, and only with a
+  // swap path: none without NVMe offload, none when the path is on no block device (tmpfs).
+  const Result<std::string> device = block_device_of(::testing::TempDir());
+  for (std::size_t i = 0; i < got.reports.size(); ++i) {
+    EXPECT_TRUE(want.reports[i].disks.empty()) << "step " << i + 1;
+    if (!device.is_ok()) {
+      EXPECT_TRUE(got.reports[i].disks.empty()) << device.status().to_string();
+      continue;
+    }
+    ASSERT_EQ(got.reports[i].disks.size(), 1u) << "step " << i + 1;
+    const DiskStep& d = got.reports[i].disks[0];
+    EXPECT_EQ(d.device, *device);
+    EXPECT_GE(d.busy_fraction, 0.0);
+    EXPECT_LE(d.busy_fraction, 1.0);
+    EXPECT_GE(d.mean_in_flight, 0.0);
+  }
 }
 
 // StepReport's gradient_nvme_* bytes: with 32 units' fp32 gradients too large for the host tier
