@@ -20,6 +20,37 @@
 namespace tz {
 namespace {
 
+// The next line of `text` (without its newline), which is advanced past it.
+std::string_view next_line(std::string_view& text) {
+  const std::size_t nl = text.find('\n');
+  const std::string_view line = text.substr(0, nl);
+  text.remove_prefix(nl == std::string_view::npos ? text.size() : nl + 1);
+  return line;
+}
+
+// The next blank-separated field of `line` (empty at its end), which is advanced past it.
+std::string_view next_field(std::string_view& line) {
+  const std::size_t b = line.find_first_not_of(" \t");
+  if (b == std::string_view::npos) {
+    line = {};
+    return {};
+  }
+  line.remove_prefix(b);
+  const std::size_t e = std::min(line.find_first_of(" \t"), line.size());
+  const std::string_view field = line.substr(0, e);
+  line.remove_prefix(e);
+  return field;
+}
+
+// A /proc file's whole text; empty when it cannot be read.
+std::string read_proc_text(const char* path) {
+  std::ifstream in(path);
+  if (!in) return {};
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
 // The value of one "Key: value [kB]" line: bytes for kB, the bare number otherwise.
 bool parse_meminfo_value(std::string_view rest, std::uint64_t* out) {
   const std::size_t begin = rest.find_first_not_of(" \t");
@@ -38,9 +69,7 @@ bool parse_meminfo_value(std::string_view rest, std::uint64_t* out) {
 HostMemory parse_meminfo(std::string_view text) {
   HostMemory m;
   while (!text.empty()) {
-    const std::size_t nl = text.find('\n');
-    const std::string_view line = text.substr(0, nl);
-    text.remove_prefix(nl == std::string_view::npos ? text.size() : nl + 1);
+    const std::string_view line = next_line(text);
     const std::size_t colon = line.find(':');
     if (colon == std::string_view::npos) continue;
     const std::string_view key = line.substr(0, colon);
@@ -69,13 +98,7 @@ double process_cpu_seconds() {
          static_cast<double>(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) * 1e-6;
 }
 
-HostMemory host_memory() {
-  std::ifstream in("/proc/meminfo");
-  if (!in) return HostMemory{};
-  std::ostringstream text;
-  text << in.rdbuf();
-  return parse_meminfo(text.str());
-}
+HostMemory host_memory() { return parse_meminfo(read_proc_text("/proc/meminfo")); }
 
 MemlockLimit memlock_limit() {
   MemlockLimit l;
@@ -104,25 +127,16 @@ Result<FilesystemSpace> filesystem_space(const std::string& path) {
 
 DiskCounters parse_diskstats(std::string_view text, std::string_view device) {
   while (!text.empty()) {
-    const std::size_t nl = text.find('\n');
-    std::string_view line = text.substr(0, nl);
-    text.remove_prefix(nl == std::string_view::npos ? text.size() : nl + 1);
     // Fields: major minor name, then the counters (iostats.rst numbers them from 1).
-    std::vector<std::string_view> fields;
-    while (!line.empty()) {
-      const std::size_t b = line.find_first_not_of(" \t");
-      if (b == std::string_view::npos) break;
-      line.remove_prefix(b);
-      const std::size_t e = std::min(line.find_first_of(" \t"), line.size());
-      fields.push_back(line.substr(0, e));
-      line.remove_prefix(e);
-    }
-    if (fields.size() < 14 || fields[2] != device) continue;
+    std::string_view line = next_line(text);
+    next_field(line);
+    next_field(line);
+    if (next_field(line) != device) continue;
     std::uint64_t v[11] = {};
     bool ok = true;
     for (std::size_t i = 0; i < 11 && ok; ++i) {
-      const std::string_view f = fields[3 + i];
-      ok = std::from_chars(f.data(), f.data() + f.size(), v[i]).ec == std::errc();
+      const std::string_view f = next_field(line);
+      ok = !f.empty() && std::from_chars(f.data(), f.data() + f.size(), v[i]).ec == std::errc();
     }
     if (!ok) continue;
     DiskCounters d;
@@ -136,26 +150,48 @@ DiskCounters parse_diskstats(std::string_view text, std::string_view device) {
   return DiskCounters{};
 }
 
-DiskCounters disk_counters(const std::string& device) {
-  std::ifstream in("/proc/diskstats");
-  if (!in) return DiskCounters{};
-  std::ostringstream text;
-  text << in.rdbuf();
-  return parse_diskstats(text.str(), device);
+std::vector<DiskCounters> disk_counters(const std::vector<std::string>& devices) {
+  const std::string text = read_proc_text("/proc/diskstats");
+  std::vector<DiskCounters> out;
+  out.reserve(devices.size());
+  for (const std::string& d : devices) out.push_back(parse_diskstats(text, d));
+  return out;
+}
+
+DiskDelta disk_delta(const DiskCounters& a, const DiskCounters& b) {
+  DiskDelta d;
+  // Sectors only grow while the device stays; less means it went away and came back.
+  if (!a.known || !b.known || b.read_bytes < a.read_bytes || b.write_bytes < a.write_bytes) {
+    return d;
+  }
+  d.known = true;
+  d.read_bytes = b.read_bytes - a.read_bytes;
+  d.write_bytes = b.write_bytes - a.write_bytes;
+  // The kernel prints both times as 32-bit milliseconds: across a wrap the difference modulo
+  // 2^32 is the time that passed.
+  d.busy_ms = static_cast<std::uint32_t>(b.busy_ms - a.busy_ms);
+  d.queue_ms = static_cast<std::uint32_t>(b.queue_ms - a.queue_ms);
+  return d;
+}
+
+std::string block_device_name(const std::string& sysfs_link_target, bool partition) {
+  const std::filesystem::path t(sysfs_link_target);
+  return (partition ? t.parent_path().filename() : t.filename()).string();
 }
 
 Result<std::string> block_device_of(const std::string& path) {
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0) return Status::from_errno(errno, "stat", path);
-  const std::string link = "/sys/dev/block/" + std::to_string(major(st.st_dev)) + ":" +
-                           std::to_string(minor(st.st_dev));
+  const std::string dev = std::to_string(major(st.st_dev)) + ":" + std::to_string(minor(st.st_dev));
+  const std::string link = "/sys/dev/block/" + dev;
   std::error_code ec;
   const std::filesystem::path target = std::filesystem::read_symlink(link, ec);
   if (ec) {
-    return Status(ErrorCode::kNotFound, 0,
-                  path + " is on no block device (" + link + ": " + ec.message() + ")");
+    return Status::not_found("no block device found for " + path + " (its filesystem's device " +
+                             dev + " has no " + link + ": " + ec.message() + ")");
   }
-  return target.filename().string();
+  const bool partition = std::filesystem::exists(link + "/partition", ec);
+  return block_device_name(target.string(), partition);
 }
 
 }  // namespace tz

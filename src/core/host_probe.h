@@ -1,12 +1,14 @@
 // What the host offers a run, read in one place: memory (/proc/meminfo: MemTotal, MemAvailable,
-// reserved huge pages), the memlock limit (RLIMIT_MEMLOCK), a filesystem's free space
-// (statvfs) and the counters of the block device under it (/proc/diskstats). `tierzero info`, `estimate`, the data-path report, the NVMe probe, swap-file sizing
-// and the output rule all read these through this header, so a field is parsed one way.
+// reserved huge pages), the memlock limit (RLIMIT_MEMLOCK), a filesystem's free space (statvfs)
+// and the counters of the disk under it (/proc/diskstats). `tierzero info`, `estimate`, the
+// data-path report, the NVMe probe, swap-file sizing, the output rule and the step report's swap
+// disks all read these through this header, so a field is parsed one way.
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "core/status.h"
 
@@ -60,15 +62,26 @@ struct DiskCounters {
   std::uint64_t busy_ms = 0;   // io_ticks: milliseconds with at least one request in flight
   std::uint64_t queue_ms = 0;  // time_in_queue: milliseconds weighted by the requests in flight
 };
-// The line of `device` ("vda", "nvme0n1p2") in /proc/diskstats text ("major minor name reads
+// The line of `device` ("vda", "nvme0n1") in /proc/diskstats text ("major minor name reads
 // ..."); `known` false when it is absent or too short. Pure: the unit test feeds it hand-written
 // text.
 DiskCounters parse_diskstats(std::string_view text, std::string_view device);
-// /proc/diskstats's counters for `device`; `known` false when they cannot be read.
-DiskCounters disk_counters(const std::string& device);
-// The block device that holds the filesystem `path` is on, by the name /proc/diskstats uses
-// (stat's st_dev, then /sys/dev/block/MAJOR:MINOR). Errors: kNotFound when the filesystem is on
-// no block device (tmpfs, overlayfs, procfs), the errno of stat naming `path`.
+// /proc/diskstats's counters for each of `devices`, read once; `known` false for a device whose
+// counters cannot be read.
+std::vector<DiskCounters> disk_counters(const std::vector<std::string>& devices);
+// What a device did between two readings `a` and `b` of its counters. `known` false when either
+// is unknown or the sectors went down (the device went away and came back). The times are taken
+// modulo 2^32, as the kernel prints them. Pure.
+using DiskDelta = DiskCounters;
+DiskDelta disk_delta(const DiskCounters& a, const DiskCounters& b);
+// The disk a /sys/dev/block/MAJOR:MINOR link names: its last component, or for a partition
+// (`partition`: the link's folder has a `partition` file) the disk above it, whose counters
+// include every partition's I/O ("../../block/nvme0n1/nvme0n1p2" -> "nvme0n1"). Pure.
+std::string block_device_name(const std::string& sysfs_link_target, bool partition);
+// The disk that holds the filesystem `path` is on, by the name /proc/diskstats uses (stat's
+// st_dev, then /sys/dev/block/MAJOR:MINOR; a partition's disk, a device-mapper or md device as it
+// is). Errors: kNotFound when no block device is found (tmpfs, overlayfs, and btrfs and ZFS,
+// whose st_dev is anonymous), the errno of stat naming `path`.
 Result<std::string> block_device_of(const std::string& path);
 
 }  // namespace tz

@@ -65,26 +65,25 @@ void Reporter::line(const std::string& text) {
   std::fflush(stderr);
 }
 
-// The swap devices' share of the step with a request in flight, for the step line: " | disk vda
-// 63% busy" (nothing without one).
 namespace {
-std::string disks_text(const zero::StepReport& r) {
-  std::string text;
-  for (const zero::DiskStep& d : r.disks) {
-    char buf[96];
-    std::snprintf(buf, sizeof(buf), "%s %s %.0f%% busy", text.empty() ? " | disk" : ",",
-                  d.device.c_str(), 100 * d.busy_fraction);
-    text += buf;
-  }
-  return text;
-}
-}  // namespace
 
 // What the rank's thread waited on, as shares of the step (docs/train.md, "Output"): gathering
 // parameters from host/NVMe, reducing and copying gradients (without a GPU this includes the
 // kernels' own compute, which the thread waits for there), the CPU optimizer step.
-namespace {
 double share(const zero::StepReport& r, double s) { return r.step_s > 0 ? s / r.step_s : 0.0; }
+
+// The swap disks' share of the step with a request in flight, for the step line: " | disk vda
+// 63% busy" (nothing without one).
+std::string disks_text(const zero::StepReport& r) {
+  std::string text;
+  for (const zero::DiskStep& d : r.disks) {
+    char buf[64];
+    std::snprintf(buf, sizeof(buf), " %.0f%% busy", 100 * d.busy_fraction);
+    text += (text.empty() ? " | disk " : ", ") + d.device + buf;
+  }
+  return text;
+}
+
 }  // namespace
 
 void Reporter::write_metrics(const zero::StepReport& r, double loss,
@@ -164,14 +163,14 @@ void Reporter::step(const zero::StepReport& r, double loss, std::optional<double
     std::snprintf(buf, sizeof(buf),
                   "step %lld/%d | loss %.4f | lr %.3e | grad norm %.4f | loss scale %g | "
                   "%.3f s | %.0f tok/s | bound %.3f s (%s) | waits: params %.0f%% grads %.0f%% "
-                  "optimizer %.0f%%%s | %s%s%s",
+                  "optimizer %.0f%%",
                   static_cast<long long>(r.step), steps_, loss, r.lr, r.grad_norm, r.loss_scale,
                   r.step_s, tokens_per_s, r.bound_s, r.bound_term.c_str(),
                   100 * share(r, r.stall_gather_s),
-                  100 * share(r, r.stall_reduce_s), 100 * share(r, r.stall_optimizer_s),
-                  disks_text(r).c_str(), tier_text(r.bytes_in_use).c_str(), r.skipped ? " | skipped (overflow)" : "",
-                  val_loss ? (" | val loss " + std::to_string(*val_loss)).c_str() : "");
-    line(buf);
+                  100 * share(r, r.stall_reduce_s), 100 * share(r, r.stall_optimizer_s));
+    line(buf + disks_text(r) + " | " + tier_text(r.bytes_in_use) +
+         (r.skipped ? " | skipped (overflow)" : "") +
+         (val_loss ? " | val loss " + std::to_string(*val_loss) : ""));
   }
   if (bar_) bar_->set(static_cast<std::uint64_t>(r.step));
 }

@@ -23,7 +23,6 @@ void Accounting::set_plan(const MemoryPlan& plan) {
 }
 
 void Accounting::set_disks(std::vector<std::string> devices) {
-  TZ_ASSERT(disks_.empty(), "the swap devices are set once");
   disks_ = std::move(devices);
 }
 
@@ -160,8 +159,7 @@ void Accounting::open_step() {
   step_open_ = true;
   step_start_ = Clock::now();
   process_cpu_base_ = process_cpu_seconds();
-  disk_base_.clear();
-  for (const std::string& d : disks_) disk_base_.push_back(disk_counters(d));
+  if (!disks_.empty()) disk_base_ = disk_counters(disks_);
   comm_base_ = ctx_.comm.counters();
   const store::StoreStats ss = ctx_.store->stats();
   nvme_read_base_ = ss.nvme_read_bytes();
@@ -191,20 +189,21 @@ StepBound step_bound_of(const BoundTerms& t) {
 }
 
 // The swap devices' counters since the step opened, over its `step_s` seconds; a device whose
-// counters could not be read at either end is left out.
+// counters could not be read at either end, or were reset, is left out.
 std::vector<DiskStep> Accounting::disk_steps(double step_s) const {
   std::vector<DiskStep> out;
+  if (disks_.empty() || step_s <= 0) return out;
+  const std::vector<DiskCounters> now = disk_counters(disks_);
   for (std::size_t i = 0; i < disks_.size() && i < disk_base_.size(); ++i) {
-    const DiskCounters& a = disk_base_[i];
-    const DiskCounters b = disk_counters(disks_[i]);
-    if (!a.known || !b.known || step_s <= 0) continue;
+    const DiskDelta delta = disk_delta(disk_base_[i], now[i]);
+    if (!delta.known) continue;
     DiskStep d;
     d.device = disks_[i];
     // io_ticks moves in jiffies (1-10 ms): a step of a few milliseconds can read past 1.
-    d.busy_fraction = std::min(1.0, static_cast<double>(b.busy_ms - a.busy_ms) / 1e3 / step_s);
-    d.mean_in_flight = static_cast<double>(b.queue_ms - a.queue_ms) / 1e3 / step_s;
-    d.read_bytes = b.read_bytes - a.read_bytes;
-    d.write_bytes = b.write_bytes - a.write_bytes;
+    d.busy_fraction = std::min(1.0, static_cast<double>(delta.busy_ms) / 1e3 / step_s);
+    d.mean_in_flight = static_cast<double>(delta.queue_ms) / 1e3 / step_s;
+    d.read_bytes = delta.read_bytes;
+    d.write_bytes = delta.write_bytes;
     out.push_back(std::move(d));
   }
   return out;

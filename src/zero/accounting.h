@@ -38,8 +38,8 @@ class Accounting {
   // The host pools whose bytes count in the host tier (the engine's, the overlap mode's or null);
   // once the store exists.
   void set_pools(const PinnedPool* pool, const PinnedPool* overlap_pool);
-  // The block devices (by their /proc/diskstats names) under the swap paths, for the step
-  // report's `disks`; once, before the first step.
+  // The disks (by their /proc/diskstats names) under the swap paths, for the step report's
+  // `disks`; before the first step.
   void set_disks(std::vector<std::string> devices);
 
   std::uint64_t param_count() const { return param_count_; }

@@ -15,12 +15,13 @@ lines = [json.loads(l) for l in open(sys.argv[1])]
 step_keys = ["step", "loss", "lr", "grad_norm", "loss_scale", "step_s", "tokens_per_s", "bound_s",
              "bound_term", "bound_terms_s",
              "stall_fraction", "wait_params_fraction", "wait_grads_fraction",
-             "wait_optimizer_fraction", "bytes_in_use"]
+             "wait_optimizer_fraction", "bytes_in_use", "disks"]
 assert [l["step"] for l in lines] == [1, 2, 3], [l.get("step") for l in lines]
 for l in lines:
     missing = [k for k in step_keys if k not in l]
     assert not missing, f"step {l['step']} lacks {missing}"
     assert set(l["bytes_in_use"]) == {"device", "host", "nvme"}, l["bytes_in_use"]
+    assert l["disks"] == {}, l["disks"]  # no NVMe offload: no swap disk
     assert math.isfinite(l["loss"]) and l["loss"] > 0, l
     # Byte-level model at init: the loss is near ln(256) = 5.55, never far from it in 3 steps.
     assert 3.0 < l["loss"] < 7.0, l["loss"]

@@ -1,7 +1,8 @@
 // core/host_probe.h: /proc/meminfo parsed from hand-written text (units, missing and malformed
 // lines), this host's probes against the kernel's own answers read another way (getrlimit,
-// statvfs), a filesystem query that fails names the path, and /proc/diskstats parsed from
-// hand-written text and read for the block device under "/".
+// statvfs), a filesystem query that fails names the path, /proc/diskstats parsed from
+// hand-written text, counter deltas across a wrap and a reset, sysfs names against diskstats'
+// and the disk under "/".
 #include "core/host_probe.h"
 
 #include <gtest/gtest.h>
@@ -9,7 +10,11 @@
 #include <sys/statvfs.h>
 
 #include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <string>
+#include <vector>
 
 namespace tz {
 namespace {
@@ -107,6 +112,64 @@ TEST(HostProbe, ParsesTheDevicesDiskstatsLine) {
   EXPECT_EQ(old.queue_ms, 6u);
 }
 
+TEST(HostProbe, DiskDeltaWrapsTheTimesAndDropsAResetDevice) {
+  DiskCounters a;
+  a.known = true;
+  a.read_bytes = 1000;
+  a.write_bytes = 2000;
+  a.busy_ms = 0xFFFFFF00u;  // 256 ms before the kernel's 32-bit milliseconds wrap
+  a.queue_ms = 0xFFFFFFF0u;
+  DiskCounters b = a;
+  b.read_bytes = 5096;
+  b.write_bytes = 2000;
+  b.busy_ms = 0x100;  // wrapped: 512 ms later
+  b.queue_ms = 0x10;
+  const DiskDelta d = disk_delta(a, b);
+  ASSERT_TRUE(d.known);
+  EXPECT_EQ(d.read_bytes, 4096u);
+  EXPECT_EQ(d.write_bytes, 0u);
+  EXPECT_EQ(d.busy_ms, 512u);
+  EXPECT_EQ(d.queue_ms, 32u);
+  DiskCounters reset = b;
+  reset.write_bytes = 10;  // fewer sectors than before: the device came back
+  EXPECT_FALSE(disk_delta(a, reset).known);
+  EXPECT_FALSE(disk_delta(DiskCounters{}, b).known);
+}
+
+TEST(HostProbe, APartitionCountsAsItsDisk) {
+  EXPECT_EQ(block_device_name("../../devices/pci0000:00/0000:00:04.0/nvme/nvme0/nvme0n1/nvme0n1p2",
+                              true),
+            "nvme0n1");
+  EXPECT_EQ(block_device_name("../../devices/pci0000:00/0000:00:05.0/virtio2/block/vda", false),
+            "vda");
+  EXPECT_EQ(block_device_name("../../devices/virtual/block/dm-0", false), "dm-0");
+}
+
+// Every block device of this host: the name /sys/dev/block/MAJOR:MINOR gives is the one
+// /proc/diskstats writes on that device's line.
+TEST(HostProbe, SysfsNamesMatchDiskstatsNames) {
+  std::ifstream in("/proc/diskstats");
+  std::string line;
+  int checked = 0;
+  while (std::getline(in, line) && checked < 8) {
+    std::istringstream fields(line);
+    std::string major, minor, name;
+    if (!(fields >> major >> minor >> name)) continue;
+    const std::string link = "/sys/dev/block/" + major + ":" + minor;
+    std::error_code ec;
+    const auto target = std::filesystem::read_symlink(link, ec);
+    if (ec) continue;
+    const bool partition = std::filesystem::exists(link + "/partition", ec);
+    // A partition's own name is the link's last component; block_device_name maps it to its disk.
+    EXPECT_EQ(block_device_name(target.string(), false), name) << link;
+    if (partition) {
+      EXPECT_NE(block_device_name(target.string(), true), name) << link;
+    }
+    ++checked;
+  }
+  if (checked == 0) GTEST_SKIP() << "no /proc/diskstats line with a /sys/dev/block link";
+}
+
 TEST(HostProbe, BlockDeviceOfAPseudoFilesystemIsNotFound) {
   const Result<std::string> proc = block_device_of("/proc");
   ASSERT_FALSE(proc.is_ok());
@@ -122,12 +185,15 @@ TEST(HostProbe, BlockDeviceOfAPseudoFilesystemIsNotFound) {
 TEST(HostProbe, TheRootFilesystemsDeviceHasCounters) {
   const Result<std::string> dev = block_device_of("/");
   if (!dev.is_ok()) GTEST_SKIP() << "no block device under /: " << dev.status().to_string();
-  const DiskCounters a = disk_counters(*dev);
-  ASSERT_TRUE(a.known) << *dev << " has no line in /proc/diskstats";
-  const DiskCounters b = disk_counters(*dev);
-  ASSERT_TRUE(b.known);
-  EXPECT_GE(b.read_bytes, a.read_bytes);
-  EXPECT_GE(b.busy_ms, a.busy_ms);
+  const std::vector<DiskCounters> a = disk_counters({*dev, "no-such-disk"});
+  ASSERT_EQ(a.size(), 2u);
+  ASSERT_TRUE(a[0].known) << *dev << " has no line in /proc/diskstats";
+  EXPECT_FALSE(a[1].known);
+  // A booted system has read its root filesystem.
+  EXPECT_GT(a[0].read_bytes, 0u);
+  const std::vector<DiskCounters> b = disk_counters({*dev});
+  ASSERT_TRUE(b[0].known);
+  EXPECT_TRUE(disk_delta(a[0], b[0]).known);
 }
 
 }  // namespace
