@@ -73,9 +73,11 @@ namespace {
 double share(const zero::StepReport& r, double s) { return r.step_s > 0 ? s / r.step_s : 0.0; }
 
 // The swap disks' share of the step with a request in flight, for the step line: " | disk vda
-// 63% busy" (nothing without one).
+// 63% busy"; nothing without one, or for a step under 50 ms, which the kernel's counters (in
+// jiffies, 1-10 ms) cannot split.
 std::string disks_text(const zero::StepReport& r) {
   std::string text;
+  if (r.step_s < 0.05) return text;
   for (const zero::DiskStep& d : r.disks) {
     char buf[64];
     std::snprintf(buf, sizeof(buf), " %.0f%% busy", 100 * d.busy_fraction);
