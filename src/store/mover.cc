@@ -2,13 +2,12 @@
 // FIFO order per tier, copies, zero fills, frees), the NVMe <-> device staging pipeline, the I/O
 // scheduling (in-flight bound, mixed or grouped directions) and the device completions reported
 // by stream callbacks. It is the only thread that drives the swap space's IoQueue.
-#include <xxhash.h>
-
 #include <algorithm>
 #include <cstring>
 
 #include "core/log.h"
 #include "core/trace.h"
+#include "core/xxhash.h"
 #include "store/store_impl.h"
 
 namespace tz::store {

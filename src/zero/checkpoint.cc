@@ -8,7 +8,6 @@
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
-#include <xxhash.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -20,6 +19,7 @@
 
 #include "core/log.h"
 #include "core/safetensors.h"
+#include "core/xxhash.h"
 #include "zero/layout.h"
 
 namespace tz::zero {

@@ -6,12 +6,11 @@
 // finalize, weights in and out, the micro-batch calls, step, params_xxh3) and its block helpers.
 #include "zero/engine.h"
 
-#include <xxhash.h>
-
 #include <algorithm>
 
 #include "core/host_probe.h"
 #include "core/log.h"
+#include "core/xxhash.h"
 #include "cpu/simd.h"
 #include "gpu/workspaces.h"
 #include "store/stack.h"
