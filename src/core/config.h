@@ -54,7 +54,7 @@ struct ZeroConfig {
 
 struct AioConfig {
   std::uint64_t block_size = 1048576;
-  std::int64_t queue_depth = 8;
+  std::int64_t queue_depth = 32;
   std::int64_t intra_op_parallelism = 1;
   std::int64_t thread_count = 1;
   bool single_submit = false;

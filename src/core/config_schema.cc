@@ -178,7 +178,7 @@ const std::vector<KeySpec>& schema() {
 
       {"aio.block_size", Kind::kSize, 4096, 1ull << 30, kNone, 1048576,
        "Bytes per NVMe request; a multiple of 4096.", TZ_BIND(aio.block_size)},
-      {"aio.queue_depth", Kind::kInt, 1, 4096, kNone, 8, "NVMe requests in flight per file.",
+      {"aio.queue_depth", Kind::kInt, 1, 4096, kNone, 32, "NVMe requests in flight per file.",
        TZ_BIND(aio.queue_depth)},
       {"aio.intra_op_parallelism", Kind::kInt, 1, 256, kNone, 1,
        "Parallel submitters per transfer.", TZ_BIND(aio.intra_op_parallelism)},

@@ -78,6 +78,13 @@ DType gradient_accumulator_dtype(DType compute_dtype, Placement home,
   return accumulation_steps == 1 && home != Placement::kDevice ? compute_dtype : DType::kF32;
 }
 
+std::uint64_t io_in_flight_bytes(const Config& config, std::size_t paths,
+                                 std::uint64_t chunk_bytes) {
+  const auto depth = static_cast<std::uint64_t>(std::max<std::int64_t>(config.aio.queue_depth, 1));
+  const std::uint64_t files = std::max<std::size_t>(paths, 1);
+  return std::max(2 * depth * files * chunk_bytes, 4 * chunk_bytes);
+}
+
 Result<PlanInputs> plan_inputs(const EngineOptions& options, int world_size,
                                std::uint64_t device_budget_bytes) {
   const Config& c = options.config;
@@ -425,7 +432,7 @@ std::uint64_t size_store_staging(const PlanContext& c, MemoryPlan& plan,
     so.chunk_bytes = std::min<std::uint64_t>(so.chunk_bytes, store::swap_block_bytes(c.config));
   }
   so.staging_buffers = 4;
-  so.max_io_in_flight_bytes = std::max<std::uint64_t>(so.chunk_bytes * 4, 16u << 20);
+  so.max_io_in_flight_bytes = io_in_flight_bytes(c.config, c.in.nvme_paths, so.chunk_bytes);
   plan.stage16_bytes = round_up(c.max_padded * c.es, 4096);
   plan.stage32_bytes = round_up(c.max_padded * 4, 4096);
   return so.staging_buffers * so.chunk_bytes + plan.stage16_bytes + plan.stage32_bytes;

@@ -67,6 +67,14 @@ inline bool gather_pins_shard(int stage, int world_size) { return stage == 3 && 
 Result<PlanInputs> plan_inputs(const EngineOptions& options, int world_size,
                                std::uint64_t device_budget_bytes);
 
+// The store's bound on NVMe bytes in flight (StoreOptions::max_io_in_flight_bytes) for jobs of
+// `chunk_bytes` over `paths` swap files: twice what the kernel holds (aio.queue_depth requests
+// per file), so that a reap refills the kernel's queue at once from the engine's own, and at
+// least four chunks. gpt2-774m with both offloads on NVMe, eager: the disk waited for the store's
+// mover between completions at one depth (bench/RESULTS.md, seventeenth session).
+std::uint64_t io_in_flight_bytes(const Config& config, std::size_t paths,
+                                 std::uint64_t chunk_bytes);
+
 // The directories the swap files go to, as the engine picks them: EngineOptions::nvme_path when
 // set, else the nvme_path of each offload section whose device is nvme (each path once).
 std::vector<std::string> swap_paths(const EngineOptions& options);

@@ -23,6 +23,6 @@ for f in "$dir"/good/*.json; do
 done
 # --print shows the resolved config with defaults, as JSON.
 "$tz" config check --print "$dir/good/ds_zero2_cpu_offload.json" | tail -n +2 |
-  python3 -c 'import json,sys; c=json.load(sys.stdin); assert c["aio"]["queue_depth"]==8, c' ||
+  python3 -c 'import json,sys; c=json.load(sys.stdin); assert c["aio"]["queue_depth"]==32, c' ||
   { echo "FAIL --print"; fail=1; }
 exit $fail

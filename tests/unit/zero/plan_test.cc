@@ -129,6 +129,8 @@ TEST(ZeroPlan, Stage3ParamsCpuOptimizerNvmeByHand) {
   EXPECT_EQ(term_of(p, Tier::kHost, "store staging"), 4u * 401408);
   EXPECT_EQ(term_of(p, Tier::kHost, "engine staging"), 200704u * 2 + 200704u * 4);
   EXPECT_EQ(term_of(p, Tier::kNvme, "home blocks"), nvme_home);
+  // NVMe bytes in flight: twice aio.queue_depth's 32 chunks on the one swap path.
+  EXPECT_EQ(p.store.max_io_in_flight_bytes, 2u * 32 * 401408);
 
   const TierBytes b = p.bytes();
   EXPECT_EQ(b.host, host_home + nvme_home + 4 * 401408 + 200704 * 6);
@@ -142,6 +144,30 @@ TEST(ZeroPlan, Stage3ParamsCpuOptimizerNvmeByHand) {
   const std::uint64_t need = nvme_home + 2 * 5 * 4096;
   EXPECT_EQ(p.swap_bytes_per_path, (need + (1u << 20) + (1u << 20) - 1) / (1u << 20) * (1u << 20) +
                                        4 * (1u << 20));
+}
+
+// The store keeps twice the kernel's queue in flight (aio.queue_depth per swap file), so that a
+// reap refills the kernel at once from the engine's queue; never fewer than four chunks.
+TEST(ZeroPlan, NvmeBytesInFlightAreTwiceTheKernelsQueue) {
+  Config config;
+  EXPECT_EQ(config.aio.queue_depth, 32);
+  EXPECT_EQ(io_in_flight_bytes(config, 1, 1u << 20), 64ull << 20);
+  EXPECT_EQ(io_in_flight_bytes(config, 3, 1u << 20), 192ull << 20);
+  config.aio.queue_depth = 8;
+  EXPECT_EQ(io_in_flight_bytes(config, 1, 1u << 20), 16ull << 20);
+  config.aio.queue_depth = 1;
+  EXPECT_EQ(io_in_flight_bytes(config, 1, 1u << 20), 4ull << 20);
+  EXPECT_EQ(io_in_flight_bytes(config, 0, 1u << 20), 4ull << 20);
+
+  // The plan's store options take it, over the paths the state is striped across.
+  PlanInputs in{.stage = 3, .compute_dtype = DType::kBF16, .optimizer = Placement::kNvme,
+                .param = Placement::kHost, .grad = Placement::kHost, .optimizer_states = 2,
+                .world_size = 2, .activation_bytes = 1000000, .device_budget_bytes = 1ull << 30,
+                .nvme_paths = 2};
+  config.aio.queue_depth = 16;
+  auto got = plan_memory(in, config, two_units_two_ranks());
+  ASSERT_TRUE(got.is_ok()) << got.status().to_string();
+  EXPECT_EQ(got->store.max_io_in_flight_bytes, 2u * 16 * 2 * got->store.chunk_bytes);
 }
 
 // Stage 1 on the device: everything in the device tier; no gather buffers below stage 3.
