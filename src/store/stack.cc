@@ -25,6 +25,10 @@ std::uint64_t swap_block_bytes(const Config& config) {
   return nvme::nvme_settings(config).queue_options.block_bytes;
 }
 
+std::uint64_t swap_queue_requests(const Config& config, std::size_t files) {
+  return nvme::nvme_settings(config, files).engine_options.queue_depth;
+}
+
 std::uint64_t default_swap_stripe_bytes() { return nvme::SwapOptions{}.stripe_bytes; }
 
 namespace {

@@ -62,6 +62,8 @@ struct SwapDescription {
 SwapDescription swap_description(const Config& config, const std::vector<std::string>& paths);
 // The swap queue's block size the config asks for (aio.block_size rounded up to 4 KiB).
 std::uint64_t swap_block_bytes(const Config& config);
+// The requests the swap engine holds in flight over `files` swap files (aio.queue_depth per file).
+std::uint64_t swap_queue_requests(const Config& config, std::size_t files);
 // The swap space's default stripe (nvme::SwapOptions).
 std::uint64_t default_swap_stripe_bytes();
 

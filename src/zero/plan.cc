@@ -80,9 +80,9 @@ DType gradient_accumulator_dtype(DType compute_dtype, Placement home,
 
 std::uint64_t io_in_flight_bytes(const Config& config, std::size_t paths,
                                  std::uint64_t chunk_bytes) {
-  const auto depth = static_cast<std::uint64_t>(std::max<std::int64_t>(config.aio.queue_depth, 1));
-  const std::uint64_t files = std::max<std::size_t>(paths, 1);
-  return std::max(2 * depth * files * chunk_bytes, 4 * chunk_bytes);
+  // The engine's capacity: aio.queue_depth requests per swap file, as the swap space opens it.
+  const std::uint64_t kernel = store::swap_queue_requests(config, paths);
+  return std::max(2 * kernel * chunk_bytes, 4 * chunk_bytes);
 }
 
 Result<PlanInputs> plan_inputs(const EngineOptions& options, int world_size,
