@@ -57,13 +57,20 @@ struct CpuFeatures {
   bool avx512_vnni = false, avx512_bf16 = false, avx512_fp16 = false;
   bool amx_tile = false, amx_int8 = false, amx_bf16 = false;
   bool os_avx = false, os_avx512 = false, os_amx = false;
+  bool amd = false;  // "AuthenticAMD"
+  unsigned family = 0;  // base family, plus the extended family where the base is 0xf
 };
 
 CpuFeatures cpu_features() {
   CpuFeatures f;
 #if defined(__x86_64__) || defined(__i386__)
   unsigned a = 0, b = 0, c = 0, d = 0;
+  if (__get_cpuid(0, &a, &b, &c, &d) != 0) {
+    f.amd = b == 0x68747541 && d == 0x69746e65 && c == 0x444d4163;  // "Auth" "enti" "cAMD"
+  }
   if (__get_cpuid(1, &a, &b, &c, &d) == 0) return f;
+  f.family = (a >> 8) & 0xf;
+  if (f.family == 0xf) f.family += (a >> 20) & 0xff;
   f.sse41 = (c >> 19) & 1;
   f.fma = (c >> 12) & 1;
   f.avx = (c >> 28) & 1;
@@ -257,10 +264,16 @@ GemmReport cpu_gemm_report(int threads, bool measure) {
     r.clock_ghz = mhz / 1000.0;
     r.clock_source = "/proc/cpuinfo cpu MHz";
   }
-  r.fma_units = 2;
-  r.fma_units_source = "assumed: 2 vector FMA pipes (Intel since Haswell, AMD since Zen 2; some "
-                       "Xeon Bronze/Silver/Gold 5xxx have one 512-bit unit)";
   r.fp32_lanes = (f.avx512f && f.os_avx512) ? 16 : (f.avx2 && f.fma && f.os_avx) ? 8 : 4;
+  if (r.fp32_lanes == 16 && f.amd && f.family == 0x19) {
+    r.fma_units = 1;
+    r.fma_units_source = "AMD Zen 4 (family 19h): its two FMA pipes are 256 bits wide, and a "
+                         "512-bit FMA takes both";
+  } else {
+    r.fma_units = 2;
+    r.fma_units_source = "assumed: 2 vector FMA pipes (Intel since Haswell, AMD since Zen 2; "
+                         "some Xeon Bronze/Silver/Gold 5xxx have one 512-bit unit)";
+  }
   r.peak_gflops = r.threads * r.clock_ghz * r.fma_units * r.fp32_lanes * 2.0;
 
   if (measure) {
