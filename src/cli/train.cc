@@ -338,6 +338,7 @@ void print_summary(const RunSetup& s, const train::TrainResult& r) {
     j["bound_term"] = steady_bound_term(r.bound_term_names);
     j["bound_terms_s"] = steady_bound_terms(r.bound_terms).to_json();
     j["bandwidth_bytes_per_s"] = r.bandwidths;
+    j["nvme_ceiling_scale"] = r.nvme_ceiling_scale;
     j["params"] = r.params;
     j["params_xxh3"] = hex64(r.params_xxh3);
     j["peak_bytes"] = r.peak_bytes.to_json();
@@ -361,6 +362,10 @@ void print_summary(const RunSetup& s, const train::TrainResult& r) {
   if (!r.bound_terms.empty()) {
     std::printf("  bound terms: %s\n",
                 train::bound_terms_text(steady_bound_terms(r.bound_terms)).c_str());
+    if (r.nvme_ceiling_scale > 1) {
+      std::printf("  the disk ran %.2fx the probe's bandwidths: the NVMe term counts that\n",
+                  r.nvme_ceiling_scale);
+    }
   }
   std::printf("  peak %s\n  plan %s\n  nvme per param per step: %.2f B read, %.2f B written\n",
               train::tier_text(r.peak_bytes).c_str(), train::tier_text(r.plan_bytes).c_str(),

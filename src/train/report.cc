@@ -102,6 +102,7 @@ void Reporter::write_metrics(const zero::StepReport& r, double loss,
   j["bound_term"] = r.bound_term;
   j["bound_terms_s"] = r.bound_terms.to_json();
   j["bandwidth_bytes_per_s"] = bandwidths_;
+  j["nvme_ceiling_scale"] = r.nvme_ceiling_scale;
   j["stall_fraction"] = share(r, r.stall_s);
   j["wait_params_fraction"] = share(r, r.stall_gather_s);
   j["wait_grads_fraction"] = share(r, r.stall_reduce_s);

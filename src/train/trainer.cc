@@ -220,6 +220,7 @@ void RankRun::record(int step, const zero::StepReport& rep, double loss, std::op
   result_->bound_s.push_back(rep.bound_s);
   result_->bound_term_names.push_back(rep.bound_term);
   result_->bound_terms.push_back(rep.bound_terms);
+  result_->nvme_ceiling_scale = rep.nvme_ceiling_scale;
   const double p = static_cast<double>(engine_->param_count());
   result_->nvme_read_per_param.push_back(static_cast<double>(rep.nvme_read_bytes) / p);
   result_->nvme_write_per_param.push_back(static_cast<double>(rep.nvme_write_bytes) / p);

@@ -73,6 +73,7 @@ struct TrainResult {
   std::vector<std::string> bound_term_names;  // per step: the term that set bound_s (StepReport)
   std::vector<zero::BoundTerms> bound_terms;   // per step: the terms bound_s is the max of
   nlohmann::ordered_json bandwidths;  // the bound's bandwidths (bandwidth_json), rank 0's engine
+  double nvme_ceiling_scale = 1;      // the last step's (StepReport::nvme_ceiling_scale)
   std::vector<double> nvme_read_per_param;
   std::vector<double> nvme_write_per_param;
   std::uint64_t params = 0;

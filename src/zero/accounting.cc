@@ -225,13 +225,52 @@ BoundTerms Accounting::bound_terms(const StepReport& r, std::uint64_t copy_bytes
   t.shared_cores = ctx_.device.host_accessible();
   if (t.shared_cores) t.shared_busy_s = BusyUnion::host_cores().seconds() - shared_busy_base_;
   if (options_.nvme_read_bytes_per_s > 0 && options_.nvme_write_bytes_per_s > 0) {
-    t.nvme_s = static_cast<double>(r.nvme_read_bytes) / options_.nvme_read_bytes_per_s +
-               static_cast<double>(r.nvme_write_bytes) / options_.nvme_write_bytes_per_s;
+    t.nvme_s = (static_cast<double>(r.nvme_read_bytes) / options_.nvme_read_bytes_per_s +
+                static_cast<double>(r.nvme_write_bytes) / options_.nvme_write_bytes_per_s) /
+               disk_scale_;
   }
   if (options_.copy_bytes_per_s > 0) {
     t.copy_s = static_cast<double>(copy_bytes) / options_.copy_bytes_per_s;
   }
   return t;
+}
+
+DiskShown disk_shown(const StepReport& r, double read_bw, double write_bw) {
+  DiskShown d;
+  if (read_bw <= 0 || write_bw <= 0) return d;
+  for (const DiskStep& disk : r.disks) {
+    d.read_bytes += disk.read_bytes;
+    d.write_bytes += disk.write_bytes;
+    d.took_s = std::max(d.took_s, disk.busy_fraction * r.step_s);
+  }
+  d.disk_counters = !r.disks.empty();
+  if (!d.disk_counters) {
+    d.read_bytes = r.nvme_read_bytes;
+    d.write_bytes = r.nvme_write_bytes;
+    d.took_s = r.step_s;
+  }
+  d.probe_s = static_cast<double>(d.read_bytes) / read_bw +
+              static_cast<double>(d.write_bytes) / write_bw;
+  if (d.took_s >= kDiskEvidenceS) d.scale = d.probe_s / d.took_s;
+  return d;
+}
+
+void Accounting::calibrate_disk(const StepReport& r, std::int64_t step) {
+  const DiskShown d =
+      disk_shown(r, options_.nvme_read_bytes_per_s, options_.nvme_write_bytes_per_s);
+  if (d.scale <= disk_scale_) return;
+  disk_scale_ = d.scale;
+  if (said_disk_scale_) return;
+  said_disk_scale_ = true;
+  TZ_LOG_INFO("step %lld: the disk moved %.2f GB read and %.2f GB written in %.2f s (%s), faster "
+              "than the probe's %.2f GB/s read and %.2f GB/s write allow (%.2f s): the probe met "
+              "a stall of the disk, and the bound's disk ceiling is raised %.2fx to what this "
+              "run showed (nvme_ceiling_scale)",
+              static_cast<long long>(step), static_cast<double>(d.read_bytes) / 1e9,
+              static_cast<double>(d.write_bytes) / 1e9, d.took_s,
+              d.disk_counters ? "the disk's busy time" : "the step's time",
+              options_.nvme_read_bytes_per_s / 1e9, options_.nvme_write_bytes_per_s / 1e9,
+              d.probe_s, disk_scale_);
 }
 
 // DESIGN.md's communication per rank per step for this config and model, in the ring's byte
@@ -307,19 +346,9 @@ void Accounting::close_step_report(StepReport& report, Clock::time_point t_opt, 
   report.state_read_ahead_bytes = ctx_.counters.state_read_ahead_bytes;
   ctx_.counters.state_read_ahead_bytes = 0;
   const std::uint64_t link_bytes = copy_link_bytes(ss);
+  calibrate_disk(report, step);
+  report.nvme_ceiling_scale = disk_scale_;
   report.bound_terms = bound_terms(report, link_bytes - copy_link_base_ + ctx_.counters.copy_bytes);
-  // The disk moved this step's bytes faster than the probe's bandwidths allow: the probe (a short
-  // burst) measured a stall, and the NVMe term is no lower bound for this run. Said once.
-  if (report.bound_terms.nvme_s > 1.05 * report.step_s && !warned_slow_probe_) {
-    warned_slow_probe_ = true;
-    TZ_LOG_WARN("step %lld: the disk moved %.2f GB in %.2f s, faster than the bound's probe of "
-                "the disk allows (%.2f s at %.2f GB/s read, %.2f GB/s write): the probe met a "
-                "stall of the disk, and the bound's NVMe term is no lower bound in this run",
-                static_cast<long long>(step),
-                static_cast<double>(report.nvme_read_bytes + report.nvme_write_bytes) / 1e9,
-                report.step_s, report.bound_terms.nvme_s, options_.nvme_read_bytes_per_s / 1e9,
-                options_.nvme_write_bytes_per_s / 1e9);
-  }
   const StepBound bound = step_bound_of(report.bound_terms);
   report.bound_s = bound.seconds;
   report.bound_term = bound.term;

@@ -27,6 +27,23 @@ struct StepBound {
 // both, so it is at least each one), their sum where it is not. Pure (tests/unit/zero/bound_test).
 StepBound step_bound_of(const BoundTerms& terms);
 
+// What a step shows of the disk against the bandwidth probe's `read_bw` and `write_bw`: the bytes
+// the swap disks moved (the kernel's counts, StepReport::disks) and the time they took (the
+// longest busy time among them), or without those counts the store's bytes over the step's time;
+// the time those bytes take at the probe's bandwidths; and their ratio, `scale`, when the time is
+// at least kDiskEvidenceS (the counters move in jiffies of 1-10 ms), else 0. A scale above 1
+// says the probe (a short burst) met a stall of the disk. Pure (tests/unit/zero/bound_test).
+inline constexpr double kDiskEvidenceS = 0.25;
+struct DiskShown {
+  std::uint64_t read_bytes = 0;
+  std::uint64_t write_bytes = 0;
+  double took_s = 0;
+  double probe_s = 0;
+  double scale = 0;
+  bool disk_counters = false;
+};
+DiskShown disk_shown(const StepReport& r, double read_bw, double write_bw);
+
 class Accounting {
  public:
   Accounting(EngineContext& ctx, const EngineOptions& options) : ctx_(ctx), options_(options) {}
@@ -82,6 +99,11 @@ class Accounting {
   // time in the step's window (BusyUnion::host_cores()). A bandwidth of 0 (unknown) drops its
   // term. step_bound_of turns them into the bound.
   BoundTerms bound_terms(const StepReport& r, std::uint64_t copy_bytes) const;
+  // The probe (a short burst at the run's start) can meet a stall of the disk, and a step then
+  // moves its bytes in less time than the probe's bandwidths allow: raises disk_scale_ to what
+  // the step showed (disk_shown), for it and the rest of the run, so that the NVMe term stays a
+  // lower bound. The first raise is logged.
+  void calibrate_disk(const StepReport& r, std::int64_t step);
 
   // DESIGN.md's communication per rank per step for this config and model, in the ring's byte
   // counts (comm::ring_bytes): every micro-batch reduce-scatters each trainable unit (the 16-bit
@@ -111,7 +133,10 @@ class Accounting {
   double process_cpu_base_ = 0;    // process_cpu_seconds() when the step opened
   std::vector<std::string> disks_;       // set_disks
   std::vector<DiskCounters> disk_base_;  // per disk: its counters when the step opened
-  bool warned_slow_probe_ = false;  // the NVMe term passed a step's time once (warned)
+  // How much faster than the probe's bandwidths the disk has shown it can move bytes: the most
+  // any step so far showed (calibrate_disk), 1 while the probe holds. The NVMe term divides by it.
+  double disk_scale_ = 1;
+  bool said_disk_scale_ = false;  // the first raise was logged
   comm::CommCounters comm_base_;
   std::uint64_t nvme_read_base_ = 0;
   std::uint64_t nvme_write_base_ = 0;

@@ -148,7 +148,9 @@ struct BoundTerms {
   // process's cores ran a HostDevice compute stream's work or the CPU optimizer, whichever rank's
   // (core/busy_union.h BusyUnion::host_cores()): the two counted once where they overlap.
   double shared_busy_s = -1;
-  double nvme_s = -1;  // NVMe read bytes / read bandwidth + write bytes / write bandwidth
+  // NVMe read bytes / read bandwidth + write bytes / write bandwidth, over the run's raise of the
+  // probe's bandwidths (StepReport::nvme_ceiling_scale)
+  double nvme_s = -1;
   double copy_s = -1;  // host <-> device bytes / copy bandwidth
   // Compute and the CPU optimizer run on the same cores (a host-memory device).
   bool shared_cores = false;
@@ -185,6 +187,10 @@ struct StepReport {
   // bandwidth is 0 never set it.
   std::string bound_term = "compute";
   BoundTerms bound_terms;  // what bound_s was the max of
+  // The factor by which this run's steps so far showed the disk faster than the bandwidth probe
+  // (1: the probe held); BoundTerms::nvme_s is the bytes at the probe's bandwidths over it
+  // (docs/train.md, "The step's bound").
+  double nvme_ceiling_scale = 1;
   double stall_s = 0;             // time the rank's thread waited, by cause below
   double stall_gather_s = 0;
   double stall_reduce_s = 0;

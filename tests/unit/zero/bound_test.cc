@@ -2,6 +2,7 @@
 // the bound and term written out by hand from DESIGN.md's max(compute, NVMe, copy, optimizer);
 // where compute and the optimizer share the cores, one term: the union of their busy time (at
 // least each of the two), or their sum where the union is unknown; unknown terms (< 0) left out.
+// And what a step shows of the disk against the bandwidth probe (disk_shown).
 #include <gtest/gtest.h>
 
 #include <string>
@@ -67,6 +68,50 @@ TEST(StepBound, TermChoiceTable) {
     EXPECT_DOUBLE_EQ(b.seconds, r.seconds) << r.name;
     EXPECT_EQ(std::string(b.term), r.term) << r.name;
   }
+}
+
+// What a step shows of the disk against the probe (disk_shown), rows written out by hand: the
+// swap disks' own bytes over the longest busy time among them (2 GB/s read, 1 GB/s write probe:
+// 4 GB read and 2 GB written take 4 s there); the store's bytes over the step's time without disk
+// counts; no scale below kDiskEvidenceS of evidence or without a probe.
+TEST(StepBound, DiskShownAgainstTheProbe) {
+  auto disk = [](std::string name, double busy, std::uint64_t read, std::uint64_t written) {
+    DiskStep d;
+    d.device = std::move(name);
+    d.busy_fraction = busy;
+    d.read_bytes = read;
+    d.write_bytes = written;
+    return d;
+  };
+  StepReport r;
+  r.step_s = 4.0;
+  r.nvme_read_bytes = 9'000'000'000;  // the store's: not used while the disks are counted
+  r.nvme_write_bytes = 9'000'000'000;
+  r.disks = {disk("vda", 0.5, 3'000'000'000, 1'000'000'000),
+             disk("vdb", 0.25, 1'000'000'000, 1'000'000'000)};
+  DiskShown d = disk_shown(r, 2e9, 1e9);
+  EXPECT_TRUE(d.disk_counters);
+  EXPECT_EQ(d.read_bytes, 4'000'000'000u);
+  EXPECT_EQ(d.write_bytes, 2'000'000'000u);
+  EXPECT_DOUBLE_EQ(d.took_s, 2.0);  // vda's 50% of 4 s
+  EXPECT_DOUBLE_EQ(d.probe_s, 4.0);
+  EXPECT_DOUBLE_EQ(d.scale, 2.0);   // twice what the probe allows
+
+  r.disks.clear();
+  r.nvme_read_bytes = 2'000'000'000;
+  r.nvme_write_bytes = 1'000'000'000;
+  d = disk_shown(r, 2e9, 1e9);
+  EXPECT_FALSE(d.disk_counters);
+  EXPECT_DOUBLE_EQ(d.took_s, 4.0);
+  EXPECT_DOUBLE_EQ(d.probe_s, 2.0);
+  EXPECT_DOUBLE_EQ(d.scale, 0.5);  // slower than the probe: no raise comes of it
+
+  r.step_s = 0.2;  // below kDiskEvidenceS
+  EXPECT_EQ(disk_shown(r, 2e9, 1e9).scale, 0.0);
+  r.step_s = 4.0;
+  r.disks = {disk("vda", 0.05, 1'000'000'000, 0)};  // busy 0.2 s: too little to judge
+  EXPECT_EQ(disk_shown(r, 2e9, 1e9).scale, 0.0);
+  EXPECT_EQ(disk_shown(r, 0, 1e9).scale, 0.0);  // no probe
 }
 
 }  // namespace
