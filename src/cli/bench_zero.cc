@@ -247,6 +247,7 @@ json step_line(const BenchZeroOptions& o, const zero::EngineOptions& eo, zero::E
   line["bound_s"] = rep.bound_s;
   line["bound_term"] = rep.bound_term;
   line["bound_terms_s"] = rep.bound_terms.to_json();
+  line["nvme_ceiling_scale"] = rep.nvme_ceiling_scale;
   line["loss"] = loss;
   line["grad_norm"] = rep.grad_norm;
   line["loss_scale"] = rep.loss_scale;

@@ -69,8 +69,7 @@ CpuFeatures cpu_features() {
     f.amd = b == 0x68747541 && d == 0x69746e65 && c == 0x444d4163;  // "Auth" "enti" "cAMD"
   }
   if (__get_cpuid(1, &a, &b, &c, &d) == 0) return f;
-  f.family = (a >> 8) & 0xf;
-  if (f.family == 0xf) f.family += (a >> 20) & 0xff;
+  f.family = cpuid_family(a);
   f.sse41 = (c >> 19) & 1;
   f.fma = (c >> 12) & 1;
   f.avx = (c >> 28) & 1;
@@ -265,15 +264,7 @@ GemmReport cpu_gemm_report(int threads, bool measure) {
     r.clock_source = "/proc/cpuinfo cpu MHz";
   }
   r.fp32_lanes = (f.avx512f && f.os_avx512) ? 16 : (f.avx2 && f.fma && f.os_avx) ? 8 : 4;
-  if (r.fp32_lanes == 16 && f.amd && f.family == 0x19) {
-    r.fma_units = 1;
-    r.fma_units_source = "AMD Zen 4 (family 19h): its two FMA pipes are 256 bits wide, and a "
-                         "512-bit FMA takes both";
-  } else {
-    r.fma_units = 2;
-    r.fma_units_source = "assumed: 2 vector FMA pipes (Intel since Haswell, AMD since Zen 2; "
-                         "some Xeon Bronze/Silver/Gold 5xxx have one 512-bit unit)";
-  }
+  r.fma_units = fma_units_for(f.amd, f.family, r.fp32_lanes, &r.fma_units_source);
   r.peak_gflops = r.threads * r.clock_ghz * r.fma_units * r.fp32_lanes * 2.0;
 
   if (measure) {
@@ -292,6 +283,22 @@ GemmReport cpu_gemm_report(int threads, bool measure) {
     r.sgemm_gflops = 2.0 * m * n * k / times[times.size() / 2] / 1e9;
   }
   return r;
+}
+
+unsigned cpuid_family(unsigned leaf1_eax) {
+  const unsigned base = (leaf1_eax >> 8) & 0xf;
+  return base == 0xf ? base + ((leaf1_eax >> 20) & 0xff) : base;
+}
+
+int fma_units_for(bool amd, unsigned family, int fp32_lanes, std::string* source) {
+  if (fp32_lanes == 16 && amd && family == 0x19) {
+    *source = "AMD Zen 4 (family 19h): its two FMA pipes are 256 bits wide, and a 512-bit FMA "
+              "takes both";
+    return 1;
+  }
+  *source = "assumed: 2 vector FMA pipes (Intel since Haswell, AMD since Zen 2; some Xeon "
+            "Bronze/Silver/Gold 5xxx have one 512-bit unit)";
+  return 2;
 }
 
 std::string gemm_report_line(const GemmReport& r) {

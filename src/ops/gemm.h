@@ -52,6 +52,14 @@ GemmReport cpu_gemm_report(int threads, bool measure);
 // warning ("; warning: ...").
 std::string gemm_report_line(const GemmReport& r);
 
+// The CPU family from CPUID leaf 1's eax: the base family, plus the extended family where the
+// base is 0xf (AMD Zen 4's 0x00a10f11 gives 0x19, an Intel Xeon's 0x000806f8 gives 6).
+unsigned cpuid_family(unsigned leaf1_eax);
+// The vector FMA units a core of this vendor (`amd`: "AuthenticAMD") and family retires per cycle
+// at `fp32_lanes` (16: AVX-512), as the peak counts them, and in `source` why: 1 on AMD family 19h
+// with AVX-512 (Zen 4's two FMA pipes are 256 bits wide and a 512-bit FMA takes both), else 2.
+int fma_units_for(bool amd, unsigned family, int fp32_lanes, std::string* source);
+
 // Rank of a oneDNN ISA name in the order sse41 < avx < avx2 < avx2_vnni < avx512_core <
 // avx512_core_vnni < avx512_core_bf16 < avx512_core_amx; -1 for a name not in that list.
 int gemm_isa_rank(const std::string& isa);

@@ -27,12 +27,14 @@ struct StepBound {
 // both, so it is at least each one), their sum where it is not. Pure (tests/unit/zero/bound_test).
 StepBound step_bound_of(const BoundTerms& terms);
 
-// What a step shows of the disk against the bandwidth probe's `read_bw` and `write_bw`: the bytes
-// the swap disks moved (the kernel's counts, StepReport::disks) and the time they took (the
-// longest busy time among them), or without those counts the store's bytes over the step's time;
-// the time those bytes take at the probe's bandwidths; and their ratio, `scale`, when the time is
-// at least kDiskEvidenceS (the counters move in jiffies of 1-10 ms), else 0. A scale above 1
-// says the probe (a short burst) met a stall of the disk. Pure (tests/unit/zero/bound_test).
+// What a step shows of the disk against the bandwidth probe's `read_bw` and `write_bw`: bytes the
+// step moved, the time they took and the time they take at the probe's bandwidths, and `scale`,
+// the ratio of the two times, from whichever of two readings gives the larger: the swap disks'
+// own counts (StepReport::disks: their bytes over the longest busy time among them) when that
+// time is at least kDiskEvidenceS (the counters move in jiffies of 1-10 ms), and the store's bytes
+// over the step's time when the step is that long (they can pass the disk's counts: a swap file
+// read through the page cache). 0 with neither, or without both bandwidths. Above 1 the disk did
+// better than the probe. Pure (tests/unit/zero/bound_test).
 inline constexpr double kDiskEvidenceS = 0.25;
 struct DiskShown {
   std::uint64_t read_bytes = 0;
@@ -40,7 +42,7 @@ struct DiskShown {
   double took_s = 0;
   double probe_s = 0;
   double scale = 0;
-  bool disk_counters = false;
+  bool by_store = false;  // the store's bytes in the step's time gave the scale
 };
 DiskShown disk_shown(const StepReport& r, double read_bw, double write_bw);
 
@@ -102,7 +104,7 @@ class Accounting {
   // The probe (a short burst at the run's start) can meet a stall of the disk, and a step then
   // moves its bytes in less time than the probe's bandwidths allow: raises disk_scale_ to what
   // the step showed (disk_shown), for it and the rest of the run, so that the NVMe term stays a
-  // lower bound. The first raise is logged.
+  // lower bound. The first raise is logged (per rank: each has its own).
   void calibrate_disk(const StepReport& r, std::int64_t step);
 
   // DESIGN.md's communication per rank per step for this config and model, in the ring's byte
@@ -136,7 +138,8 @@ class Accounting {
   // How much faster than the probe's bandwidths the disk has shown it can move bytes: the most
   // any step so far showed (calibrate_disk), 1 while the probe holds. The NVMe term divides by it.
   double disk_scale_ = 1;
-  bool said_disk_scale_ = false;  // the first raise was logged
+  bool said_disk_scale_ = false;    // the first raise was logged
+  bool warned_short_step_ = false;  // a step too short to calibrate by passed its NVMe term
   comm::CommCounters comm_base_;
   std::uint64_t nvme_read_base_ = 0;
   std::uint64_t nvme_write_base_ = 0;

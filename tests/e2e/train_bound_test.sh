@@ -103,6 +103,10 @@ assert scales[0] >= 1 and all(b >= a for a, b in zip(scales, scales[1:])), scale
 said = err.count("the bound's disk ceiling is raised")
 assert said == (1 if scales[-1] > 1 else 0), (scales, said)
 assert s["nvme_ceiling_scale"] == scales[-1], (s["nvme_ceiling_scale"], scales)
+# Only a step too short to calibrate by (under 0.25 s) can still pass its NVMe term: warned once.
+over = [l for l in lines if l["bound_terms_s"]["nvme"] > 1.05 * l["step_s"]]
+assert all(l["step_s"] < 0.25 for l in over), over
+assert err.count("too short to raise the disk's ceiling by") == (1 if over else 0), (over, err)
 assert bw["nvme_read"] > 0 and bw["nvme_write"] > 0 and bw["copy"] > 0, bw
 assert re.search(r"^bound bandwidths: disk read [0-9.]+ GB/s, write [0-9.]+ GB/s; copy [0-9.]+ GB/s", err, re.M), err
 for l in lines:

@@ -70,10 +70,10 @@ TEST(StepBound, TermChoiceTable) {
   }
 }
 
-// What a step shows of the disk against the probe (disk_shown), rows written out by hand: the
-// swap disks' own bytes over the longest busy time among them (2 GB/s read, 1 GB/s write probe:
-// 4 GB read and 2 GB written take 4 s there); the store's bytes over the step's time without disk
-// counts; no scale below kDiskEvidenceS of evidence or without a probe.
+// What a step shows of the disk against the probe (disk_shown), rows written out by hand, with a
+// probe of 2 GB/s read and 1 GB/s write: the swap disks' own bytes over the longest busy time
+// among them, or the store's bytes over the step's time where those give more (a swap file read
+// through the page cache); no scale from less than kDiskEvidenceS of either, or without a probe.
 TEST(StepBound, DiskShownAgainstTheProbe) {
   auto disk = [](std::string name, double busy, std::uint64_t read, std::uint64_t written) {
     DiskStep d;
@@ -85,32 +85,44 @@ TEST(StepBound, DiskShownAgainstTheProbe) {
   };
   StepReport r;
   r.step_s = 4.0;
-  r.nvme_read_bytes = 9'000'000'000;  // the store's: not used while the disks are counted
-  r.nvme_write_bytes = 9'000'000'000;
+  r.nvme_read_bytes = 2'000'000'000;  // 2 s at the probe: 0.5 of the step
+  r.nvme_write_bytes = 1'000'000'000;
   r.disks = {disk("vda", 0.5, 3'000'000'000, 1'000'000'000),
              disk("vdb", 0.25, 1'000'000'000, 1'000'000'000)};
   DiskShown d = disk_shown(r, 2e9, 1e9);
-  EXPECT_TRUE(d.disk_counters);
+  EXPECT_FALSE(d.by_store);
   EXPECT_EQ(d.read_bytes, 4'000'000'000u);
   EXPECT_EQ(d.write_bytes, 2'000'000'000u);
   EXPECT_DOUBLE_EQ(d.took_s, 2.0);  // vda's 50% of 4 s
   EXPECT_DOUBLE_EQ(d.probe_s, 4.0);
   EXPECT_DOUBLE_EQ(d.scale, 2.0);   // twice what the probe allows
 
-  r.disks.clear();
+  r.nvme_read_bytes = 9'000'000'000;  // the store moved more than the disks: 13.5 s at the probe
+  r.nvme_write_bytes = 9'000'000'000;
+  d = disk_shown(r, 2e9, 1e9);
+  EXPECT_TRUE(d.by_store);
+  EXPECT_EQ(d.read_bytes, 9'000'000'000u);
+  EXPECT_DOUBLE_EQ(d.took_s, 4.0);
+  EXPECT_DOUBLE_EQ(d.probe_s, 13.5);
+  EXPECT_DOUBLE_EQ(d.scale, 3.375);
+
+  r.disks.clear();  // no disk counts: the store's bytes alone
   r.nvme_read_bytes = 2'000'000'000;
   r.nvme_write_bytes = 1'000'000'000;
   d = disk_shown(r, 2e9, 1e9);
-  EXPECT_FALSE(d.disk_counters);
-  EXPECT_DOUBLE_EQ(d.took_s, 4.0);
+  EXPECT_TRUE(d.by_store);
   EXPECT_DOUBLE_EQ(d.probe_s, 2.0);
   EXPECT_DOUBLE_EQ(d.scale, 0.5);  // slower than the probe: no raise comes of it
 
   r.step_s = 0.2;  // below kDiskEvidenceS
   EXPECT_EQ(disk_shown(r, 2e9, 1e9).scale, 0.0);
   r.step_s = 4.0;
+  r.nvme_read_bytes = 0;
+  r.nvme_write_bytes = 0;
   r.disks = {disk("vda", 0.05, 1'000'000'000, 0)};  // busy 0.2 s: too little to judge
   EXPECT_EQ(disk_shown(r, 2e9, 1e9).scale, 0.0);
+  r.disks = {disk("vda", 0.5, 1'000'000'000, 0)};
+  EXPECT_DOUBLE_EQ(disk_shown(r, 2e9, 1e9).scale, 0.25);
   EXPECT_EQ(disk_shown(r, 0, 1e9).scale, 0.0);  // no probe
 }
 
