@@ -225,8 +225,8 @@ BoundTerms Accounting::bound_terms(const StepReport& r, std::uint64_t copy_bytes
   t.shared_cores = ctx_.device.host_accessible();
   if (t.shared_cores) t.shared_busy_s = BusyUnion::host_cores().seconds() - shared_busy_base_;
   if (options_.nvme_read_bytes_per_s > 0 && options_.nvme_write_bytes_per_s > 0) {
-    t.nvme_s = (static_cast<double>(r.nvme_read_bytes) / options_.nvme_read_bytes_per_s +
-                static_cast<double>(r.nvme_write_bytes) / options_.nvme_write_bytes_per_s) /
+    t.nvme_s = seconds_at(r.nvme_read_bytes, r.nvme_write_bytes, options_.nvme_read_bytes_per_s,
+                          options_.nvme_write_bytes_per_s) /
                disk_scale_;
   }
   if (options_.copy_bytes_per_s > 0) {
@@ -235,23 +235,24 @@ BoundTerms Accounting::bound_terms(const StepReport& r, std::uint64_t copy_bytes
   return t;
 }
 
+double seconds_at(std::uint64_t read, std::uint64_t written, double read_bw, double write_bw) {
+  return static_cast<double>(read) / read_bw + static_cast<double>(written) / write_bw;
+}
+
 DiskShown disk_shown(const StepReport& r, double read_bw, double write_bw) {
   DiskShown d;
   if (read_bw <= 0 || write_bw <= 0) return d;
-  const auto at_probe = [&](std::uint64_t read, std::uint64_t written) {
-    return static_cast<double>(read) / read_bw + static_cast<double>(written) / write_bw;
-  };
   for (const DiskStep& disk : r.disks) {
     d.read_bytes += disk.read_bytes;
     d.write_bytes += disk.write_bytes;
     d.took_s = std::max(d.took_s, disk.busy_fraction * r.step_s);
   }
-  d.probe_s = at_probe(d.read_bytes, d.write_bytes);
+  d.probe_s = seconds_at(d.read_bytes, d.write_bytes, read_bw, write_bw);
   if (d.took_s >= kDiskEvidenceS) d.scale = d.probe_s / d.took_s;
   // The store's own bytes in the step's time: they can pass the disk's counts (a swap file read
   // through the page cache), and the NVMe term is of these bytes.
   if (r.step_s >= kDiskEvidenceS) {
-    const double store_s = at_probe(r.nvme_read_bytes, r.nvme_write_bytes);
+    const double store_s = seconds_at(r.nvme_read_bytes, r.nvme_write_bytes, read_bw, write_bw);
     if (store_s / r.step_s > d.scale) {
       d.read_bytes = r.nvme_read_bytes;
       d.write_bytes = r.nvme_write_bytes;

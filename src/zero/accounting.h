@@ -27,6 +27,10 @@ struct StepBound {
 // both, so it is at least each one), their sum where it is not. Pure (tests/unit/zero/bound_test).
 StepBound step_bound_of(const BoundTerms& terms);
 
+// The seconds `read` and `written` bytes take at `read_bw` and `write_bw` bytes per second (both
+// above 0): the NVMe term before the run's raise, and disk_shown's readings.
+double seconds_at(std::uint64_t read, std::uint64_t written, double read_bw, double write_bw);
+
 // What a step shows of the disk against the bandwidth probe's `read_bw` and `write_bw`: bytes the
 // step moved, the time they took and the time they take at the probe's bandwidths, and `scale`,
 // the ratio of the two times, from whichever of two readings gives the larger: the swap disks'
