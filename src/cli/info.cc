@@ -108,6 +108,9 @@ json gemm_report() {
   j["cpu_native_bf16"] = r.cpu_bf16;
   j["cpu_native_fp16"] = r.cpu_fp16;
   j["half_precision"] = r.half_precision;
+  j["bf16_gemm"] = r.bf16_gemm;
+  j["bf16_kernel"] = r.bf16_kernel;
+  j["bf16_gflops"] = r.bf16_gflops;
   j["summary"] = ops::gemm_report_line(r);
   j["warnings"] = r.warnings;
   return j;

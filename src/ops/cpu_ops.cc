@@ -1,7 +1,8 @@
 // The CPU backend of ops/ops.h: matmuls through ops/gemm.h (oneDNN), the rest from the Highway
 // primitives of cpu_kernels.cc, parallel with one oneTBB arena. Each op is one host_callback on
 // the caller's HostDevice stream; it takes the backend's run lock (ops of one backend run one at
-// a time, each using every thread) and converts 16-bit tensors to fp32 on the way in and out.
+// a time, each using every thread) and converts 16-bit tensors to fp32 on the way in and out,
+// except bf16 x bf16 matmuls on CPUs with native bf16 kernels, which take the tensors as they are.
 #include <omp.h>
 
 #include <algorithm>
@@ -84,9 +85,11 @@ size_t sz(std::int64_t v) { return static_cast<size_t>(v); }
 
 class CpuOps final : public Ops {
  public:
-  CpuOps(gpu::Device& device, int threads) : device_(device), threads_(threads) {
+  CpuOps(gpu::Device& device, int threads, bool native_bf16_gemm)
+      : device_(device), threads_(threads), bf16_gemm_(native_bf16_gemm && cpu_bf16_gemm_native()) {
     const GemmReport gemm = cpu_gemm_report(threads, /*measure=*/false);
-    name_ = "cpu (" + gemm.library + " sgemm " + gemm.kernel_target + "; " +
+    name_ = "cpu (" + gemm.library + " sgemm " + gemm.kernel_target +
+            (bf16_gemm_ ? ", bf16 " + gemm.bf16_kernel : std::string()) + "; " +
             std::to_string(threads) + " threads; " + cpu::simd_dispatch_target() + ")";
   }
 
@@ -235,8 +238,6 @@ class CpuOps final : public Ops {
       const size_t m = sz(rows);
       const size_t k = sz(in_dim);
       const size_t n = sz(out_dim);
-      const float* a = whole(kSlotX, x, m * k);
-      const float* w = whole(kSlotW, weight, k * n);
       float* y = out.dtype == DType::kF32 ? static_cast<float*>(out.data) : scratch(kSlotY, m * n);
       float beta = 0.0f;
       if (bias.data != nullptr) {
@@ -245,7 +246,12 @@ class CpuOps final : public Ops {
         beta = 1.0f;
       }
       const bool in_out = layout == WeightLayout::kInOut;
-      sgemm(false, !in_out, m, n, k, a, k, w, in_out ? n : k, beta, y, n);
+      if (native_bf16(x, weight)) {
+        gemm_bf16(false, !in_out, m, n, k, x, k, weight, in_out ? n : k, beta, y, n);
+      } else {
+        sgemm(false, !in_out, m, n, k, whole(kSlotX, x, m * k), k, whole(kSlotW, weight, k * n),
+              in_out ? n : k, beta, y, n);
+      }
       if (out.dtype != DType::kF32) store_whole(out, y, m * n, false);
     });
   }
@@ -259,26 +265,38 @@ class CpuOps final : public Ops {
       const size_t k = sz(in_dim);
       const size_t n = sz(out_dim);
       const bool in_out = layout == WeightLayout::kInOut;
-      const float* g = whole(kSlotY, dout, m * n);
+      const bool native_dx = dx.data != nullptr && native_bf16(dout, weight);
+      const bool native_dw = dweight.data != nullptr && native_bf16(x, dout);
+      // dout in fp32, for every use that does not take the bf16 tensor itself.
+      const bool widen_g = dbias.data != nullptr || (dx.data != nullptr && !native_dx) ||
+                           (dweight.data != nullptr && !native_dw);
+      const float* g = widen_g ? whole(kSlotY, dout, m * n) : nullptr;
       if (dx.data != nullptr) {
-        const float* w = whole(kSlotW, weight, k * n);
         const bool direct = dx.dtype == DType::kF32;
         const bool add = dx_mode == Accumulate::kAdd;
         float* d = direct ? static_cast<float*>(dx.data) : scratch(kSlotX, m * k);
+        const float beta = direct && add ? 1.0f : 0.0f;
         // kInOut: dx = dout W^T with W (k, n); kOutIn: dx = dout W with W (n, k).
-        sgemm(false, in_out, m, k, n, g, n, w, in_out ? n : k, direct && add ? 1.0f : 0.0f, d,
-              k);
+        if (native_dx) {
+          gemm_bf16(false, in_out, m, k, n, dout, n, weight, in_out ? n : k, beta, d, k);
+        } else {
+          sgemm(false, in_out, m, k, n, g, n, whole(kSlotW, weight, k * n), in_out ? n : k, beta,
+                d, k);
+        }
         if (!direct) store_whole(dx, d, m * k, add);
       }
       if (dweight.data != nullptr) {
-        const float* a = whole(kSlotX, x, m * k);
         const bool direct = dweight.dtype == DType::kF32;
         float* dw = direct ? static_cast<float*>(dweight.data) : scratch(kSlotW, k * n);
         const float beta = direct ? 1.0f : 0.0f;
-        if (in_out) {
-          sgemm(true, false, k, n, m, a, k, g, n, beta, dw, n);  // (k, n) += x^T dout
+        if (native_dw && in_out) {
+          gemm_bf16(true, false, k, n, m, x, k, dout, n, beta, dw, n);  // (k, n) += x^T dout
+        } else if (native_dw) {
+          gemm_bf16(true, false, n, k, m, dout, n, x, k, beta, dw, k);  // (n, k) += dout^T x
+        } else if (in_out) {
+          sgemm(true, false, k, n, m, whole(kSlotX, x, m * k), k, g, n, beta, dw, n);
         } else {
-          sgemm(true, false, n, k, m, g, n, a, k, beta, dw, k);  // (n, k) += dout^T x
+          sgemm(true, false, n, k, m, g, n, whole(kSlotX, x, m * k), k, beta, dw, k);
         }
         if (!direct) store_whole(dweight, dw, k * n, true);
       }
@@ -747,6 +765,17 @@ class CpuOps final : public Ops {
              const float* b, size_t ldb, float beta, float* c, size_t ldc) const {
     cpu_sgemm(threads_, trans_a, trans_b, m, n, k, a, lda, b, ldb, beta, c, ldc);
   }
+  // Whether a product of a and b runs on the native bf16 kernels: both bf16, and this backend
+  // uses them (OpsOptions::native_bf16_gemm on a CPU that has them).
+  bool native_bf16(ConstTensor a, ConstTensor b) const {
+    return bf16_gemm_ && a.dtype == DType::kBF16 && b.dtype == DType::kBF16;
+  }
+  // The same product as sgemm on two bf16 tensors, without widening them.
+  void gemm_bf16(bool trans_a, bool trans_b, size_t m, size_t n, size_t k, ConstTensor a,
+                 size_t lda, ConstTensor b, size_t ldb, float beta, float* c, size_t ldc) const {
+    cpu_gemm_bf16(threads_, trans_a, trans_b, m, n, k, static_cast<const std::uint16_t*>(a.data),
+                  lda, static_cast<const std::uint16_t*>(b.data), ldb, beta, c, ldc);
+  }
 
   // Keys kn rows from k0 (row(j): element offset of key j's head), k transposed into kt
   // (hd x kAttnBlock) and v into vs (kn x hd).
@@ -785,6 +814,7 @@ class CpuOps final : public Ops {
 
   gpu::Device& device_;
   int threads_;
+  bool bf16_gemm_;  // bf16 x bf16 matmuls on oneDNN's native bf16 kernels
   std::string name_;
   std::mutex run_mu_;  // held while an op runs: ops of this backend run one at a time
   std::vector<float> scratch_[kSlotCount];  // guarded by run_mu_
@@ -794,7 +824,7 @@ class CpuOps final : public Ops {
 
 Result<std::unique_ptr<Ops>> create_cpu_ops(gpu::Device& device, const OpsOptions& options) {
   const int threads = options.cpu_threads > 0 ? options.cpu_threads : omp_get_num_procs();
-  return std::unique_ptr<Ops>(new CpuOps(device, threads));
+  return std::unique_ptr<Ops>(new CpuOps(device, threads, options.native_bf16_gemm));
 }
 
 }  // namespace tz::ops::internal

@@ -6,6 +6,7 @@
 
 #include <omp.h>
 #include <oneapi/dnnl/dnnl.h>
+#include <oneapi/dnnl/dnnl.hpp>
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
@@ -18,6 +19,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <map>
+#include <tuple>
 #include <string>
 #include <vector>
 
@@ -192,6 +195,97 @@ void cpu_sgemm(int threads, bool trans_a, bool trans_b, std::size_t m, std::size
   TZ_ASSERT(st == dnnl_success, "dnnl_sgemm failed (status above)");
 }
 
+bool cpu_bf16_gemm_native() {
+  static const bool native = gemm_isa_rank(isa_name(dnnl_get_effective_cpu_isa())) >=
+                             gemm_isa_rank("avx512_core_bf16");
+  return native;
+}
+
+namespace {
+
+// One oneDNN matmul primitive per shape, kept by the thread that made it (no lock between ranks
+// as threads); oneDNN's own cache holds the generated kernels. Bounded: a caller that runs
+// through many shapes starts over rather than growing without end.
+struct Bf16Gemms {
+  using Key = std::tuple<std::size_t, std::size_t, std::size_t, bool, bool, std::size_t,
+                         std::size_t, std::size_t, float, int>;
+  dnnl::engine engine{dnnl::engine::kind::cpu, 0};
+  dnnl::stream stream{engine};
+  struct Entry {
+    dnnl::matmul primitive;
+    dnnl::memory::desc a, b, c;
+    std::string impl;  // oneDNN's name for the implementation
+  };
+  std::map<Key, Entry> primitives;
+};
+constexpr std::size_t kMaxBf16Primitives = 256;
+
+Bf16Gemms& thread_bf16_gemms() {
+  thread_local Bf16Gemms gemms;
+  return gemms;
+}
+
+// The primitive for this call's shape, with its operands' descriptions.
+const Bf16Gemms::Entry& bf16_primitive(Bf16Gemms& g, bool trans_a,
+                                                           bool trans_b, std::size_t m,
+                                                           std::size_t n, std::size_t k,
+                                                           std::size_t lda, std::size_t ldb,
+                                                           float beta, std::size_t ldc,
+                                                           int threads) {
+  const Bf16Gemms::Key key{m, n, k, trans_a, trans_b, lda, ldb, ldc, beta, threads};
+  if (auto it = g.primitives.find(key); it != g.primitives.end()) return it->second;
+  if (g.primitives.size() >= kMaxBf16Primitives) g.primitives.clear();
+  using dims = dnnl::memory::dims;
+  using dt = dnnl::memory::data_type;
+  const auto d = [](std::size_t v) { return static_cast<dnnl::memory::dim>(v); };
+  const dnnl::memory::desc a_md({d(m), d(k)}, dt::bf16, trans_a ? dims{1, d(lda)} : dims{d(lda), 1});
+  const dnnl::memory::desc b_md({d(k), d(n)}, dt::bf16, trans_b ? dims{1, d(ldb)} : dims{d(ldb), 1});
+  const dnnl::memory::desc c_md({d(m), d(n)}, dt::f32, dims{d(ldc), 1});
+  dnnl::primitive_attr attr;
+  if (beta != 0.0f) {
+    dnnl::post_ops ops;
+    ops.append_sum(beta);  // C = A B + beta C
+    attr.set_post_ops(ops);
+  }
+  try {
+    const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a_md, b_md, c_md), attr, g.engine);
+    Bf16Gemms::Entry e{dnnl::matmul(pd), a_md, b_md, c_md, pd.impl_info_str()};
+    return g.primitives.emplace(key, std::move(e)).first->second;
+  } catch (const dnnl::error& e) {
+    std::fprintf(stderr, "oneDNN bf16 matmul: %s (status %d) for m %zu, n %zu, k %zu\n", e.what(),
+                 static_cast<int>(e.status), m, n, k);
+    TZ_ASSERT(false, "oneDNN bf16 matmul: no primitive for this shape (message above)");
+  }
+}
+
+}  // namespace
+
+void cpu_gemm_bf16(int threads, bool trans_a, bool trans_b, std::size_t m, std::size_t n,
+                   std::size_t k, const std::uint16_t* a, std::size_t lda,
+                   const std::uint16_t* b, std::size_t ldb, float beta, float* c,
+                   std::size_t ldc) {
+  TZ_ASSERT(cpu_bf16_gemm_native(), "cpu_gemm_bf16 without native bf16 kernels");
+  const int team = threads > 0 ? threads : omp_get_num_procs();
+  omp_set_num_threads(team);  // this thread's own team, as in cpu_sgemm
+  if (internal::SgemmEntryHook hook = g_entry_hook.load(); hook != nullptr) hook();
+  Bf16Gemms& gemms = thread_bf16_gemms();
+  const Bf16Gemms::Entry& mm =
+      bf16_primitive(gemms, trans_a, trans_b, m, n, k, lda, ldb, beta, ldc, team);
+  try {
+    // oneDNN takes the operands as non-const handles; it only reads A and B.
+    const dnnl::memory am(mm.a, gemms.engine, const_cast<std::uint16_t*>(a));
+    const dnnl::memory bm(mm.b, gemms.engine, const_cast<std::uint16_t*>(b));
+    const dnnl::memory cm(mm.c, gemms.engine, c);
+    mm.primitive.execute(gemms.stream,
+                         {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}});
+    gemms.stream.wait();
+  } catch (const dnnl::error& e) {
+    std::fprintf(stderr, "oneDNN bf16 matmul: %s (status %d)\n", e.what(),
+                 static_cast<int>(e.status));
+    TZ_ASSERT(false, "oneDNN bf16 matmul failed (message above)");
+  }
+}
+
 int gemm_isa_rank(const std::string& isa) {
   for (int i = 0; i < static_cast<int>(std::size(kIsaOrder)); ++i) {
     if (isa == kIsaOrder[i]) return i;
@@ -243,14 +337,17 @@ GemmReport cpu_gemm_report(int threads, bool measure) {
   }
   r.cpu_bf16 = f.avx512_bf16 || (f.amx_bf16 && f.os_amx);
   r.cpu_fp16 = f.avx512_fp16;
+  r.bf16_gemm = cpu_bf16_gemm_native();
   r.half_precision =
       r.library +
       " has bf16 matmul kernels for avx512_core_bf16 and AMX and none for avx512_fp16 (its ISA "
       "list stops at AMX); this CPU has " +
       std::string(r.cpu_bf16 ? "native bf16" : "no native bf16") + " and " +
-      (r.cpu_fp16 ? "native fp16" : "no native fp16") +
-      "; tierzero's CPU backend runs every matmul in fp32 (16-bit tensors widened around sgemm, "
-      "fp32 accumulation)";
+      (r.cpu_fp16 ? "native fp16" : "no native fp16") + "; tierzero's CPU backend runs " +
+      (r.bf16_gemm ? "bf16 x bf16 matmuls on oneDNN's native bf16 kernels (fp32 sums) and the "
+                     "rest in fp32 (fp16 widened around sgemm)"
+                   : "every matmul in fp32 (16-bit tensors widened around sgemm, fp32 "
+                     "accumulation)");
 
   r.threads = threads > 0 ? threads : omp_get_num_procs();
   const double measured = measured_clock_ghz();
@@ -281,6 +378,26 @@ GemmReport cpu_gemm_report(int threads, bool measure) {
     std::sort(times.begin(), times.end());
     TZ_ASSERT(c[0] == 0.5f * 0.25f * static_cast<float>(k), "gemm report: wrong sgemm result");
     r.sgemm_gflops = 2.0 * m * n * k / times[times.size() / 2] / 1e9;
+    if (r.bf16_gemm) {
+      // The same shape on bf16 operands (0.5 and 0.25 are exact in bf16).
+      const std::vector<std::uint16_t> ab(m * k, 0x3f00), bb(k * n, 0x3e80);
+      times.clear();
+      for (int rep = -1; rep < 5; ++rep) {
+        const auto t0 = std::chrono::steady_clock::now();
+        cpu_gemm_bf16(r.threads, false, false, m, n, k, ab.data(), k, bb.data(), n, 0.0f,
+                      c.data(), n);
+        const std::chrono::duration<double> dt = std::chrono::steady_clock::now() - t0;
+        if (rep >= 0) times.push_back(dt.count());
+      }
+      std::sort(times.begin(), times.end());
+      TZ_ASSERT(c[0] == 0.5f * 0.25f * static_cast<float>(k), "gemm report: wrong bf16 result");
+      r.bf16_gflops = 2.0 * m * n * k / times[times.size() / 2] / 1e9;
+    }
+  }
+  if (r.bf16_gemm) {
+    r.bf16_kernel = bf16_primitive(thread_bf16_gemms(), false, false, 1024, 2304, 768, 768, 2304, 0.0f, 2304,
+                                   r.threads)
+                        .impl;
   }
   return r;
 }
@@ -314,6 +431,9 @@ std::string gemm_report_line(const GemmReport& r) {
            fixed(r.clock_ghz, 2) + " GHz measured x " + std::to_string(r.fma_units) + " FMA x " +
            std::to_string(r.fp32_lanes) + " lanes x 2)";
     }
+  }
+  if (r.bf16_gflops > 0) {
+    s += ", bf16 " + fixed(r.bf16_gflops, 1) + " GFLOP/s (" + r.bf16_kernel + ")";
   }
   for (const std::string& w : r.warnings) s += "; warning: " + w;
   return s;

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -19,6 +20,20 @@ void cpu_sgemm(int threads, bool trans_a, bool trans_b, std::size_t m, std::size
                std::size_t k, const float* a, std::size_t lda, const float* b, std::size_t ldb,
                float beta, float* c, std::size_t ldc);
 
+// Whether cpu_gemm_bf16 runs here: oneDNN's kernels (after ONEDNN_MAX_CPU_ISA) reach
+// avx512_core_bf16, whose dot products take bf16 natively (vdpbf16ps; AMX tiles on
+// avx512_core_amx). Decided once per process.
+bool cpu_bf16_gemm_native();
+// C (m, n) fp32 = op(A) op(B) + beta C with A and B bf16 (raw bits, row-major; lda, ldb, ldc in
+// elements) on oneDNN's native bf16 matmul, on `threads` threads of the calling thread's OpenMP
+// team like cpu_sgemm. Each product of two bf16 values is exact in fp32 and the sums are fp32, so
+// the result differs from cpu_sgemm on the widened operands only by the order of the sums.
+// Requires cpu_bf16_gemm_native(). The primitives are kept per calling thread, by shape.
+void cpu_gemm_bf16(int threads, bool trans_a, bool trans_b, std::size_t m, std::size_t n,
+                   std::size_t k, const std::uint16_t* a, std::size_t lda,
+                   const std::uint16_t* b, std::size_t ldb, float beta, float* c,
+                   std::size_t ldc);
+
 struct GemmReport {
   std::string library;        // "oneDNN 2.6.3 (OpenMP)"
   std::string kernel_target;  // the ISA oneDNN's kernels use now: "avx2", "avx512_core", ...
@@ -29,6 +44,8 @@ struct GemmReport {
   bool cpu_bf16 = false;      // avx512_bf16 or AMX-BF16: native bf16 dot products
   bool cpu_fp16 = false;      // avx512_fp16
   std::string half_precision;  // what 16-bit GEMM the library offers and what tierzero runs
+  bool bf16_gemm = false;      // cpu_bf16_gemm_native(): bf16 x bf16 matmuls run natively
+  std::string bf16_kernel;     // oneDNN's implementation of them, "brg:avx512_core_amx_bf16"
   int threads = 0;
   // The FMA peak: threads x clock x fma_units x fp32_lanes x 2.
   double clock_ghz = 0;
@@ -40,6 +57,7 @@ struct GemmReport {
   // The quick measurement (0 when not measured).
   std::string sgemm_shape;  // "1024x768 * 768x2304"
   double sgemm_gflops = 0;
+  double bf16_gflops = 0;  // the same shape through cpu_gemm_bf16 (0 without bf16_gemm)
   std::vector<std::string> warnings;  // one sentence per slow path, naming what to change
 };
 

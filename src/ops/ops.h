@@ -72,6 +72,10 @@ struct OpsOptions {
   // Threads of the CPU backend's oneTBB arena and of BLAS (set explicitly, so the two never
   // oversubscribe the cores); 0 = the number of cores this process may run on. Ignored by CUDA.
   int cpu_threads = 0;
+  // Matmuls whose operands are both bf16 run on oneDNN's native bf16 kernels where the CPU has
+  // them (ops::cpu_bf16_gemm_native(): avx512_bf16 or AMX), summing in fp32; false widens them
+  // to fp32 around sgemm as on other CPUs (the two differ only by the order of the sums).
+  bool native_bf16_gemm = true;
 };
 
 class Ops {

@@ -2,10 +2,11 @@
 // (judged here from the compiler's own cpuid probe, not the library's), and two backends on two
 // threads run their matmuls at the same time (both inside the sgemm path at once, observed by a
 // rendezvous that a process-wide lock would never let the second caller reach), with results
-// equal to a float64 reference.
+// equal to a float64 reference; and the native bf16 GEMM against sgemm and float64.
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cmath>
 #include <condition_variable>
 #include <cstdint>
 #include <iostream>
@@ -193,6 +194,144 @@ TEST(GemmConcurrency, TwoBackendsOnTwoThreadsAreInsideSgemmAtOnce) {
 // Without the seam: two backends of two threads each, at GPT-2-like widths, at once; both exact.
 TEST(GemmConcurrency, TwoMultiThreadedBackendsAtOnceStayCorrect) {
   run_two_ranks_at_once(/*threads=*/2, 256, 192, 320);
+}
+
+// Native bf16 GEMM (cpu_gemm_bf16) against sgemm on the same operands widened to fp32. Products
+// of two bf16 values are exact in fp32, so the two differ only by the order of the fp32 sums: per
+// element, at most a few units of 2^-24 times k times the sum of |a b| (plus |beta c|).
+TEST(GemmBf16, MatchesSgemmOnTheWidenedOperands) {
+  if (!cpu_bf16_gemm_native()) {
+    GTEST_SKIP() << "oneDNN has no native bf16 kernels on this CPU (kernel target "
+                 << cpu_gemm_report(1, false).kernel_target
+                 << " is below avx512_core_bf16): cpu_gemm_bf16 is not used here";
+  }
+  std::mt19937_64 rng(20261207);
+  struct Shape {
+    std::size_t m, n, k;
+  };
+  for (const Shape sh : {Shape{37, 41, 29}, Shape{64, 96, 256}, Shape{256, 320, 192}}) {
+    for (int trans = 0; trans < 4; ++trans) {
+      for (const float beta : {0.0f, 1.0f, 0.5f}) {
+        const bool ta = (trans & 1) != 0;
+        const bool tb = (trans & 2) != 0;
+        // Row strides past the rows' lengths, so a stride taken for a length shows.
+        const std::size_t lda = (ta ? sh.m : sh.k) + 3;
+        const std::size_t ldb = (tb ? sh.k : sh.n) + 5;
+        const std::size_t ldc = sh.n + 2;
+        const std::size_t a_rows = ta ? sh.k : sh.m;
+        const std::size_t b_rows = tb ? sh.n : sh.k;
+        Vec av = random_vector(rng, a_rows * lda, -2, 2);
+        Vec bv = random_vector(rng, b_rows * ldb, -2, 2);
+        const Vec c0 = random_vector(rng, sh.m * ldc, -1, 1);
+        std::vector<std::uint16_t> a16(av.size()), b16(bv.size());
+        std::vector<float> a32(av.size()), b32(bv.size());
+        for (std::size_t i = 0; i < av.size(); ++i) {
+          a16[i] = f32_to_bf16(static_cast<float>(av[i])).bits;
+          a32[i] = bf16_to_f32(bf16{a16[i]});
+        }
+        for (std::size_t i = 0; i < bv.size(); ++i) {
+          b16[i] = f32_to_bf16(static_cast<float>(bv[i])).bits;
+          b32[i] = bf16_to_f32(bf16{b16[i]});
+        }
+        std::vector<float> native(c0.begin(), c0.end()), widened(c0.begin(), c0.end());
+        cpu_gemm_bf16(2, ta, tb, sh.m, sh.n, sh.k, a16.data(), lda, b16.data(), ldb, beta,
+                      native.data(), ldc);
+        cpu_sgemm(2, ta, tb, sh.m, sh.n, sh.k, a32.data(), lda, b32.data(), ldb, beta,
+                  widened.data(), ldc);
+        std::size_t bad = 0;
+        for (std::size_t i = 0; i < sh.m; ++i) {
+          for (std::size_t j = 0; j < ldc; ++j) {
+            const std::size_t at = i * ldc + j;
+            if (j >= sh.n) {  // past the row: untouched
+              bad += native[at] != static_cast<float>(c0[at]);
+              continue;
+            }
+            double abs_sum = std::abs(beta * c0[at]);
+            double exact = beta * static_cast<double>(static_cast<float>(c0[at]));
+            for (std::size_t p = 0; p < sh.k; ++p) {
+              const double x = a32[ta ? p * lda + i : i * lda + p];
+              const double y = b32[tb ? j * ldb + p : p * ldb + j];
+              abs_sum += std::abs(x * y);
+              exact += x * y;
+            }
+            const double lim = 4.0 * static_cast<double>(sh.k + 2) * 0x1p-24 * abs_sum;
+            const bool ok = std::abs(native[at] - widened[at]) <= 2 * lim &&
+                            std::abs(native[at] - exact) <= lim;
+            if (!ok && bad == 0) {
+              ADD_FAILURE() << "m " << sh.m << " n " << sh.n << " k " << sh.k << " trans_a " << ta
+                            << " trans_b " << tb << " beta " << beta << " at (" << i << ", " << j
+                            << "): native " << native[at] << ", sgemm " << widened[at]
+                            << ", float64 " << exact << " (bound " << lim << ")";
+            }
+            bad += !ok;
+          }
+        }
+        EXPECT_EQ(bad, 0u) << "m " << sh.m << " n " << sh.n << " k " << sh.k << " trans_a " << ta
+                           << " trans_b " << tb << " beta " << beta;
+      }
+    }
+  }
+}
+
+// The CPU backend's matmul forward and backward on bf16 tensors: on the native kernels (the
+// default) and widened to fp32 (OpsOptions::native_bf16_gemm false), each against float64. Where
+// the CPU has no native bf16 kernels both backends widen, and the test checks the option is
+// harmless there.
+TEST(GemmBf16, BackendMatmulOnBf16TensorsBothWays) {
+  auto dev = gpu::HostDevice::create(256ull << 20);
+  ASSERT_TRUE(dev.is_ok());
+  gpu::Stream& s = (*dev)->compute_stream();
+  DeviceArrays arrays(**dev, s);
+  constexpr int rows = 48, in = 160, out = 96;
+  std::mt19937_64 rng(7);
+  Vec xv = random_vector(rng, rows * in, -1, 1);
+  Vec wv = random_vector(rng, in * out, -1, 1);
+  Vec bv = random_vector(rng, out, -1, 1);
+  Vec gv = random_vector(rng, rows * out, -1, 1);
+  const Tensor x = arrays.upload(xv, DType::kBF16);
+  const Tensor w = arrays.upload(wv, DType::kBF16);
+  const Tensor b = arrays.upload(bv, DType::kBF16);
+  const Tensor g = arrays.upload(gv, DType::kBF16);
+  // float64 references on the rounded values: y = x W + b, dx = g W^T, dW = x^T g, db = sum g.
+  Vec y_ref = matmul_ref(xv, wv, rows, in, out);
+  for (int r = 0; r < rows; ++r) {
+    for (int c = 0; c < out; ++c) y_ref[r * out + c] += bv[c];
+  }
+  Vec dx_ref(rows * in, 0.0), dw_ref(in * out, 0.0), db_ref(out, 0.0);
+  for (int r = 0; r < rows; ++r) {
+    for (int c = 0; c < out; ++c) {
+      db_ref[c] += gv[r * out + c];
+      for (int k = 0; k < in; ++k) {
+        dx_ref[r * in + k] += gv[r * out + c] * wv[k * out + c];
+        dw_ref[k * out + c] += xv[r * in + k] * gv[r * out + c];
+      }
+    }
+  }
+  for (const bool native : {true, false}) {
+    auto o = Ops::create(**dev, OpsOptions{2, native});
+    ASSERT_TRUE(o.is_ok());
+    const std::string how = native ? "native bf16 kernels" : "widened to fp32";
+    std::cout << "[ ops ] " << (*o)->name() << " (" << how << ")\n";
+    // The backend's name says when it runs the native kernels.
+    EXPECT_EQ(std::string((*o)->name()).find(", bf16 ") != std::string::npos,
+              native && cpu_bf16_gemm_native())
+        << (*o)->name();
+    const Tensor y = arrays.zeros(rows * out, DType::kBF16);
+    const Tensor dx = arrays.zeros(rows * in, DType::kBF16);
+    const Tensor dw = arrays.zeros(in * out, DType::kBF16);
+    const Tensor db = arrays.zeros(out, DType::kBF16);
+    ASSERT_TRUE(
+        (*o)->matmul_forward(y, x, w, WeightLayout::kInOut, b, rows, in, out, s).is_ok());
+    ASSERT_TRUE((*o)->matmul_backward(dx, Accumulate::kOverwrite, dw, db, g, x, w,
+                                      WeightLayout::kInOut, rows, in, out, s)
+                    .is_ok());
+    expect_close(arrays.download(y, rows * out), y_ref, tolerance_for(DType::kBF16),
+                 "forward, " + how);
+    expect_close(arrays.download(dx, rows * in), dx_ref, tolerance_for(DType::kBF16),
+                 "dx, " + how);
+    expect_close(arrays.download(dw, in * out), dw_ref, tolerance_for(DType::kBF16), "dW, " + how);
+    expect_close(arrays.download(db, out), db_ref, tolerance_for(DType::kBF16), "db, " + how);
+  }
 }
 
 }  // namespace
