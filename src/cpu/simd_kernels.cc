@@ -3,7 +3,8 @@
 // this file through foreach_target.h; the HWY_ONCE part picks the table the CPU supports.
 //
 // Every kernel mirrors the scalar functors of optimizer_math.h operation for operation (separate
-// Mul and Add, IEEE Div and Sqrt, no FMA; the module is built with -ffp-contract=off), and the
+// Mul and Add, IEEE Div and Sqrt, no FMA but the exact-remainder correction of div_by_constant,
+// which rounds as the division does; the module is built with -ffp-contract=off), and the
 // 16-bit conversions are integer re-implementations of core/dtype.h's, so all targets produce
 // the same bits as the scalar reference. Tails shorter than a vector go through a zero-padded
 // stack buffer, so there is no scalar tail loop whose rounding could differ.
@@ -31,6 +32,17 @@
 #include "cpu/simd_kernels.h"
 
 HWY_BEFORE_NAMESPACE();
+// The AVX3 target's code may also use AVX512-BF16 (Highway 1.0 has no target with it): only the
+// bf16 pair store below does, and only after checking the CPU has it. Nothing else here has a
+// bf16 type for the compiler to convert on its own, so the code stays valid on AVX-512 CPUs
+// without it. HWY_AFTER_NAMESPACE's pop_options ends it.
+#undef TZ_CPU_NATIVE_BF16
+#if HWY_TARGET == HWY_AVX3
+#pragma GCC target("avx512bf16")
+#define TZ_CPU_NATIVE_BF16 1
+#else
+#define TZ_CPU_NATIVE_BF16 0
+#endif
 namespace tz::cpu::detail {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
@@ -59,6 +71,14 @@ using VU = hn::Vec<DU>;
 #endif
 
 // ---- loads and stores with conversion (bit-identical to core/dtype.h) ----
+
+#if TZ_CPU_NATIVE_BF16
+// Whether this CPU has AVX512-BF16 (VCVTNE2PS2BF16), asked once.
+HWY_INLINE bool cpu_has_avx512_bf16() {
+  static const bool has = __builtin_cpu_supports("avx512bf16");
+  return has;
+}
+#endif
 
 HWY_INLINE V load(D d, const float* p) { return hn::LoadU(d, p); }
 
@@ -185,7 +205,24 @@ HWY_INLINE void store_pair(D d, V a, V b, float* pa, float* pb) {
 }
 
 HWY_INLINE void store_pair(D d, V a, V b, bf16* pa, bf16* pb) {
-#if HWY_TARGET == HWY_AVX2
+#if TZ_CPU_NATIVE_BF16
+  // VCVTNE2PS2BF16 rounds to nearest even and quiets NaNs exactly as to_bf16_upper does, in one
+  // instruction for both vectors instead of about eighteen, but reads subnormal inputs as zero:
+  // a pair holding one (rare: Adam's v of tiny gradients) takes the integer path.
+  if (cpu_has_avx512_bf16()) {
+    const __mmask16 subnormal = static_cast<__mmask16>(_mm512_fpclass_ps_mask(a.raw, 0x20) |
+                                                       _mm512_fpclass_ps_mask(b.raw, 0x20));
+    if (HWY_LIKELY(subnormal == 0)) {
+      // Lanes 0-15 of the result are b's, lanes 16-31 a's.
+      const __m512i ab = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(a.raw, b.raw));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(pb), _mm512_castsi512_si256(ab));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(pa), _mm512_extracti64x4_epi64(ab, 1));
+      return;
+    }
+  }
+  store(d, a, pa);
+  store(d, b, pb);
+#elif HWY_TARGET == HWY_AVX2
   const DI di;
   const __m256i ai = hn::ShiftRight<16>(hn::BitCast(di, to_bf16_upper(a))).raw;
   const __m256i bi = hn::ShiftRight<16>(hn::BitCast(di, to_bf16_upper(b))).raw;
@@ -213,6 +250,15 @@ HWY_INLINE void store_copy(D d, V v, T* p) {
     const D16 d16;
     const DI di;
     if ((reinterpret_cast<std::uintptr_t>(p) % (hn::Lanes(d16) * sizeof(T))) == 0) {
+#if TZ_CPU_NATIVE_BF16
+      // VCVTNEPS2BF16, as in store_pair: subnormal lanes take the integer path.
+      if (std::is_same_v<T, bf16> && cpu_has_avx512_bf16() &&
+          HWY_LIKELY(_mm512_fpclass_ps_mask(v.raw, 0x20) == 0)) {
+        const __m256i bits = reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(v.raw));
+        _mm256_stream_si256(reinterpret_cast<__m256i*>(p), bits);
+        return;
+      }
+#endif
       const hn::Vec<D16> bits = std::is_same_v<T, fp16>
                                     ? fp16_vector(v)
                                     : hn::DemoteTo(d16, hn::BitCast(di, to_bf16_bits(v)));
