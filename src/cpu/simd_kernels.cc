@@ -607,6 +607,7 @@ HWY_AFTER_NAMESPACE();
 #include <vector>
 
 #include "cpu/simd.h"
+#include "cpu/span_update.h"
 
 namespace tz::cpu {
 namespace detail {
@@ -681,6 +682,27 @@ std::vector<std::string> simd_targets_compiled() {
 }
 
 std::string simd_dispatch_target() { return detail::active_kernels().name; }
+
+void update_span(const SpanUpdate& u) {
+  if (u.n == 0) return;
+  detail::StepKernel k;
+  k.kind = u.kind;
+  k.grad_dtype = u.grad_dtype;
+  k.state_dtype = DType::kF32;
+  k.copy_dtype = u.copy_dtype;
+  k.adam = u.adam;
+  k.sgd = u.sgd;
+  k.lion = u.lion;
+  k.adagrad = u.adagrad;
+  detail::Tile t;
+  t.param = u.param;
+  t.grad = u.grad;
+  t.state[0] = u.state[0];
+  t.state[1] = u.state[1];
+  t.copy = u.copy;
+  t.n = u.n;
+  detail::active_kernels().update(k, &t, 1);
+}
 
 Status set_simd_target(std::string_view name) {
   if (name.empty() || name == "auto") {

@@ -1,8 +1,9 @@
 // The device optimizer step: one update of a contiguous fp32 shard (master parameters and
 // states) from a gradient, optionally writing a 16-bit copy of the new parameters, with the
-// per-element math of cpu/optimizer_math.h, the functors the CPU optimizer uses. HostDevice
-// loops over optimizer_element; the CUDA kernel calls the same function, so CPU, HostDevice and
-// GPU produce the same bits (optimizer_math.h's no-FMA contract).
+// per-element math of cpu/optimizer_math.h, the functors the CPU optimizer uses. The CUDA kernel
+// calls optimizer_element; HostDevice runs the CPU optimizer's SIMD kernels (cpu/span_update.h),
+// which give those functors' bits, so CPU, HostDevice and GPU produce the same bits
+// (optimizer_math.h's no-FMA contract).
 #pragma once
 
 #include <cstddef>

@@ -44,8 +44,10 @@ const std::map<std::string, std::vector<Edge>>& layer_table() {
       {"nvme", {{"core", {}}}},
       {"cpu", {{"core", {}}}},
       // gpu/ uses cpu/ for two things only: registering the pinned pool with the device and
-      // running the optimizer's shared functors.
-      {"gpu", {{"core", {}}, {"cpu", {"cpu/pinned_pool.h", "cpu/optimizer_math.h"}}}},
+      // running the optimizer's shared functors (HostDevice through the SIMD span update).
+      {"gpu",
+       {{"core", {}},
+        {"cpu", {"cpu/pinned_pool.h", "cpu/optimizer_math.h", "cpu/span_update.h"}}}},
       // comm/ runs on gpu/ streams and buffers.
       {"comm", {{"core", {}}, {"cpu", {}}, {"gpu", {}}}},
       // store/ sees nvme/, gpu/ and cpu/ through their interfaces.
