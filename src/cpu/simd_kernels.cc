@@ -37,7 +37,7 @@ HWY_BEFORE_NAMESPACE();
 // bf16 type for the compiler to convert on its own, so the code stays valid on AVX-512 CPUs
 // without it. HWY_AFTER_NAMESPACE's pop_options ends it.
 #undef TZ_CPU_NATIVE_BF16
-#if HWY_TARGET == HWY_AVX3
+#if HWY_TARGET == HWY_AVX3 && defined(__GNUC__) && !defined(__clang__)  // GCC's target pragma
 #pragma GCC target("avx512bf16")
 #define TZ_CPU_NATIVE_BF16 1
 #else
@@ -315,18 +315,19 @@ HWY_INLINE void for_each_vector(const Tile& t, const Body& body) {
 // ---- the optimizers (operation order as in optimizer_math.h) ----
 
 // RN(x / c) for a divisor c fixed for the whole update, with c_inv = RN(1 / c), without the
-// divider: one multiplication and two fused multiply-adds, q0 = RN(x c_inv), r = x - q0 c (exact
-// through the FMA), q = RN(q0 + r c_inv), is the correctly rounded quotient for x and x / c
-// normal (the known result Brisebarre, Muller and Raina start from: "Accelerating correctly
-// rounded floating-point division when the divisor is known in advance", IEEE TC 53(8), 2004).
-// Adam's x = sqrt(v) is normal, 0, Inf or NaN (the smallest subnormal v has a normal root) and
-// c in (0, 1]. At 0 the sequence gives +0 as the division does (v is never -0); at Inf and NaN
-// it gives NaN, and those lanes keep q0 (Inf, or the NaN itself), again as the division does.
-// Checked against the division here for every mantissa at three exponents and Adam's c for six
-// beta2 over thousands of steps (3.5e9 quotients, none different), and by the SIMD-vs-reference
-// tests. Why: a 512-bit division takes two passes through Intel's 256-bit divider, and with three
-// of them per element the 16-bit-gradient, bf16-state updates were bound by it (AVX3 on an Intel
-// AMX Xeon: 2.18 Gparams/s on 2 threads, 0.82-0.85 of the streaming ceiling; 2.29 with this).
+// divider: one multiplication and two fused multiply-adds, q0 = RN(x c_inv), r = RN(x - q0 c),
+// q = RN(q0 + r c_inv). That this rounds correctly for x and x / c normal is the known result
+// Brisebarre, Muller and Raina start from ("Accelerating correctly rounded floating-point division
+// when the divisor is known in advance", IEEE TC 53(8), 2004: "one multiplication plus two
+// fused-macs"). Adam's x = sqrt(v) is normal, 0, Inf or NaN (the smallest subnormal v has a
+// normal root) and c is in (0, 1]. At 0 the sequence gives +0 as the division does (v is never
+// -0); at Inf and NaN it gives NaN, and those lanes keep q0 (Inf, or the NaN itself), again as
+// the division does. Checked against the division for every mantissa at three exponents and
+// Adam's c for six beta2 over thousands of steps (3.5e9 quotients, none different), and by the
+// SIMD-vs-reference tests. Why: a 512-bit division takes two passes through Intel's 256-bit
+// divider, and with three of them per element the 16-bit-gradient, bf16-state updates were bound
+// by it (AVX3 on an Intel AMX Xeon: 2.18 Gparams/s on 2 threads, 0.82-0.85 of the streaming
+// ceiling; 2.29 with this).
 HWY_INLINE V div_by_constant(V x, V c, V c_inv) {
   const V q0 = hn::Mul(x, c_inv);
   const V q = hn::MulAdd(hn::NegMulAdd(q0, c, x), c_inv, q0);
@@ -699,7 +700,7 @@ void update_span(const SpanUpdate& u) {
   t.grad = u.grad;
   t.state[0] = u.state[0];
   t.state[1] = u.state[1];
-  t.copy = u.copy;
+  t.copy = u.param_copy;
   t.n = u.n;
   detail::active_kernels().update(k, &t, 1);
 }

@@ -13,19 +13,19 @@ namespace tz::cpu {
 
 // `n` elements from each pointer; they must not overlap. The coefficient struct of `kind` is
 // used. States are fp32: Adam m and v; SGD the momentum buffer (only with momentum); Lion m;
-// Adagrad the sum of squares; unused entries may be null. `copy`, when not null, receives the
-// new parameters in copy_dtype (bf16 or fp16).
+// Adagrad the sum of squares; unused entries may be null. `param_copy`, when not null, receives
+// the new parameters in copy_dtype (bf16 or fp16). gpu::OptimizerStepArgs is this struct.
 struct SpanUpdate {
   optim::OptimizerKind kind = optim::OptimizerKind::kAdam;
   optim::AdamCoeffs adam{};
   optim::SgdCoeffs sgd{};
   optim::LionCoeffs lion{};
   optim::AdagradCoeffs adagrad{};
-  float* param = nullptr;
+  float* param = nullptr;  // fp32 master parameters, updated in place
   const void* grad = nullptr;
   DType grad_dtype = DType::kF32;
   float* state[2] = {nullptr, nullptr};
-  void* copy = nullptr;
+  void* param_copy = nullptr;
   DType copy_dtype = DType::kBF16;
   std::size_t n = 0;
 };

@@ -197,8 +197,10 @@ class Device {
   // number of Inf/NaN elements. `acc` points to device memory.
   virtual Status sum_squares(const void* src, DType dtype, std::size_t n, NormAccumulator* acc,
                              Stream& stream) = 0;
-  // One optimizer update of a shard (gpu/optimizer_step.h): the per-element functors of
-  // cpu/optimizer_math.h applied to every element. kInvalidArgument when a needed buffer is null.
+  // One optimizer update of a shard (gpu/optimizer_step.h): the bits of cpu/optimizer_math.h's
+  // per-element functors applied to every element (CUDA runs them, HostDevice the CPU
+  // optimizer's SIMD kernels, which match them). kInvalidArgument when a needed buffer is null or
+  // the parameter copy is not bf16/fp16.
   virtual Status optimizer_step(const OptimizerStepArgs& args, Stream& stream) = 0;
 
  protected:

@@ -511,20 +511,13 @@ Status HostDevice::optimizer_step(const OptimizerStepArgs& args, Stream& stream)
 #pragma omp parallel for schedule(static) if (chunks > 1)
         for (std::int64_t c = 0; c < chunks; ++c) {
           const std::size_t begin = static_cast<std::size_t>(c) * kChunk;
-          cpu::SpanUpdate u;
-          u.kind = args.kind;
-          u.adam = args.adam;
-          u.sgd = args.sgd;
-          u.lion = args.lion;
-          u.adagrad = args.adagrad;
+          cpu::SpanUpdate u = args;
           u.param = args.param + begin;
           u.grad = static_cast<const G*>(args.grad) + begin;
-          u.grad_dtype = args.grad_dtype;
           for (int s = 0; s < 2; ++s) {
             u.state[s] = args.state[s] != nullptr ? args.state[s] + begin : nullptr;
           }
-          if (args.param_copy != nullptr) u.copy = static_cast<C*>(args.param_copy) + begin;
-          u.copy_dtype = args.copy_dtype;
+          if (args.param_copy != nullptr) u.param_copy = static_cast<C*>(args.param_copy) + begin;
           u.n = std::min(args.n, begin + kChunk) - begin;
           cpu::update_span(u);
         }

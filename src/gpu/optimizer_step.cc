@@ -29,6 +29,11 @@ Status validate_optimizer_step(const OptimizerStepArgs& a) {
                                       "] is required by this optimizer");
     }
   }
+  if (a.param_copy != nullptr && a.copy_dtype != DType::kBF16 && a.copy_dtype != DType::kF16) {
+    return Status::invalid_argument(
+        "optimizer_step: the parameter copy must be bf16 or fp16 (an fp32 copy is the "
+        "parameters themselves)");
+  }
   return Status::ok();
 }
 

@@ -12,28 +12,15 @@
 #include "core/host_device.h"
 #include "core/status.h"
 #include "cpu/optimizer_math.h"
+#include "cpu/span_update.h"
 
 namespace tz::gpu {
 
-// All pointers are device pointers holding `n` elements and must not overlap. The coefficient
-// struct of `kind` is used, the others are ignored; they are computed once per step by the
-// caller (bias corrections, lr, the gradient multiplier = loss unscale x clip coefficient).
-struct OptimizerStepArgs {
-  optim::OptimizerKind kind = optim::OptimizerKind::kAdam;
-  optim::AdamCoeffs adam{};
-  optim::SgdCoeffs sgd{};
-  optim::LionCoeffs lion{};
-  optim::AdagradCoeffs adagrad{};
-  float* param = nullptr;  // fp32 master parameters, updated in place
-  const void* grad = nullptr;
-  DType grad_dtype = DType::kF32;
-  // fp32 states: Adam m and v; SGD the momentum buffer (only when momentum != 0); Lion m;
-  // Adagrad the sum of squares. Unused entries may be null.
-  float* state[2] = {nullptr, nullptr};
-  void* param_copy = nullptr;  // optional copy of the new parameters in copy_dtype
-  DType copy_dtype = DType::kBF16;
-  std::size_t n = 0;
-};
+// One update of a contiguous fp32 shard: cpu/span_update.h's struct, whose pointers are device
+// pointers here, all holding `n` elements and not overlapping. The coefficients are computed once
+// per step by the caller (bias corrections, lr, the gradient multiplier = loss unscale x clip
+// coefficient). HostDevice hands it to cpu::update_span as it is.
+using OptimizerStepArgs = cpu::SpanUpdate;
 
 // kInvalidArgument naming the missing buffer when `args` lacks one its optimizer needs.
 Status validate_optimizer_step(const OptimizerStepArgs& args);

@@ -1,5 +1,6 @@
-// The CPU backend's GEMM: the one call every CPU matmul goes through (oneDNN's sgemm, whose JIT
-// kernels follow the ISA the CPU's cpuid features allow, never a table of CPU models), and the
+// The CPU backend's GEMM: the calls every CPU matmul goes through (oneDNN's sgemm, and its bf16
+// matmul where the CPU has native bf16; their JIT kernels follow the ISA the CPU's cpuid features
+// allow, never a table of CPU models), and the
 // report of what it runs here: library, kernel target against the best this CPU allows, a quick
 // sgemm against the cores' FMA peak. `tierzero info`, `bench ops` and `bench model` print it.
 #pragma once
@@ -27,7 +28,9 @@ bool cpu_bf16_gemm_native();
 // C (m, n) fp32 = op(A) op(B) + beta C with A and B bf16 (raw bits, row-major; lda, ldb, ldc in
 // elements) on oneDNN's native bf16 matmul, on `threads` threads of the calling thread's OpenMP
 // team like cpu_sgemm. Each product of two bf16 values is exact in fp32 and the sums are fp32, so
-// the result differs from cpu_sgemm on the widened operands only by the order of the sums.
+// the result differs from cpu_sgemm on the widened operands by the order of the sums, and where
+// values are tiny: the native dot products read subnormal inputs as zero and flush subnormal
+// results.
 // Requires cpu_bf16_gemm_native(). The primitives are kept per calling thread, by shape.
 void cpu_gemm_bf16(int threads, bool trans_a, bool trans_b, std::size_t m, std::size_t n,
                    std::size_t k, const std::uint16_t* a, std::size_t lda,

@@ -3,6 +3,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -75,6 +78,92 @@ TEST(HostDeviceOptimizer, AdamWTracksFloat64Reference) {
     ASSERT_NEAR(dp->as<float>()[i], p64[i], 1e-5 + 1e-5 * std::fabs(p64[i]))
         << "i=" << i << " seed " << testing::test_seed();
   }
+}
+
+// The CUDA kernel's per-element loop (optimizer_element) against HostDevice's SIMD span update,
+// bit for bit, for each optimizer with a bf16 copy and Inf/NaN gradients among normal ones: the
+// CPU tests keep checking the code the GPU runs.
+TEST(HostDeviceOptimizer, ElementLoopMatchesTheSpanUpdate) {
+  auto device = make_device();
+  const std::size_t n = 2 * 65536 + 333;
+  std::mt19937 rng(testing::test_seed() + 29);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (auto kind : {optim::OptimizerKind::kAdam, optim::OptimizerKind::kSgd,
+                    optim::OptimizerKind::kLion, optim::OptimizerKind::kAdagrad}) {
+    SCOPED_TRACE(static_cast<int>(kind));
+    std::vector<float> p(n), g(n), s0(n), s1(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      p[i] = normal(rng);
+      g[i] = i % 997 == 3 ? std::numeric_limits<float>::infinity()
+             : i % 991 == 5 ? std::numeric_limits<float>::quiet_NaN()
+                            : normal(rng) * 0.1f;
+      s0[i] = normal(rng) * 0.01f;
+      s1[i] = std::fabs(normal(rng)) * 1e-4f;
+    }
+    OptimizerStepArgs a;
+    a.kind = kind;
+    a.adam.sqrt_bias_correction2 = 0.0316f;
+    a.adam.step_size = 1e-3f;
+    a.adam.param_scale = 0.9999f;
+    a.sgd.momentum = 0.9f;
+    a.sgd.first_step = false;
+    a.lion.param_scale = 0.999f;
+    a.copy_dtype = DType::kBF16;
+    a.n = n;
+    // The element loop on host vectors.
+    std::vector<float> ep = p, es0 = s0, es1 = s1;
+    std::vector<std::uint16_t> ecopy(n);
+    OptimizerStepArgs e = a;
+    e.param = ep.data();
+    e.grad = g.data();
+    e.state[0] = es0.data();
+    e.state[1] = es1.data();
+    e.param_copy = ecopy.data();
+    for (std::size_t i = 0; i < n; ++i) optimizer_element<float, bf16>(e, i);
+    // HostDevice on device buffers.
+    auto dp = device->allocate(n * 4), dg = device->allocate(n * 4), d0 = device->allocate(n * 4),
+         d1 = device->allocate(n * 4), dc = device->allocate(n * 2);
+    ASSERT_TRUE(dp.is_ok() && dg.is_ok() && d0.is_ok() && d1.is_ok() && dc.is_ok());
+    std::copy(p.begin(), p.end(), dp->as<float>());
+    std::copy(g.begin(), g.end(), dg->as<float>());
+    std::copy(s0.begin(), s0.end(), d0->as<float>());
+    std::copy(s1.begin(), s1.end(), d1->as<float>());
+    a.param = dp->as<float>();
+    a.grad = dg->data();
+    a.state[0] = d0->as<float>();
+    a.state[1] = d1->as<float>();
+    a.param_copy = dc->data();
+    ASSERT_TRUE(device->optimizer_step(a, device->compute_stream()).is_ok());
+    ASSERT_TRUE(device->compute_stream().synchronize().is_ok());
+    EXPECT_EQ(0, std::memcmp(ep.data(), dp->data(), n * 4)) << "param";
+    EXPECT_EQ(0, std::memcmp(es0.data(), d0->data(), n * 4)) << "state 0";
+    if (kind == optim::OptimizerKind::kAdam) {
+      EXPECT_EQ(0, std::memcmp(es1.data(), d1->data(), n * 4)) << "state 1";
+    }
+    EXPECT_EQ(0, std::memcmp(ecopy.data(), dc->data(), n * 2)) << "copy";
+  }
+}
+
+// A parameter copy must be 16-bit: an fp32 one would be the parameters themselves, and the SIMD
+// kernels write only bf16 or fp16.
+TEST(HostDeviceOptimizer, RejectsAnFp32Copy) {
+  auto device = make_device();
+  auto dp = device->allocate(64 * 4), dg = device->allocate(64 * 4), dm = device->allocate(64 * 4),
+       dv = device->allocate(64 * 4), dc = device->allocate(64 * 4);
+  ASSERT_TRUE(dp.is_ok() && dg.is_ok() && dm.is_ok() && dv.is_ok() && dc.is_ok());
+  OptimizerStepArgs a;
+  a.param = dp->as<float>();
+  a.grad = dg->data();
+  a.state[0] = dm->as<float>();
+  a.state[1] = dv->as<float>();
+  a.param_copy = dc->data();
+  a.copy_dtype = DType::kF32;
+  a.n = 64;
+  const Status st = device->optimizer_step(a, device->compute_stream());
+  EXPECT_EQ(st.code(), ErrorCode::kInvalidArgument) << st.message();
+  a.copy_dtype = DType::kF16;
+  EXPECT_TRUE(device->optimizer_step(a, device->compute_stream()).is_ok());
+  EXPECT_TRUE(device->compute_stream().synchronize().is_ok());
 }
 
 }  // namespace
