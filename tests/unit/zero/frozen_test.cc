@@ -176,16 +176,20 @@ void expect_frozen_read_only(const std::string& param, const std::string& opt) {
   std::uint64_t nvme = 0;
   if (param == "nvme") nvme += (frozen + trainable) * shard * 2;
   if (opt == "nvme") nvme += trainable * shard * 4 * 3;
+  std::uint64_t read_after_first = 0;
   for (std::size_t i = 0; i < got.reports.size(); ++i) {
     const StepReport& rep = got.reports[i];
     EXPECT_EQ(rep.bytes_in_use.nvme, nvme) << param << "/" << opt << " step " << i + 1;
     EXPECT_EQ(rep.frozen_home_write_bytes, 0u) << param << "/" << opt << " step " << i + 1;
     EXPECT_GT(rep.trainable_home_write_bytes, 0u) << param << "/" << opt << " step " << i + 1;
-    // From the second step on (the first finds the loaded blocks cached) both kinds of units
-    // stream from NVMe when their state does not fit the host tier.
-    if (param == "nvme" && opt == "nvme" && i > 0) {
-      EXPECT_GT(rep.nvme_read_bytes, 0u) << "step " << i + 1;
-    }
+    if (i > 0) read_after_first += rep.nvme_read_bytes;
+  }
+  // After the first step (which finds the loaded blocks cached) both kinds of units stream from
+  // NVMe when their state does not fit the host tier. Over the steps, not per step: a step counts
+  // the reads that finished in it, and the first ones of step 2 are prefetches started when step
+  // 1 ended (Store::mark_step), which on a loaded machine finish before step 2 begins.
+  if (param == "nvme" && opt == "nvme") {
+    EXPECT_GT(read_after_first, 0u);
   }
 }
 
