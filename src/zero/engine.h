@@ -209,7 +209,10 @@ struct StepReport {
   // and optimizer states loaded from NVMe into the host during the backward, which reads them
   // ahead of the update (it must wait for the global norm; docs/zero.md, "exact, streamed"):
   // every load of those blocks into the host tier done between the backward's first reduce and
-  // the step's decision (one still in flight then is not counted).
+  // the step's decision (one still in flight then is not counted). eager with the worker and the
+  // optimizer on NVMe: those of the backward's first units that were not kept, read ahead in the
+  // forward once the previous step's queue of early updates was done: every load of those blocks
+  // into the host tier between then and the step's first reduce (docs/zero.md, "eager").
   std::uint64_t state_read_ahead_bytes = 0;
   // The store followed the previous step's access trace through the whole step, so its prefetch
   // walk and Belady's eviction worked (docs/store.md, "Policies"); false for the first step and

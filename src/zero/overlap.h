@@ -233,6 +233,9 @@ class EagerOverlap final : public OverlapMode {
   // Which units' states stay in the host tier after their update (kept_), from the previous
   // step's reduce order (order_), at the first reduce of a step.
   void choose_kept_states();
+  // The next backward's first units' NVMe states, read ahead once the job's queue is done in the
+  // forward (the worker's, under mu_).
+  void read_ahead_next_backward();
   // One unit's early update on the host (the worker's): gradient and parameter shard pinned in
   // the host tier, the accumulator kept for step()'s norm.
   Status update_on_host(Unit& u, const cpu::StepArgs& args);
@@ -262,7 +265,16 @@ class EagerOverlap final : public OverlapMode {
   double worker_optimizer_s_ = 0;    // the worker's CPU optimizer time
   std::vector<Unit*> order_;         // the step's units in the order they were reduced
   std::vector<bool> kept_;           // per unit: its states kept in the host tier (NVMe-homed)
-  static constexpr std::uint64_t kKeptStatesShare = 5;  // kept: up to 1/5 of the host tier
+  // The parameter shards and gradient accumulators leave a third of the host tier or more.
+  bool roomy_ = false;
+  // The blocks the job read ahead for the next backward and their host loads before it, for the
+  // next step's state_read_ahead_bytes (written by the job, read after it ended).
+  std::vector<BlockId> read_ahead_blocks_;
+  std::uint64_t read_ahead_base_ = 0;
+  // Kept: a fifth of the host tier, a third where the parameters leave it (roomy_); read ahead in
+  // the forward, there only: a fifth.
+  static constexpr std::uint64_t kKeptStatesShare = 5;
+  static constexpr std::uint64_t kKeptStatesMaxShare = 3;
   std::unique_ptr<UpdateWorker> worker_;  // last: its job reads the members above
 };
 

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <string_view>
 
+#include "core/dtype.h"
 #include "core/trace.h"
 #include "zero/optimizer_driver.h"
 
@@ -88,7 +89,16 @@ Status EagerOverlap::on_reduced(Unit& u, double loss_scale, std::int64_t next_up
   if (worker_) {
     // The previous step's job ran into this step's forward, whose gathers waited for each of
     // its units: it has only to return.
-    if (running_ && closed_by_step_) TZ_RETURN_IF_ERROR(wait());
+    if (running_ && closed_by_step_) {
+      TZ_RETURN_IF_ERROR(wait());
+      // What the forward read ahead for this backward (read_ahead_next_backward), loaded by now.
+      if (!read_ahead_blocks_.empty()) {
+        ctx.counters.state_read_ahead_bytes =
+            ctx.store->block_stats(read_ahead_blocks_).tier_bytes_in(Tier::kHost) -
+            read_ahead_base_;
+        read_ahead_blocks_.clear();
+      }
+    }
     bool first = false;
     {
       std::lock_guard lock(mu_);
@@ -137,7 +147,10 @@ Status EagerOverlap::run_queue(const cpu::StepArgs& args) {
     {
       std::unique_lock lock(mu_);
       progress_.wait(lock, [&] { return !queue_.empty() || closed_; });
-      if (queue_.empty()) return Status::ok();
+      if (queue_.empty()) {
+        if (zero_after_update_) read_ahead_next_backward();
+        return Status::ok();
+      }
       u = queue_.front();
       queue_.pop_front();
       if (!queue_.empty()) next = queue_.front();
@@ -170,22 +183,67 @@ Status EagerOverlap::run_queue(const cpu::StepArgs& args) {
 
 // The units the next forward needs first are the ones the backward reduces last, so their
 // updates come last and the forward waits for them (gpt2-774m: its tied `wte`, 0.5 s of master
-// and states through the disk, then h.0, h.1 ...). Their states are kept in the host tier from
-// their update to the next one, as far as a fifth of the tier holds: the last reduced units of
-// the previous step, latest first. A fifth: gpt2-774m (wte and h.0, 1.0 of 5.6 GB) and
-// llama-3.2-3b (one of its four embedding units, 1.2 of 8 GB) gained most with that many
-// (bench/RESULTS.md, fifteenth session); more took the room of copies the step reads again.
+// and states through the disk, then h.0, h.1 ..., each 0.18 s through the disk, a tail the
+// forward's compute cannot cover). Their states are kept in the host tier from their update to
+// the next one: the last reduced units of the previous step, latest first, as far as a fifth of
+// the tier holds, or a third where the parameter shards and gradient accumulators, which the step
+// reads from the host tier too, leave at least that much (roomy_). A fifth: gpt2-774m (wte and
+// h.0, 1.0 of 5.6 GB) and llama-3.2-3b (one of its four embedding units, 1.2 of 8 GB) gained most
+// with that many (bench/RESULTS.md, fifteenth session). A third, where the parameters leave it:
+// gpt2-774m keeps wte and h.0-h.3, and with the read ahead below its step is 6-13% faster on a
+// disk-bound machine; on llama-3.2-3b, whose parameters fill most of the tier, a third held two
+// embedding units and the step read back the parameters they displaced, 1.3-1.7x slower, and the
+// read ahead alone made it 8% slower (twentieth session).
 void EagerOverlap::choose_kept_states() {
   std::fill(kept_.begin(), kept_.end(), false);
   const EngineContext& ctx = deps_.ctx;
   if (ctx.opt_place != Placement::kNvme) return;
-  const std::uint64_t room = ctx.store->budget_bytes(Tier::kHost) / kKeptStatesShare;
+  const std::uint64_t host = ctx.store->budget_bytes(Tier::kHost);
+  std::uint64_t resident = 0;  // the worker streams on stage 3 with the parameters offloaded
+  for (const Unit& u : ctx.units) {
+    resident += u.layout.shard * dtype_size(ctx.compute_dtype);
+    if (!u.frozen() && ctx.grad_place == Placement::kHost) {
+      resident += u.layout.shard * dtype_size(ctx.grad_dtype);
+    }
+  }
+  roomy_ = host > resident && host - resident >= host / kKeptStatesMaxShare;
+  const std::uint64_t room = host / (roomy_ ? kKeptStatesMaxShare : kKeptStatesShare);
   std::uint64_t held = 0;
   for (auto it = order_.rbegin(); it != order_.rend(); ++it) {
     held += ctx.optimizer_bytes(**it);
     if (held > room) break;
     kept_[(*it)->id] = true;
   }
+}
+
+// The job ran into the forward and its queue is done: until the next backward's first reduce
+// the disk has nothing to do (gpt2-774m: 1 s of a 7 s step; bench/RESULTS.md, twentieth
+// session). That backward reduces in this step's order, so where the parameters leave room
+// (roomy_) the states of its first units not kept are read now, as far as a fifth of the tier:
+// the store loads them into free bytes or in place of untraced copies (Store::prefetch), writing
+// the dirty states of the tail's updates home first, so both directions of the disk's work move
+// into the forward. Their copies in the host tier are kept first, so that no read ahead takes
+// their room.
+void EagerOverlap::read_ahead_next_backward() {
+  const EngineContext& ctx = deps_.ctx;
+  if (ctx.opt_place != Placement::kNvme || !roomy_) return;
+  const std::uint64_t room = ctx.store->budget_bytes(Tier::kHost) / kKeptStatesShare;
+  std::vector<const Unit*> units;
+  std::uint64_t ahead = 0;
+  for (const Unit* u : order_) {
+    if (kept_[u->id]) continue;
+    ahead += ctx.optimizer_bytes(*u);
+    if (ahead > room) break;
+    units.push_back(u);
+  }
+  read_ahead_blocks_.clear();
+  for (const Unit* u : units) {
+    read_ahead_blocks_.push_back(u->master);
+    read_ahead_blocks_.insert(read_ahead_blocks_.end(), u->state, u->state + ctx.states);
+  }
+  read_ahead_base_ = ctx.store->block_stats(read_ahead_blocks_).tier_bytes_in(Tier::kHost);
+  for (const Unit* u : units) deps_.driver.keep_states(*u);
+  for (const Unit* u : units) deps_.driver.prefetch_states(*u);
 }
 
 Status EagerOverlap::update_on_host(Unit& u, const cpu::StepArgs& args) {

@@ -199,6 +199,39 @@ TEST(ZeroOverlap, EagerStreamedUpdatesAppearOnTheOptimizerTrack) {
   EXPECT_EQ(steps, waits);
 }
 
+// Both offloads on NVMe and a host tier that holds four of the eight units' states: once the
+// worker's queue of kept early updates is done in the next forward, it reads the next backward's
+// first units' states ahead (EagerOverlap::read_ahead_next_backward). The steps report those
+// loads as state_read_ahead_bytes, and the bits are exact's.
+TEST(ZeroOverlap, EagerReadsTheNextBackwardsStatesAheadInTheForward) {
+  RunSpec r;
+  r.ranks = 2;
+  r.stage = 3;
+  r.offload_optimizer = "nvme";
+  r.offload_param = "nvme";
+  r.dtype = "bf16";
+  r.clip = 0;
+  r.persistence = 0;
+  r.shape.layers = 8;
+  r.steps = 5;
+  // As ZeroEngine.NvmeStreamingUnderSmallHostTierIsBitIdentical: four units' master and states,
+  // the eight bf16 gradient shards, the staging.
+  constexpr std::uint64_t kUnitStates = 3 * 2048 * 4;
+  r.host_budget = 4 * (kUnitStates + 2048 * 2) + 8 * 2048 * 2 + 4 * (64u << 10) + 4096 * (2 + 4);
+  const testing::RunResult want = testing::run(launch_local, r);
+  r.overlap = "eager";
+  const testing::RunResult got = testing::run(launch_local, r);
+  ASSERT_FALSE(HasFailure());
+  EXPECT_EQ(got.hash, want.hash);
+  ASSERT_EQ(got.reports.size(), 5u);
+  EXPECT_EQ(got.reports[0].state_read_ahead_bytes, 0u);  // no step before it to read ahead for
+  std::uint64_t read_ahead = 0;
+  for (const StepReport& report : got.reports) read_ahead += report.state_read_ahead_bytes;
+  // A step counts the loads done by its first reduce, and this forward takes microseconds, so a
+  // step may count a part or none; over four steps, at least one unit's master and states.
+  EXPECT_GE(read_ahead, kUnitStates);
+}
+
 // The plan counts eager's snapshot and delayed's buffers, and the measured peaks stay within it.
 TEST(ZeroOverlap, PlanCountsOverlapBuffersAndPeaksStayWithin) {
   for (const std::string overlap : {"eager", "delayed"}) {
