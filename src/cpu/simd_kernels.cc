@@ -252,11 +252,12 @@ HWY_INLINE void store_copy(D d, V v, T* p) {
     if ((reinterpret_cast<std::uintptr_t>(p) % (hn::Lanes(d16) * sizeof(T))) == 0) {
 #if TZ_CPU_NATIVE_BF16
       // VCVTNEPS2BF16, as in store_pair: subnormal lanes take the integer path.
-      if (std::is_same_v<T, bf16> && cpu_has_avx512_bf16() &&
-          HWY_LIKELY(_mm512_fpclass_ps_mask(v.raw, 0x20) == 0)) {
-        const __m256i bits = reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(v.raw));
-        _mm256_stream_si256(reinterpret_cast<__m256i*>(p), bits);
-        return;
+      if constexpr (std::is_same_v<T, bf16>) {
+        if (cpu_has_avx512_bf16() && HWY_LIKELY(_mm512_fpclass_ps_mask(v.raw, 0x20) == 0)) {
+          const __m256i bits = reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(v.raw));
+          _mm256_stream_si256(reinterpret_cast<__m256i*>(p), bits);
+          return;
+        }
       }
 #endif
       const hn::Vec<D16> bits = std::is_same_v<T, fp16>

@@ -497,32 +497,30 @@ Status HostDevice::sum_squares(const void* src, DType dtype, std::size_t n, Norm
 Status HostDevice::optimizer_step(const OptimizerStepArgs& args, Stream& stream) {
   TZ_RETURN_IF_ERROR(validate_optimizer_step(args));
   if (args.n == 0) return Status::ok();
-  dispatch_dtype(args.grad_dtype, [&](auto grad_tag) {
-    dispatch_dtype(args.param_copy != nullptr ? args.copy_dtype : DType::kF32, [&](auto copy_tag) {
-      using G = decltype(grad_tag);
-      using C = decltype(copy_tag);
-      // Element-wise, so chunks on the OpenMP team of the stream's thread (as many threads as
-      // its matmuls use) give the same bits as one loop. Each chunk goes through the CPU
-      // optimizer's SIMD kernels (cpu/span_update.h), which give optimizer_element's bits: a
-      // scalar loop was bound by the divider (three IEEE divisions and square roots an element).
-      host_stream(stream).enqueue("optimizer_step", [args] {
-        constexpr std::size_t kChunk = std::size_t{1} << 16;
-        const auto chunks = static_cast<std::int64_t>((args.n + kChunk - 1) / kChunk);
+  // Element-wise, so chunks on the OpenMP team of the stream's thread (as many threads as its
+  // matmuls use) give the same bits as one loop. Each chunk goes through the CPU optimizer's SIMD
+  // kernels (cpu/span_update.h), which give optimizer_element's bits: a scalar loop was bound by
+  // the divider (three IEEE divisions and square roots an element).
+  host_stream(stream).enqueue("optimizer_step", [args] {
+    constexpr std::size_t kChunk = std::size_t{1} << 16;
+    const std::size_t grad_size = dtype_size(args.grad_dtype);
+    const std::size_t copy_size = dtype_size(args.copy_dtype);
+    const auto chunks = static_cast<std::int64_t>((args.n + kChunk - 1) / kChunk);
 #pragma omp parallel for schedule(static) if (chunks > 1)
-        for (std::int64_t c = 0; c < chunks; ++c) {
-          const std::size_t begin = static_cast<std::size_t>(c) * kChunk;
-          cpu::SpanUpdate u = args;
-          u.param = args.param + begin;
-          u.grad = static_cast<const G*>(args.grad) + begin;
-          for (int s = 0; s < 2; ++s) {
-            u.state[s] = args.state[s] != nullptr ? args.state[s] + begin : nullptr;
-          }
-          if (args.param_copy != nullptr) u.param_copy = static_cast<C*>(args.param_copy) + begin;
-          u.n = std::min(args.n, begin + kChunk) - begin;
-          cpu::update_span(u);
-        }
-      });
-    });
+    for (std::int64_t c = 0; c < chunks; ++c) {
+      const std::size_t begin = static_cast<std::size_t>(c) * kChunk;
+      cpu::SpanUpdate u = args;
+      u.param = args.param + begin;
+      u.grad = static_cast<const std::byte*>(args.grad) + begin * grad_size;
+      for (int s = 0; s < 2; ++s) {
+        u.state[s] = args.state[s] != nullptr ? args.state[s] + begin : nullptr;
+      }
+      if (args.param_copy != nullptr) {
+        u.param_copy = static_cast<std::byte*>(args.param_copy) + begin * copy_size;
+      }
+      u.n = std::min(args.n, begin + kChunk) - begin;
+      cpu::update_span(u);
+    }
   });
   return Status::ok();
 }

@@ -124,8 +124,7 @@ Status ExactOverlap::finalize(std::uint64_t overlap_bytes, const PinnedPoolOptio
       bytes += ctx.optimizer_bytes(u);
       if (bytes > cache / 2) break;
       read_ahead_.push_back(u.id);
-      read_ahead_blocks_.push_back(u.master);
-      read_ahead_blocks_.insert(read_ahead_blocks_.end(), u.state, u.state + ctx.states);
+      read_ahead_loads_.add(ctx, u);
     }
   }
   if (!streams_update(ctx.config, ctx.stage, ctx.param_place, ctx.grad_place, ctx.opt_place)) {
@@ -143,7 +142,7 @@ Status ExactOverlap::apply(const StepDecision& decision, std::int64_t step, std:
   TZ_ASSERT(step >= 1 && !decision.roll_back, "exact mode has no early updates to roll back");
   // What the backward read ahead for the update, before the update pins any of it.
   if (read_ahead_next_ > 0) {
-    deps_.ctx.counters.state_read_ahead_bytes = read_ahead_loads() - read_ahead_base_;
+    deps_.ctx.counters.state_read_ahead_bytes = read_ahead_loads_.since_mark(deps_.ctx);
   }
   if (!streamed() || decision.update == StepUpdate::kNone) return update_now(decision, update);
   TZ_ASSERT(decision.update == StepUpdate::kAllUnitsNow, "exact updates every unit or none");
@@ -176,14 +175,19 @@ Status ExactOverlap::apply(const StepDecision& decision, std::int64_t step, std:
 Status ExactOverlap::on_reduced(Unit& u, double loss_scale, std::int64_t next_update) {
   TZ_RETURN_IF_ERROR(OverlapMode::on_reduced(u, loss_scale, next_update));
   if (read_ahead_next_ < read_ahead_.size()) {
-    if (read_ahead_next_ == 0) read_ahead_base_ = read_ahead_loads();
+    if (read_ahead_next_ == 0) read_ahead_loads_.mark(deps_.ctx);
     deps_.driver.prefetch_states(deps_.ctx.unit(read_ahead_[read_ahead_next_++]));
   }
   return Status::ok();
 }
 
-std::uint64_t ExactOverlap::read_ahead_loads() const {
-  return deps_.ctx.store->block_stats(read_ahead_blocks_).tier_bytes_in(Tier::kHost);
+void StateLoads::add(const EngineContext& ctx, const Unit& u) {
+  blocks_.push_back(u.master);
+  blocks_.insert(blocks_.end(), u.state, u.state + ctx.states);
+}
+
+std::uint64_t StateLoads::loads(const EngineContext& ctx) const {
+  return ctx.store->block_stats(blocks_).tier_bytes_in(Tier::kHost);
 }
 
 Status ExactOverlap::run_update(const cpu::StepArgs& args) {

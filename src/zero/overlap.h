@@ -57,6 +57,23 @@ bool streams_update(const Config& config, int stage, Placement param, Placement 
 // and loss scaling (with its overflow skips) can change a step's multiplier after them.
 bool eager_needs_snapshot(const Config& config);
 
+// The master and state blocks of the units a mode reads ahead for the update, and their loads
+// into the host tier since mark(): the step report's state_read_ahead_bytes (exact: the
+// backward's read ahead; eager: the forward's, for the next backward).
+class StateLoads {
+ public:
+  void clear() { blocks_.clear(); }
+  void add(const EngineContext& ctx, const Unit& u);
+  bool empty() const { return blocks_.empty(); }
+  void mark(const EngineContext& ctx) { base_ = loads(ctx); }
+  std::uint64_t since_mark(const EngineContext& ctx) const { return loads(ctx) - base_; }
+
+ private:
+  std::uint64_t loads(const EngineContext& ctx) const;
+  std::vector<BlockId> blocks_;
+  std::uint64_t base_ = 0;
+};
+
 class OverlapMode {
  public:
   // The mode object for `overlap` (overlap_from_config's answer).
@@ -183,13 +200,10 @@ class ExactOverlap final : public OverlapMode {
   double worker_optimizer_s_ = 0;   // the worker's CPU optimizer time
   // Optimizer state on NVMe: the first trainable units of the update, as many as half the host
   // cache holds (finalize), whose states the backward reads ahead, one per reduced unit, and
-  // their master and state blocks (whose host loads the step report counts).
+  // their blocks' loads since the step's first one.
   std::vector<UnitId> read_ahead_;
-  std::vector<BlockId> read_ahead_blocks_;
+  StateLoads read_ahead_loads_;
   std::size_t read_ahead_next_ = 0;  // this step's next one
-  std::uint64_t read_ahead_base_ = 0;  // their host loads before the step's first one
-  // Bytes of their master and states loaded into the host tier so far (the blocks' counters).
-  std::uint64_t read_ahead_loads() const;
   std::unique_ptr<UpdateWorker> worker_;  // last: its job reads the members above
 };
 
@@ -265,12 +279,11 @@ class EagerOverlap final : public OverlapMode {
   double worker_optimizer_s_ = 0;    // the worker's CPU optimizer time
   std::vector<Unit*> order_;         // the step's units in the order they were reduced
   std::vector<bool> kept_;           // per unit: its states kept in the host tier (NVMe-homed)
-  // The parameter shards and gradient accumulators leave a third of the host tier or more.
+  // NVMe-homed states, and the parameter shards and gradient accumulators leave a third of the
+  // host tier or more (finalize).
   bool roomy_ = false;
-  // The blocks the job read ahead for the next backward and their host loads before it, for the
-  // next step's state_read_ahead_bytes (written by the job, read after it ended).
-  std::vector<BlockId> read_ahead_blocks_;
-  std::uint64_t read_ahead_base_ = 0;
+  // What the job read ahead for the next backward (written by the job, read after it ended).
+  StateLoads read_ahead_loads_;
   // Kept: a fifth of the host tier, a third where the parameters leave it (roomy_); read ahead in
   // the forward, there only: a fifth.
   static constexpr std::uint64_t kKeptStatesShare = 5;

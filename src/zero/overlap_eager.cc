@@ -50,6 +50,19 @@ Status EagerOverlap::finalize(std::uint64_t overlap_bytes, const PinnedPoolOptio
     kept_.assign(ctx.units.size(), false);
     done_.assign(ctx.units.size(), false);
     worker_ = std::make_unique<UpdateWorker>();
+    if (ctx.opt_place == Placement::kNvme) {
+      // The parameter shards (the worker streams on stage 3 with them offloaded) and the
+      // host-homed gradient accumulators, which the step reads from the host tier too.
+      const std::uint64_t host = ctx.store->budget_bytes(Tier::kHost);
+      std::uint64_t resident = 0;
+      for (const Unit& u : ctx.units) {
+        resident += u.layout.shard * dtype_size(ctx.compute_dtype);
+        if (!u.frozen() && ctx.grad_place == Placement::kHost) {
+          resident += u.layout.shard * dtype_size(ctx.grad_dtype);
+        }
+      }
+      roomy_ = host > resident && host - resident >= host / kKeptStatesMaxShare;
+    }
   }
   if (!snapshot_) return OverlapMode::finalize(overlap_bytes, pool_options);
   TZ_ASSERT(overlap_bytes > 0, "eager's snapshot has no bytes in the plan");
@@ -92,11 +105,9 @@ Status EagerOverlap::on_reduced(Unit& u, double loss_scale, std::int64_t next_up
     if (running_ && closed_by_step_) {
       TZ_RETURN_IF_ERROR(wait());
       // What the forward read ahead for this backward (read_ahead_next_backward), loaded by now.
-      if (!read_ahead_blocks_.empty()) {
-        ctx.counters.state_read_ahead_bytes =
-            ctx.store->block_stats(read_ahead_blocks_).tier_bytes_in(Tier::kHost) -
-            read_ahead_base_;
-        read_ahead_blocks_.clear();
+      if (!read_ahead_loads_.empty()) {
+        ctx.counters.state_read_ahead_bytes = read_ahead_loads_.since_mark(ctx);
+        read_ahead_loads_.clear();
       }
     }
     bool first = false;
@@ -198,16 +209,8 @@ void EagerOverlap::choose_kept_states() {
   std::fill(kept_.begin(), kept_.end(), false);
   const EngineContext& ctx = deps_.ctx;
   if (ctx.opt_place != Placement::kNvme) return;
-  const std::uint64_t host = ctx.store->budget_bytes(Tier::kHost);
-  std::uint64_t resident = 0;  // the worker streams on stage 3 with the parameters offloaded
-  for (const Unit& u : ctx.units) {
-    resident += u.layout.shard * dtype_size(ctx.compute_dtype);
-    if (!u.frozen() && ctx.grad_place == Placement::kHost) {
-      resident += u.layout.shard * dtype_size(ctx.grad_dtype);
-    }
-  }
-  roomy_ = host > resident && host - resident >= host / kKeptStatesMaxShare;
-  const std::uint64_t room = host / (roomy_ ? kKeptStatesMaxShare : kKeptStatesShare);
+  const std::uint64_t room =
+      ctx.store->budget_bytes(Tier::kHost) / (roomy_ ? kKeptStatesMaxShare : kKeptStatesShare);
   std::uint64_t held = 0;
   for (auto it = order_.rbegin(); it != order_.rend(); ++it) {
     held += ctx.optimizer_bytes(**it);
@@ -226,7 +229,7 @@ void EagerOverlap::choose_kept_states() {
 // their room.
 void EagerOverlap::read_ahead_next_backward() {
   const EngineContext& ctx = deps_.ctx;
-  if (ctx.opt_place != Placement::kNvme || !roomy_) return;
+  if (!roomy_) return;
   const std::uint64_t room = ctx.store->budget_bytes(Tier::kHost) / kKeptStatesShare;
   std::vector<const Unit*> units;
   std::uint64_t ahead = 0;
@@ -236,12 +239,9 @@ void EagerOverlap::read_ahead_next_backward() {
     if (ahead > room) break;
     units.push_back(u);
   }
-  read_ahead_blocks_.clear();
-  for (const Unit* u : units) {
-    read_ahead_blocks_.push_back(u->master);
-    read_ahead_blocks_.insert(read_ahead_blocks_.end(), u->state, u->state + ctx.states);
-  }
-  read_ahead_base_ = ctx.store->block_stats(read_ahead_blocks_).tier_bytes_in(Tier::kHost);
+  read_ahead_loads_.clear();
+  for (const Unit* u : units) read_ahead_loads_.add(ctx, *u);
+  read_ahead_loads_.mark(ctx);
   for (const Unit* u : units) deps_.driver.keep_states(*u);
   for (const Unit* u : units) deps_.driver.prefetch_states(*u);
 }
