@@ -296,20 +296,45 @@ Status EngineImpl::get_tensor(UnitId id, std::size_t tensor, std::span<float> ou
   if (ctx_.stage == 0) {
     return ctx_.with_unit(u, "get_tensor", read_block(block, off * 4, out.data(), n * 4));
   }
-  // All-gather the fp32 shards into a device buffer, then copy the tensor out.
+  return ctx_.with_unit(u, "get_tensor",
+                        gather_range(u, block, DType::kF32, off, n, out.data(), "get_tensor"));
+}
+
+// A sharded block (masters and states from stage 1, parameters at stage 3): every rank puts the
+// same window of its shard into the all-gather, the smallest that covers its part of
+// [off, off + n) on each rank holding some of it. A tensor inside one shard moves world x its own
+// size, and with one rank only the tensor is read. Gathering whole shards moved the whole unit
+// for each of its tensors: a checkpoint or the final hash copied each unit once per tensor.
+Status EngineImpl::gather_range(const Unit& u, BlockId block, DType dtype, std::size_t off,
+                                std::size_t n, void* out, const char* what) {
+  const std::size_t es = dtype_size(dtype);
   const std::size_t s = u.layout.shard;
-  TZ_ASSIGN_OR_RETURN(gpu::DeviceBuffer full, ctx_.buffers.allocate(u.layout.padded * 4));
-  auto* base = full.as<std::byte>();
-  TZ_RETURN_IF_ERROR(ctx_.with_unit(
-      u, "get_tensor",
-      read_block_to_device(block, 0, base + static_cast<std::size_t>(ctx_.rank) * s * 4, s * 4)));
+  TZ_ASSERT(n > 0 && off + n <= s * static_cast<std::size_t>(ctx_.world),
+            "gather_range outside the unit");
+  const std::size_t first = off / s;
+  const std::size_t last = (off + n - 1) / s;
+  std::size_t win_lo = s;
+  std::size_t win_hi = 0;
+  for (std::size_t r = first; r <= last; ++r) {
+    win_lo = std::min(win_lo, std::max(off, r * s) - r * s);
+    win_hi = std::max(win_hi, std::min(off + n, (r + 1) * s) - r * s);
+  }
+  const std::size_t win = win_hi - win_lo;
+  const auto rank = static_cast<std::size_t>(ctx_.rank);
+  TZ_ASSIGN_OR_RETURN(gpu::DeviceBuffer gathered,
+                      ctx_.buffers.allocate(static_cast<std::size_t>(ctx_.world) * win * es));
+  auto* base = gathered.as<std::byte>();
+  TZ_RETURN_IF_ERROR(read_block_to_device(block, win_lo * es, base + rank * win * es, win * es));
   gpu::Stream& st = ctx_.stream();
-  TZ_RETURN_IF_ERROR(ctx_.comm.all_gather(base + static_cast<std::size_t>(ctx_.rank) * s * 4, base,
-                                          s, DType::kF32, st));
-  TZ_RETURN_IF_ERROR(
-      ctx_.device.copy_async(out.data(), base + off * 4, n * 4, gpu::CopyKind::kDeviceToHost, st));
-  TZ_RETURN_IF_ERROR(ctx_.sync(st, "get_tensor '" + u.spec.name + "'"));
-  return Status::ok();
+  TZ_RETURN_IF_ERROR(ctx_.comm.all_gather(base + rank * win * es, base, win, dtype, st));
+  for (std::size_t r = first; r <= last; ++r) {
+    const std::size_t lo = std::max(off, r * s);
+    const std::size_t hi = std::min(off + n, (r + 1) * s);
+    TZ_RETURN_IF_ERROR(ctx_.device.copy_async(static_cast<std::byte*>(out) + (lo - off) * es,
+                                              base + (r * win + lo - r * s - win_lo) * es,
+                                              (hi - lo) * es, gpu::CopyKind::kDeviceToHost, st));
+  }
+  return ctx_.sync(st, std::string(what) + " '" + u.spec.name + "'");
 }
 
 // A frozen unit's parameters: the full block (stages 0-2) or every rank's shard all-gathered
@@ -322,16 +347,8 @@ Status EngineImpl::get_frozen_tensor(Unit& u, std::size_t tensor, std::span<floa
   if (ctx_.stage < 3) {
     TZ_RETURN_IF_ERROR(read_block(u.param, off * es, raw.data(), n * es));
   } else {
-    const std::size_t s = u.layout.shard;
-    TZ_ASSIGN_OR_RETURN(gpu::DeviceBuffer full, ctx_.buffers.allocate(u.layout.padded * es));
-    auto* base = full.as<std::byte>();
-    std::byte* mine = base + static_cast<std::size_t>(ctx_.rank) * s * es;
-    TZ_RETURN_IF_ERROR(read_block_to_device(u.param, 0, mine, s * es));
-    gpu::Stream& st = ctx_.stream();
-    TZ_RETURN_IF_ERROR(ctx_.comm.all_gather(mine, base, s, ctx_.compute_dtype, st));
-    TZ_RETURN_IF_ERROR(ctx_.device.copy_async(raw.data(), base + off * es, n * es,
-                                              gpu::CopyKind::kDeviceToHost, st));
-    TZ_RETURN_IF_ERROR(ctx_.sync(st, "get_tensor '" + u.spec.name + "'"));
+    TZ_RETURN_IF_ERROR(
+        gather_range(u, u.param, ctx_.compute_dtype, off, n, raw.data(), "get_tensor"));
   }
   if (ctx_.compute_dtype == DType::kF32) {
     std::memcpy(out.data(), raw.data(), n * 4);

@@ -153,6 +153,12 @@ class EngineImpl final : public Engine {
   // get_tensor of a frozen unit: its compute-dtype parameters widened to fp32.
   Status get_frozen_tensor(Unit& u, std::size_t tensor, std::span<float> out);
 
+  // The elements [off, off + n) of the unit's sharded block `block` (of `dtype`),
+  // all-gathered from the ranks' shards into `out` on the host. A collective; `what` names the
+  // call in errors.
+  Status gather_range(const Unit& u, BlockId block, DType dtype, std::size_t off, std::size_t n,
+                      void* out, const char* what);
+
   Status check_tensor(UnitId id, std::size_t tensor, std::size_t n, const char* what) const;
 
   Result<BlockId> state_block(const Unit& u, TensorState which) const;
