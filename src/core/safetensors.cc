@@ -4,6 +4,7 @@
 #include "core/safetensors.h"
 
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -11,6 +12,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <set>
@@ -288,6 +290,127 @@ Status SafetensorsReader::read_f32(const SafetensorsEntry& entry, std::span<floa
 
 // ---- Writer -------------------------------------------------------------------------------------
 
+// A checkpoint or weights file written through the page cache cost more than the disk: on a
+// virtio VM, 8.4 GB written and fsynced that way took 25.7 s, 5.6x the 4.6 s of the same bytes
+// with O_DIRECT. So runs of contiguous writes are gathered in a buffer whose start is a page of the
+// file, and its whole pages go through an O_DIRECT descriptor; only the partial pages at a run's
+// ends (and the header) go through the page cache. A writer never writes a byte twice, and another
+// writer of the same file writes other bytes: a page written directly holds no byte another write
+// puts through the cache. fsync of the cached descriptor makes both durable (one inode).
+struct SafetensorsWriter::DirectWrites {
+  static constexpr std::size_t kPage = 4096;       // O_DIRECT offset, length and address
+  static constexpr std::size_t kBytes = 8u << 20;  // the buffer: 8 MiB a request
+  static constexpr std::size_t kAlign = 2u << 20;  // so that huge pages can back it
+  int fd = -1;
+  std::byte* buf = nullptr;
+  std::uint64_t base = 0;  // the file offset of buf[0], a page boundary
+  std::size_t head = 0;    // buf[head, fill) are pending
+  std::size_t fill = 0;
+
+  DirectWrites() = default;
+  DirectWrites(const DirectWrites&) = delete;
+  DirectWrites& operator=(const DirectWrites&) = delete;
+  ~DirectWrites() {
+    if (fd >= 0) ::close(fd);
+    std::free(buf);
+  }
+};
+
+SafetensorsWriter::SafetensorsWriter() = default;
+
+SafetensorsWriter::Path SafetensorsWriter::path_kind() const {
+  return direct_ ? Path::kDirect : Path::kCache;
+}
+
+// A file system that refuses O_DIRECT (tmpfs) leaves every write to the page cache.
+Status SafetensorsWriter::open_direct(const std::string& file) {
+  const int fd = ::open(file.c_str(), O_WRONLY | O_DIRECT | O_CLOEXEC);
+  if (fd < 0) {
+    if (errno == EINVAL) return Status::ok();
+    return Status::from_errno(errno, "open for direct writes", path_);
+  }
+  auto d = std::make_unique<DirectWrites>();
+  d->fd = fd;
+  d->buf = static_cast<std::byte*>(std::aligned_alloc(DirectWrites::kAlign, DirectWrites::kBytes));
+  if (d->buf == nullptr) return Status::out_of_memory("safetensors write buffer for " + path_);
+  (void)::madvise(d->buf, DirectWrites::kBytes, MADV_HUGEPAGE);  // best effort
+  direct_ = std::move(d);
+  return Status::ok();
+}
+
+namespace {
+
+// pwrite_all through an O_DIRECT descriptor; false (nothing said) when the file system refused
+// the request itself (EINVAL: an alignment it does not take), so the caller writes it cached.
+Result<bool> pwrite_direct(int fd, const std::byte* src, std::size_t bytes, std::uint64_t offset,
+                           const std::string& what) {
+  while (bytes > 0) {
+    const ssize_t n = ::pwrite(fd, src, bytes, static_cast<off_t>(offset));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EINVAL) return false;
+      return Status::from_errno(errno, "write", what);
+    }
+    if (n == 0) return false;
+    src += n;
+    bytes -= static_cast<std::size_t>(n);
+    offset += static_cast<std::uint64_t>(n);
+  }
+  return true;
+}
+
+}  // namespace
+
+// The pending run out: whole pages direct, the partial pages at its ends cached.
+Status SafetensorsWriter::flush_direct(const std::string& what) {
+  DirectWrites& d = *direct_;
+  const std::size_t page = DirectWrites::kPage;
+  const std::size_t lo = std::min((d.head + page - 1) / page * page, d.fill);
+  const std::size_t hi = std::max(d.fill / page * page, lo);
+  const std::size_t head = d.head;
+  const std::size_t fill = d.fill;
+  d.head = d.fill = 0;
+  if (lo > head) TZ_RETURN_IF_ERROR(pwrite_all(fd_, d.buf + head, lo - head, d.base + head, what));
+  if (hi > lo) {
+    TZ_ASSIGN_OR_RETURN(const bool direct,
+                        pwrite_direct(d.fd, d.buf + lo, hi - lo, d.base + lo, what));
+    if (!direct) {
+      // The file system took the descriptor but not this request: the rest goes cached.
+      TZ_RETURN_IF_ERROR(pwrite_all(fd_, d.buf + lo, hi - lo, d.base + lo, what));
+      TZ_RETURN_IF_ERROR(pwrite_all(fd_, d.buf + hi, fill - hi, d.base + hi, what));
+      direct_.reset();
+      return Status::ok();
+    }
+  }
+  if (fill > hi) TZ_RETURN_IF_ERROR(pwrite_all(fd_, d.buf + hi, fill - hi, d.base + hi, what));
+  return Status::ok();
+}
+
+Status SafetensorsWriter::write_bytes(const void* src, std::size_t bytes, std::uint64_t offset,
+                                      const std::string& what) {
+  if (!direct_) return pwrite_all(fd_, src, bytes, offset, what);
+  if (direct_->fill > direct_->head && offset != direct_->base + direct_->fill) {
+    TZ_RETURN_IF_ERROR(flush_direct(what));  // not the pending run's continuation
+  }
+  const auto* p = static_cast<const std::byte*>(src);
+  while (bytes > 0) {
+    if (!direct_) return pwrite_all(fd_, p, bytes, offset, what);
+    DirectWrites& d = *direct_;
+    if (d.fill == d.head) {  // a new run
+      d.base = offset / DirectWrites::kPage * DirectWrites::kPage;
+      d.head = d.fill = static_cast<std::size_t>(offset - d.base);
+    }
+    const std::size_t k = std::min(bytes, DirectWrites::kBytes - d.fill);
+    std::memcpy(d.buf + d.fill, p, k);
+    d.fill += k;
+    p += k;
+    bytes -= k;
+    offset += k;
+    if (d.fill == DirectWrites::kBytes) TZ_RETURN_IF_ERROR(flush_direct(what));
+  }
+  return Status::ok();
+}
+
 Result<SafetensorsWriter> SafetensorsWriter::create(
     const std::string& path, const std::vector<SafetensorsTensorSpec>& tensors,
     const std::map<std::string, std::string>& metadata) {
@@ -357,6 +480,7 @@ Result<SafetensorsWriter> SafetensorsWriter::create(
       return Status::from_errno(rc, "allocate safetensors file", path);
     }
   }
+  TZ_RETURN_IF_ERROR(w.open_direct(w.temp_));
   return w;
 }
 
@@ -368,6 +492,7 @@ Result<SafetensorsWriter> SafetensorsWriter::open_existing(const std::string& pa
   w.data_start_ = reader.data_start_;
   w.fd_ = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
   if (w.fd_ < 0) return Status::from_errno(errno, "open safetensors file for writing", path);
+  TZ_RETURN_IF_ERROR(w.open_direct(path));
   return w;
 }
 
@@ -376,7 +501,8 @@ SafetensorsWriter::SafetensorsWriter(SafetensorsWriter&& other) noexcept
       temp_(std::exchange(other.temp_, std::string())),
       fd_(std::exchange(other.fd_, -1)),
       data_start_(other.data_start_),
-      entries_(std::move(other.entries_)) {}
+      entries_(std::move(other.entries_)),
+      direct_(std::move(other.direct_)) {}
 
 SafetensorsWriter& SafetensorsWriter::operator=(SafetensorsWriter&& other) noexcept {
   if (this != &other) {
@@ -386,6 +512,7 @@ SafetensorsWriter& SafetensorsWriter::operator=(SafetensorsWriter&& other) noexc
     fd_ = std::exchange(other.fd_, -1);
     data_start_ = other.data_start_;
     entries_ = std::move(other.entries_);
+    direct_ = std::move(other.direct_);
   }
   return *this;
 }
@@ -393,6 +520,7 @@ SafetensorsWriter& SafetensorsWriter::operator=(SafetensorsWriter&& other) noexc
 SafetensorsWriter::~SafetensorsWriter() { drop(); }
 
 void SafetensorsWriter::drop() {
+  direct_.reset();  // pending bytes of a dropped file are not wanted
   if (fd_ >= 0) ::close(fd_);
   fd_ = -1;
   if (!temp_.empty()) ::unlink(temp_.c_str());
@@ -417,9 +545,7 @@ Status SafetensorsWriter::write_f32(std::string_view name, std::span<const float
   const std::string what = tensor_context(path_, name);
   const std::size_t es = dtype_size(entry->dtype);
   const std::uint64_t base = data_start_ + entry->begin + first_elem * es;
-  if (entry->dtype == DType::kF32) {
-    return pwrite_all(fd_, values.data(), values.size() * 4, base, what);
-  }
+  if (entry->dtype == DType::kF32) return write_bytes(values.data(), values.size() * 4, base, what);
   std::vector<std::uint16_t> bounce(std::min<std::size_t>(kChunkElems, values.size()));
   for (std::size_t done = 0; done < values.size();) {
     const std::size_t k = std::min(bounce.size(), values.size() - done);
@@ -427,7 +553,7 @@ Status SafetensorsWriter::write_f32(std::string_view name, std::span<const float
       bounce[i] = entry->dtype == DType::kBF16 ? f32_to_bf16(values[done + i]).bits
                                                : f32_to_fp16(values[done + i]).bits;
     }
-    TZ_RETURN_IF_ERROR(pwrite_all(fd_, bounce.data(), k * es, base + done * es, what));
+    TZ_RETURN_IF_ERROR(write_bytes(bounce.data(), k * es, base + done * es, what));
     done += k;
   }
   return Status::ok();
@@ -435,6 +561,13 @@ Status SafetensorsWriter::write_f32(std::string_view name, std::span<const float
 
 Status SafetensorsWriter::finish() {
   if (fd_ < 0) return Status::ok();
+  if (direct_) {
+    if (Status st = flush_direct(path_); !st.is_ok()) {
+      drop();
+      return st;
+    }
+    direct_.reset();
+  }
   if (::fsync(fd_) != 0) {
     const int err = errno;
     drop();

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -116,14 +117,26 @@ class SafetensorsWriter {
   // file (and leave no file behind). Idempotent.
   Status finish();
 
+  // Where the writer's bytes go: whole 4 KiB pages of each run of contiguous writes through a
+  // second, O_DIRECT descriptor (from a write-combining buffer), the partial pages at a run's ends
+  // through the page cache. kCache on a file system that refuses O_DIRECT (tmpfs).
+  enum class Path : std::uint8_t { kDirect, kCache };
+  Path path_kind() const;
+
  private:
-  SafetensorsWriter() = default;
+  struct DirectWrites;  // the O_DIRECT descriptor and its write-combining buffer
+  SafetensorsWriter();
   void drop();  // closes and removes an unfinished temporary file
+  Status open_direct(const std::string& file);
+  Status write_bytes(const void* src, std::size_t bytes, std::uint64_t offset,
+                     const std::string& what);
+  Status flush_direct(const std::string& what);
   std::string path_;
   std::string temp_;  // create()'s temporary name until finish() renames it; empty otherwise
   int fd_ = -1;
   std::uint64_t data_start_ = 0;
   std::vector<SafetensorsEntry> entries_;
+  std::unique_ptr<DirectWrites> direct_;
 };
 
 }  // namespace tz
