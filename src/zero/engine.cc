@@ -290,6 +290,7 @@ Status EngineImpl::get_tensor(UnitId id, std::size_t tensor, std::span<float> ou
   TZ_RETURN_IF_ERROR(overlap_->wait());
   Unit& u = ctx_.units[id];
   TZ_ASSIGN_OR_RETURN(BlockId block, state_block(u, which));
+  TZ_RETURN_IF_ERROR(read_ahead_after(id, which));
   if (u.frozen()) return get_frozen_tensor(u, tensor, out);
   const std::size_t off = u.layout.offsets[tensor];
   const std::size_t n = u.spec.tensors[tensor].numel();
@@ -335,6 +336,21 @@ Status EngineImpl::gather_range(const Unit& u, BlockId block, DType dtype, std::
                                               (hi - lo) * es, gpu::CopyKind::kDeviceToHost, st));
   }
   return ctx_.sync(st, std::string(what) + " '" + u.spec.name + "'");
+}
+
+// Readers of tensors (checkpoints, the final hash, weight saves) walk the units in order: the
+// same block of the next unit of the same kind starts loading into the host tier while this
+// one's tensors are read, so its NVMe read overlaps their copies and the reader's writes.
+Status EngineImpl::read_ahead_after(UnitId id, TensorState which) {
+  const bool frozen = ctx_.units[id].frozen();
+  for (UnitId next = id + 1; next < ctx_.units.size(); ++next) {
+    const Unit& n = ctx_.units[next];
+    if (n.frozen() != frozen) continue;
+    TZ_ASSIGN_OR_RETURN(const BlockId block, state_block(n, which));
+    if (home_tier(block) != Tier::kNvme) return Status::ok();
+    return store_->prefetch(block, Tier::kHost);
+  }
+  return Status::ok();
 }
 
 // A frozen unit's parameters: the full block (stages 0-2) or every rank's shard all-gathered

@@ -153,6 +153,10 @@ class EngineImpl final : public Engine {
   // get_tensor of a frozen unit: its compute-dtype parameters widened to fp32.
   Status get_frozen_tensor(Unit& u, std::size_t tensor, std::span<float> out);
 
+  // Starts loading into the host tier the `which` block of the next unit after `id` that is
+  // frozen as `id` is, when that block's home is NVMe (get_tensor's read ahead).
+  Status read_ahead_after(UnitId id, TensorState which);
+
   // The elements [off, off + n) of the unit's sharded block `block` (of `dtype`),
   // all-gathered from the ranks' shards into `out` on the host. A collective; `what` names the
   // call in errors.
