@@ -93,6 +93,8 @@ class RankRun {
   Status finish();
 
  private:
+  // Whether --resume's checkpoint sets every weight (no frozen units), so none load before it.
+  bool weights_from_checkpoint() const;
   Status load_weights();
   Result<double> evaluate();
   Status save(int step);
@@ -111,6 +113,10 @@ class RankRun {
   std::optional<RankScalars> scalars_;
   std::optional<Reporter> reporter_;
 };
+
+bool RankRun::weights_from_checkpoint() const {
+  return !spec_.resume.empty() && engine_->param_count() == engine_->trainable_param_count();
+}
 
 Status RankRun::load_weights() {
   if (!spec_.init.empty()) return net_->load_weights(spec_.init);
@@ -133,8 +139,10 @@ Status RankRun::setup(gpu::Device& device, std::shared_ptr<const model::TokenDat
   TZ_ASSIGN_OR_RETURN(RankScalars scalars, RankScalars::create(device, comm_));
   scalars_.emplace(std::move(scalars));
   // Each rank reads only its part of the weights (model/hf_folder.h), so a bad value fails only
-  // the ranks that read it: the ranks agree before any of them goes on to a collective.
-  Status loaded = load_weights();
+  // the ranks that read it: the ranks agree before any of them goes on to a collective. A resumed
+  // run's checkpoint sets every trainable unit, so only a frozen base (LoRA) still loads here: the
+  // initialisation it would overwrite took a third of a gpt2-774m resume.
+  Status loaded = weights_from_checkpoint() ? Status::ok() : load_weights();
   TZ_ASSIGN_OR_RETURN(auto failed, scalars_->sum({0, loaded.is_ok() ? 0.0 : 1.0, 0, 0},
                                                  engine_->compute_stream()));
   TZ_RETURN_IF_ERROR(std::move(loaded));
@@ -152,7 +160,9 @@ Status RankRun::setup(gpu::Device& device, std::shared_ptr<const model::TokenDat
     reporter_.emplace(spec_.steps, spec_.engine.config.steps_per_print, trainer_.tokens_per_step(),
                       bandwidth_json(engine_->options()), io_.metrics, io_.print);
   }
-  if (val_ && spec_.eval_every > 0) {
+  // Step 0's validation loss is the starting weights'; a resumed run starts from the checkpoint's
+  // step, whose loss that run printed.
+  if (val_ && spec_.eval_every > 0 && spec_.resume.empty()) {
     TZ_ASSIGN_OR_RETURN(double v0, evaluate());
     if (reporter_) reporter_->line("step 0 | val loss " + std::to_string(v0));
   }

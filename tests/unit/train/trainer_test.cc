@@ -180,6 +180,37 @@ TEST_P(TrainerTest, StoppedRunResumesToTheUninterruptedWeights) {
   EXPECT_EQ(resumed.losses, std::vector<double>(whole.losses.begin() + 3, whole.losses.end()));
 }
 
+// A resumed run prints no "step 0" validation loss: that is the starting weights', and before
+// the checkpoint loaded it was the fresh initialisation's (the resumed run starts from no
+// initialisation at all now). Its last validation loss is the uninterrupted run's.
+TEST_P(TrainerTest, ResumedRunPrintsNoStepZeroValidation) {
+  TrainSpec whole_spec = spec(1, 1, 3, 4);
+  whole_spec.val_data = whole_spec.data;
+  whole_spec.val_batches = 2;
+  whole_spec.eval_every = 2;
+  TrainIo loud = quiet();
+  loud.print = true;
+  ::testing::internal::CaptureStderr();
+  const TrainResult whole = run(whole_spec, loud);
+  const std::string whole_out = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(whole_out.find("step 0 | val loss"), std::string::npos) << whole_out;
+
+  TrainSpec first = whole_spec;
+  first.steps = 2;
+  first.save_dir = (dir_ / "ck").string();
+  run(first);
+  TrainSpec rest = whole_spec;
+  rest.resume = (dir_ / "ck").string();
+  ::testing::internal::CaptureStderr();
+  const TrainResult resumed = run(rest, loud);
+  const std::string resumed_out = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(resumed_out.find("resumed from"), std::string::npos) << resumed_out;
+  EXPECT_EQ(resumed_out.find("step 0 | val loss"), std::string::npos) << resumed_out;
+  ASSERT_TRUE(whole.val_loss.has_value() && resumed.val_loss.has_value());
+  EXPECT_EQ(*resumed.val_loss, *whole.val_loss) << GetParam().name;
+  EXPECT_EQ(resumed.params_xxh3, whole.params_xxh3) << GetParam().name;
+}
+
 TEST_P(TrainerTest, MetricsHoldOneRecordPerStep) {
   const std::string path = (dir_ / "metrics.jsonl").string();
   auto out = OutputFile::create("--metrics", path, {});
