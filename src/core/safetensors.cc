@@ -28,8 +28,13 @@ namespace {
 
 // Hugging Face refuses headers above 100 MB; so do we (a lying length is caught before a huge read).
 constexpr std::uint64_t kMaxHeaderBytes = 100ull << 20;
-// Conversions go through a bounded bounce buffer.
-constexpr std::size_t kChunkElems = 1u << 16;
+// Conversions go through a bounded bounce buffer, large enough for direct reads.
+constexpr std::size_t kChunkElems = 1u << 20;
+// Reads from this size on bypass the page cache (SafetensorsReader::read_direct); direct reads
+// and writes (SafetensorsWriter::DirectWrites) move at most kDirectBufBytes a request, in pages.
+constexpr std::size_t kDirectReadMin = 1u << 20;
+constexpr std::size_t kDirectBufBytes = 8u << 20;
+constexpr std::size_t kPageBytes = 4096;
 
 std::optional<DType> parse_st_dtype(std::string_view name) {
   if (name == "F32") return DType::kF32;
@@ -174,6 +179,7 @@ Result<SafetensorsReader> SafetensorsReader::open(const std::string& path) {
   r.path_ = path;
   r.fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (r.fd_ < 0) return Status::from_errno(errno, "open safetensors file", path);
+  r.direct_fd_ = ::open(path.c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC);  // -1: cached reads only
   struct stat st {};
   if (::fstat(r.fd_, &st) != 0) return Status::from_errno(errno, "stat", path);
   const auto file_bytes = static_cast<std::uint64_t>(st.st_size);
@@ -223,6 +229,7 @@ Result<SafetensorsReader> SafetensorsReader::open(const std::string& path) {
 SafetensorsReader::SafetensorsReader(SafetensorsReader&& other) noexcept
     : path_(std::move(other.path_)),
       fd_(std::exchange(other.fd_, -1)),
+      direct_fd_(std::exchange(other.direct_fd_, -1)),
       data_start_(other.data_start_),
       entries_(std::move(other.entries_)),
       metadata_(std::move(other.metadata_)) {}
@@ -230,8 +237,10 @@ SafetensorsReader::SafetensorsReader(SafetensorsReader&& other) noexcept
 SafetensorsReader& SafetensorsReader::operator=(SafetensorsReader&& other) noexcept {
   if (this != &other) {
     if (fd_ >= 0) ::close(fd_);
+    if (direct_fd_ >= 0) ::close(direct_fd_);
     path_ = std::move(other.path_);
     fd_ = std::exchange(other.fd_, -1);
+    direct_fd_ = std::exchange(other.direct_fd_, -1);
     data_start_ = other.data_start_;
     entries_ = std::move(other.entries_);
     metadata_ = std::move(other.metadata_);
@@ -241,6 +250,7 @@ SafetensorsReader& SafetensorsReader::operator=(SafetensorsReader&& other) noexc
 
 SafetensorsReader::~SafetensorsReader() {
   if (fd_ >= 0) ::close(fd_);
+  if (direct_fd_ >= 0) ::close(direct_fd_);
 }
 
 const SafetensorsEntry* SafetensorsReader::find(std::string_view name) const {
@@ -257,8 +267,41 @@ Status SafetensorsReader::read_raw(const SafetensorsEntry& entry, std::span<std:
     return Status::invalid_argument(tensor_context(path_, entry.name) +
                                     ": read of bytes past its end");
   }
-  return pread_all(fd_, out.data(), out.size(), data_start_ + entry.begin + first_byte,
-                   tensor_context(path_, entry.name));
+  const std::uint64_t offset = data_start_ + entry.begin + first_byte;
+  if (direct_fd_ >= 0 && out.size() >= kDirectReadMin) {
+    return read_direct(offset, out, tensor_context(path_, entry.name));
+  }
+  return pread_all(fd_, out.data(), out.size(), offset, tensor_context(path_, entry.name));
+}
+
+Status SafetensorsReader::read_direct(std::uint64_t offset, std::span<std::uint8_t> out,
+                                      const std::string& what) const {
+  const std::size_t buf_bytes =
+      std::min<std::size_t>(kDirectBufBytes, (out.size() + 2 * kPageBytes) / kPageBytes * kPageBytes);
+  std::unique_ptr<std::uint8_t, decltype(&std::free)> buf(
+      static_cast<std::uint8_t*>(std::aligned_alloc(kPageBytes, buf_bytes)), &std::free);
+  if (buf == nullptr) return Status::out_of_memory("safetensors read buffer for " + what);
+  for (std::size_t done = 0; done < out.size();) {
+    const std::uint64_t at = offset + done;
+    const std::uint64_t page = at / kPageBytes * kPageBytes;
+    const std::size_t skip = static_cast<std::size_t>(at - page);
+    const std::size_t want = std::min(
+        buf_bytes, (skip + out.size() - done + kPageBytes - 1) / kPageBytes * kPageBytes);
+    const ssize_t n = ::pread(direct_fd_, buf.get(), want, static_cast<off_t>(page));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      // A file system that took the descriptor but not the request: the rest is read cached.
+      if (errno == EINVAL) return pread_all(fd_, out.data() + done, out.size() - done, at, what);
+      return Status::from_errno(errno, "read", what);
+    }
+    if (static_cast<std::size_t>(n) <= skip) {
+      return Status(ErrorCode::kIoError, 0, what + ": file ends early (truncated?)");
+    }
+    const std::size_t k = std::min(static_cast<std::size_t>(n) - skip, out.size() - done);
+    std::memcpy(out.data() + done, buf.get() + skip, k);
+    done += k;
+  }
+  return Status::ok();
 }
 
 Status SafetensorsReader::read_f32(const SafetensorsEntry& entry, std::span<float> out,
@@ -298,8 +341,7 @@ Status SafetensorsReader::read_f32(const SafetensorsEntry& entry, std::span<floa
 // writer of the same file writes other bytes: a page written directly holds no byte another write
 // puts through the cache. fsync of the cached descriptor makes both durable (one inode).
 struct SafetensorsWriter::DirectWrites {
-  static constexpr std::size_t kPage = 4096;       // O_DIRECT offset, length and address
-  static constexpr std::size_t kBytes = 8u << 20;  // the buffer: 8 MiB a request
+  static constexpr std::size_t kBytes = kDirectBufBytes;  // the buffer: a request at most
   static constexpr std::size_t kAlign = 2u << 20;  // so that huge pages can back it
   int fd = -1;
   std::byte* buf = nullptr;
@@ -364,7 +406,7 @@ Result<bool> pwrite_direct(int fd, const std::byte* src, std::size_t bytes, std:
 // The pending run out: whole pages direct, the partial pages at its ends cached.
 Status SafetensorsWriter::flush_direct(const std::string& what) {
   DirectWrites& d = *direct_;
-  const std::size_t page = DirectWrites::kPage;
+  const std::size_t page = kPageBytes;
   const std::size_t lo = std::min((d.head + page - 1) / page * page, d.fill);
   const std::size_t hi = std::max(d.fill / page * page, lo);
   const std::size_t head = d.head;
@@ -397,7 +439,7 @@ Status SafetensorsWriter::write_bytes(const void* src, std::size_t bytes, std::u
     if (!direct_) return pwrite_all(fd_, p, bytes, offset, what);
     DirectWrites& d = *direct_;
     if (d.fill == d.head) {  // a new run
-      d.base = offset / DirectWrites::kPage * DirectWrites::kPage;
+      d.base = offset / kPageBytes * kPageBytes;
       d.head = d.fill = static_cast<std::size_t>(offset - d.base);
     }
     const std::size_t k = std::min(bytes, DirectWrites::kBytes - d.fill);

@@ -72,8 +72,14 @@ class SafetensorsReader {
  private:
   friend class SafetensorsWriter;  // open_existing reuses the validated header
   SafetensorsReader() = default;
+  // Reads of at least 1 MiB go through `direct_fd_` (O_DIRECT; -1 on a file system without it)
+  // into an aligned buffer of their own: the page cache's copy cost more than the disk on a VM
+  // (a checkpoint file read 1.4 GB/s cached, 2.3 GB/s direct).
+  Status read_direct(std::uint64_t offset, std::span<std::uint8_t> out,
+                     const std::string& what) const;
   std::string path_;
   int fd_ = -1;
+  int direct_fd_ = -1;
   std::uint64_t data_start_ = 0;
   std::vector<SafetensorsEntry> entries_;
   std::map<std::string, std::string> metadata_;

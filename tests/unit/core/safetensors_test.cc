@@ -255,6 +255,12 @@ TEST_F(SafetensorsTest, DirectWritesOfPiecesInAnyOrderReadBack) {
       ASSERT_EQ(got[i], want) << specs[t].name << " element " << i << " seed " << seed;
     }
   }
+  // Reads of 1 MiB and more go direct too: a file cut short after open is an error naming it.
+  std::filesystem::resize_file(path, r->entries()[1].begin + (10u << 20));
+  std::vector<float> big(v[1].size());
+  const Status cut = r->read_f32(*r->find("big"), big);
+  EXPECT_EQ(cut.code(), ErrorCode::kIoError) << cut.to_string();
+  EXPECT_NE(cut.message().find("ends early"), std::string::npos) << cut.to_string();
 }
 
 struct Malformed {
