@@ -276,8 +276,9 @@ Status SafetensorsReader::read_raw(const SafetensorsEntry& entry, std::span<std:
 
 Status SafetensorsReader::read_direct(std::uint64_t offset, std::span<std::uint8_t> out,
                                       const std::string& what) const {
-  const std::size_t buf_bytes =
-      std::min<std::size_t>(kDirectBufBytes, (out.size() + 2 * kPageBytes) / kPageBytes * kPageBytes);
+  // Enough for the range and the partial pages at its ends, up to one request.
+  const std::size_t buf_bytes = std::min<std::size_t>(
+      kDirectBufBytes, (out.size() + 2 * kPageBytes) / kPageBytes * kPageBytes);
   std::unique_ptr<std::uint8_t, decltype(&std::free)> buf(
       static_cast<std::uint8_t*>(std::aligned_alloc(kPageBytes, buf_bytes)), &std::free);
   if (buf == nullptr) return Status::out_of_memory("safetensors read buffer for " + what);

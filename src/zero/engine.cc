@@ -297,8 +297,7 @@ Status EngineImpl::get_tensor(UnitId id, std::size_t tensor, std::span<float> ou
   if (ctx_.stage == 0) {
     return ctx_.with_unit(u, "get_tensor", read_block(block, off * 4, out.data(), n * 4));
   }
-  return ctx_.with_unit(u, "get_tensor",
-                        gather_range(u, block, DType::kF32, off, n, out.data(), "get_tensor"));
+  return gather_range(u, block, DType::kF32, off, n, out.data(), "get_tensor");
 }
 
 // A sharded block (masters and states from stage 1, parameters at stage 3): every rank puts the
@@ -325,7 +324,8 @@ Status EngineImpl::gather_range(const Unit& u, BlockId block, DType dtype, std::
   TZ_ASSIGN_OR_RETURN(gpu::DeviceBuffer gathered,
                       ctx_.buffers.allocate(static_cast<std::size_t>(ctx_.world) * win * es));
   auto* base = gathered.as<std::byte>();
-  TZ_RETURN_IF_ERROR(read_block_to_device(block, win_lo * es, base + rank * win * es, win * es));
+  TZ_RETURN_IF_ERROR(ctx_.with_unit(
+      u, what, read_block_to_device(block, win_lo * es, base + rank * win * es, win * es)));
   gpu::Stream& st = ctx_.stream();
   TZ_RETURN_IF_ERROR(ctx_.comm.all_gather(base + rank * win * es, base, win, dtype, st));
   for (std::size_t r = first; r <= last; ++r) {
