@@ -379,29 +379,6 @@ Status SafetensorsWriter::open_direct(const std::string& file) {
   return Status::ok();
 }
 
-namespace {
-
-// pwrite_all through an O_DIRECT descriptor; false (nothing said) when the file system refused
-// the request itself (EINVAL: an alignment it does not take), so the caller writes it cached.
-Result<bool> pwrite_direct(int fd, const std::byte* src, std::size_t bytes, std::uint64_t offset,
-                           const std::string& what) {
-  while (bytes > 0) {
-    const ssize_t n = ::pwrite(fd, src, bytes, static_cast<off_t>(offset));
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      if (errno == EINVAL) return false;
-      return Status::from_errno(errno, "write", what);
-    }
-    if (n == 0) return false;
-    src += n;
-    bytes -= static_cast<std::size_t>(n);
-    offset += static_cast<std::uint64_t>(n);
-  }
-  return true;
-}
-
-}  // namespace
-
 // The pending run out: whole pages direct, the partial pages at its ends cached.
 Status SafetensorsWriter::flush_direct(const std::string& what) {
   DirectWrites& d = *direct_;
@@ -413,10 +390,11 @@ Status SafetensorsWriter::flush_direct(const std::string& what) {
   d.head = d.fill = 0;
   if (lo > head) TZ_RETURN_IF_ERROR(pwrite_all(fd_, d.buf + head, lo - head, d.base + head, what));
   if (hi > lo) {
-    TZ_ASSIGN_OR_RETURN(const bool direct,
-                        pwrite_direct(d.fd, d.buf + lo, hi - lo, d.base + lo, what));
-    if (!direct) {
-      // The file system took the descriptor but not this request: the rest goes cached.
+    const Status direct = pwrite_all(d.fd, d.buf + lo, hi - lo, d.base + lo, what);
+    if (!direct.is_ok() && direct.sys_code() != EINVAL) return direct;
+    if (!direct.is_ok()) {
+      // The file system took the descriptor but not this request (EINVAL: an alignment it does
+      // not take): the rest goes cached.
       TZ_RETURN_IF_ERROR(pwrite_all(fd_, d.buf + lo, hi - lo, d.base + lo, what));
       TZ_RETURN_IF_ERROR(pwrite_all(fd_, d.buf + hi, fill - hi, d.base + hi, what));
       direct_.reset();

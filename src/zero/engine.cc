@@ -253,14 +253,13 @@ std::vector<std::string> EngineImpl::swap_devices() const {
 // Every unit's blocks in the store, homed where the placements say. Blocks read as zeros until
 // written, so parameters, states and gradients start at zero.
 Status EngineImpl::create_blocks() {
-  const std::size_t es = dtype_size(ctx_.compute_dtype);
   const Tier opt_tier = tier_of(ctx_.opt_place);
   const Tier grad_tier = tier_of(ctx_.grad_place);
   const Tier param_tier = tier_of(ctx_.param_place);
   for (Unit& u : ctx_.units) {
     const std::string base = u.spec.name + ".r" + std::to_string(ctx_.rank);
-    const std::uint64_t param_bytes = (ctx_.stage == 3 ? u.layout.shard : u.layout.padded) * es;
-    TZ_ASSIGN_OR_RETURN(u.param, store_->create_block(param_bytes, param_tier, base + ".param"));
+    TZ_ASSIGN_OR_RETURN(u.param,
+                        store_->create_block(ctx_.param_bytes(u), param_tier, base + ".param"));
     if (u.frozen()) continue;  // parameters only: no master, states or gradient
     TZ_ASSIGN_OR_RETURN(u.master,
                         store_->create_block(u.opt_elems * 4, opt_tier, base + ".master"));
@@ -269,8 +268,7 @@ Status EngineImpl::create_blocks() {
                                                            base + ".state" + std::to_string(s)));
     }
     TZ_ASSIGN_OR_RETURN(u.grad_acc,
-                        store_->create_block(u.layout.shard * dtype_size(ctx_.grad_dtype),
-                                             grad_tier, base + ".grad"));
+                        store_->create_block(ctx_.grad_bytes(u), grad_tier, base + ".grad"));
   }
   return Status::ok();
 }
@@ -303,14 +301,16 @@ Status EngineImpl::get_tensor(UnitId id, std::size_t tensor, std::span<float> ou
 // A sharded block (masters and states from stage 1, parameters at stage 3): every rank puts the
 // same window of its shard into the all-gather, the smallest that covers its part of
 // [off, off + n) on each rank holding some of it. A tensor inside one shard moves world x its own
-// size, and with one rank only the tensor is read. Gathering whole shards moved the whole unit
-// for each of its tensors: a checkpoint or the final hash copied each unit once per tensor.
+// size; one rank reads only the tensor, with no device hop. Gathering whole shards moved the whole
+// unit for each of its tensors: a checkpoint or the final hash copied each unit once per tensor.
 Status EngineImpl::gather_range(const Unit& u, BlockId block, DType dtype, std::size_t off,
                                 std::size_t n, void* out, const char* what) {
   const std::size_t es = dtype_size(dtype);
   const std::size_t s = u.layout.shard;
   TZ_ASSERT(n > 0 && off + n <= s * static_cast<std::size_t>(ctx_.world),
             "gather_range outside the unit");
+  // One rank holds the whole unit: the range straight out of its block, as at stage 0.
+  if (ctx_.world == 1) return ctx_.with_unit(u, what, read_block(block, off * es, out, n * es));
   const std::size_t first = off / s;
   const std::size_t last = (off + n - 1) / s;
   std::size_t win_lo = s;

@@ -19,6 +19,7 @@
 
 #include "core/assert.h"
 #include "core/config.h"
+#include "core/dtype.h"
 #include "cpu/pinned_pool.h"
 #include "gpu/device.h"
 #include "store/store.h"
@@ -235,6 +236,16 @@ struct EngineContext {
   // plan's UnitBytes::optimizer).
   std::uint64_t optimizer_bytes(const Unit& u) const {
     return static_cast<std::uint64_t>(u.opt_elems) * 4 * (1 + static_cast<std::uint64_t>(states));
+  }
+  // A unit's parameter block: its shard at stage 3, the whole padded unit below, in the compute
+  // dtype.
+  std::uint64_t param_bytes(const Unit& u) const {
+    return static_cast<std::uint64_t>(stage == 3 ? u.layout.shard : u.layout.padded) *
+           dtype_size(compute_dtype);
+  }
+  // A trainable unit's gradient accumulator: its shard in the gradient dtype.
+  std::uint64_t grad_bytes(const Unit& u) const {
+    return static_cast<std::uint64_t>(u.layout.shard) * dtype_size(grad_dtype);
   }
   gpu::Stream& stream() { return device.compute_stream(); }
   Unit& unit(UnitId id) {

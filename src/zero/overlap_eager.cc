@@ -6,7 +6,6 @@
 #include <cstring>
 #include <string_view>
 
-#include "core/dtype.h"
 #include "core/trace.h"
 #include "zero/optimizer_driver.h"
 
@@ -56,10 +55,8 @@ Status EagerOverlap::finalize(std::uint64_t overlap_bytes, const PinnedPoolOptio
       const std::uint64_t host = ctx.store->budget_bytes(Tier::kHost);
       std::uint64_t resident = 0;
       for (const Unit& u : ctx.units) {
-        resident += u.layout.shard * dtype_size(ctx.compute_dtype);
-        if (!u.frozen() && ctx.grad_place == Placement::kHost) {
-          resident += u.layout.shard * dtype_size(ctx.grad_dtype);
-        }
+        resident += ctx.param_bytes(u);
+        if (!u.frozen() && ctx.grad_place == Placement::kHost) resident += ctx.grad_bytes(u);
       }
       roomy_ = host > resident && host - resident >= host / kKeptStatesMaxShare;
     }
@@ -233,14 +230,14 @@ void EagerOverlap::read_ahead_next_backward() {
   const std::uint64_t room = ctx.store->budget_bytes(Tier::kHost) / kKeptStatesShare;
   std::vector<const Unit*> units;
   std::uint64_t ahead = 0;
+  read_ahead_loads_.clear();
   for (const Unit* u : order_) {
     if (kept_[u->id]) continue;
     ahead += ctx.optimizer_bytes(*u);
     if (ahead > room) break;
     units.push_back(u);
+    read_ahead_loads_.add(ctx, *u);
   }
-  read_ahead_loads_.clear();
-  for (const Unit* u : units) read_ahead_loads_.add(ctx, *u);
   read_ahead_loads_.mark(ctx);
   for (const Unit* u : units) deps_.driver.keep_states(*u);
   for (const Unit* u : units) deps_.driver.prefetch_states(*u);
