@@ -5,6 +5,7 @@
 // fp16); configurations a mode cannot run are refused by name.
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <map>
 #include <string>
 #include <vector>
@@ -199,11 +200,16 @@ TEST(ZeroOverlap, EagerStreamedUpdatesAppearOnTheOptimizerTrack) {
   EXPECT_EQ(steps, waits);
 }
 
-// Both offloads on NVMe and a host tier that holds four of the eight units' states: once the
-// worker's queue of kept early updates is done in the next forward, it reads the next backward's
-// first units' states ahead (EagerOverlap::read_ahead_next_backward). The steps report those
-// loads as state_read_ahead_bytes, and the bits are exact's.
-TEST(ZeroOverlap, EagerReadsTheNextBackwardsStatesAheadInTheForward) {
+// One unit's fp32 master and two Adam states in the test model (2048 elements a shard).
+constexpr std::uint64_t kUnitStates = 3 * 2048 * 4;
+
+// Two ranks at stage 3, both offloads on NVMe, bf16 without clipping (eager keeps no snapshot),
+// `layers` units and a host tier of `host_budget` bytes; run under exact and then eager, whose
+// bits must be exact's.
+struct ExactAndEager {
+  testing::RunResult exact, eager;
+};
+ExactAndEager run_nvme_exact_and_eager(int layers, std::uint64_t host_budget, long persistence) {
   RunSpec r;
   r.ranks = 2;
   r.stage = 3;
@@ -211,25 +217,64 @@ TEST(ZeroOverlap, EagerReadsTheNextBackwardsStatesAheadInTheForward) {
   r.offload_param = "nvme";
   r.dtype = "bf16";
   r.clip = 0;
-  r.persistence = 0;
-  r.shape.layers = 8;
+  r.persistence = persistence;
+  r.shape.layers = layers;
   r.steps = 5;
+  r.host_budget = host_budget;
+  ExactAndEager out;
+  out.exact = testing::run(launch_local, r);
+  r.overlap = "eager";
+  out.eager = testing::run(launch_local, r);
+  EXPECT_EQ(out.eager.hash, out.exact.hash);
+  EXPECT_EQ(out.exact.reports.size(), 5u);
+  EXPECT_EQ(out.eager.reports.size(), 5u);
+  return out;
+}
+
+// Both offloads on NVMe and a host tier that holds four of the eight units' states: once the
+// worker's queue of kept early updates is done in the next forward, it reads the next backward's
+// first units' states ahead (EagerOverlap::read_ahead_next_backward). The steps report those
+// loads as state_read_ahead_bytes, and the bits are exact's.
+TEST(ZeroOverlap, EagerReadsTheNextBackwardsStatesAheadInTheForward) {
   // As ZeroEngine.NvmeStreamingUnderSmallHostTierIsBitIdentical: four units' master and states,
   // the eight bf16 gradient shards, the staging.
-  constexpr std::uint64_t kUnitStates = 3 * 2048 * 4;
-  r.host_budget = 4 * (kUnitStates + 2048 * 2) + 8 * 2048 * 2 + 4 * (64u << 10) + 4096 * (2 + 4);
-  const testing::RunResult want = testing::run(launch_local, r);
-  r.overlap = "eager";
-  const testing::RunResult got = testing::run(launch_local, r);
+  const ExactAndEager runs = run_nvme_exact_and_eager(
+      8, 4 * (kUnitStates + 2048 * 2) + 8 * 2048 * 2 + 4 * (64u << 10) + 4096 * (2 + 4), 0);
   ASSERT_FALSE(HasFailure());
-  EXPECT_EQ(got.hash, want.hash);
-  ASSERT_EQ(got.reports.size(), 5u);
+  const testing::RunResult& got = runs.eager;
   EXPECT_EQ(got.reports[0].state_read_ahead_bytes, 0u);  // no step before it to read ahead for
   std::uint64_t read_ahead = 0;
   for (const StepReport& report : got.reports) read_ahead += report.state_read_ahead_bytes;
   // A step counts the loads done by its first reduce, and this forward takes microseconds, so a
   // step may count a part or none; over four steps, at least one unit's master and states.
   EXPECT_GE(read_ahead, kUnitStates);
+}
+
+// Gradient accumulators homed on NVMe (32 units' shards do not fit beside the host tier's
+// minimum, as in ZeroEngine.GradientNvmeBytesAreTheAccumulatorsShareOfTheDisksBytes). Under exact
+// every shard waits for the update after the backward, and most go home and come back. Under
+// eager the worker reads each shard soon after the backward wrote it and zeroes it after the
+// update, so none needs the disk: the trace has no use of a shard between its reduce and the next
+// step's (an overwrite), and without EagerOverlap::on_reduced keeping it in the host tier it was
+// the first copy evicted, written home and read back, nearly every shard every step. Here the
+// backward outruns the worker (it takes microseconds), so a kept shard can still be evicted once
+// nothing else is left: a bound, not zero.
+TEST(ZeroOverlap, EagerKeepsNvmeHomedGradientsInTheHostTierUntilTheirUpdate) {
+  const ExactAndEager runs = run_nvme_exact_and_eager(
+      32, 4 * (kUnitStates + 2048 * 2) + (64u << 10) + 4 * (64u << 10) + 4096 * (2 + 4), -1);
+  ASSERT_FALSE(HasFailure());
+  const testing::RunResult& want = runs.exact;
+  const testing::RunResult& got = runs.eager;
+  std::uint64_t exact_moved = 0, eager_moved = 0;
+  for (std::size_t i = 1; i < got.reports.size(); ++i) {
+    exact_moved += want.reports[i].gradient_nvme_write_bytes;
+    eager_moved += got.reports[i].gradient_nvme_write_bytes;
+  }
+  std::printf("steps 2-5: gradient bytes written home, exact %llu, eager %llu\n",
+              static_cast<unsigned long long>(exact_moved),
+              static_cast<unsigned long long>(eager_moved));
+  EXPECT_GT(exact_moved, 0u) << "the accumulators are not homed on NVMe";
+  EXPECT_LT(eager_moved, exact_moved / 4);
 }
 
 // The plan counts eager's snapshot and delayed's buffers, and the measured peaks stay within it.
