@@ -97,12 +97,12 @@ Status EagerOverlap::on_reduced(Unit& u, double loss_scale, std::int64_t next_up
   TZ_ASSERT(args_->step == next_update, "eager: one update number per step");
   updated_early_[u.id] = true;
   if (worker_) {
-    // An NVMe-homed accumulator (gradient_home) holds the shard the worker reads next, and nothing
-    // after it: the store's trace has no use of it between this reduce and the next step's, an
-    // overwrite, so its dirty copy would be the first one evicted, written home and read back
-    // for the update (llama-3.2-3b: its whole 6.4 GB gradient, both ways, every step). Kept, it
-    // is evicted last until the worker's pin, and zeroed after the update it never reaches the
-    // disk. Kept before it is queued, so the worker's pin comes after.
+    // An NVMe-homed accumulator (gradient_home) now holds the reduced shard, which only the
+    // worker reads, and its pins are left out of the trace: the trace's next use of the block is
+    // the next step's reduce, an overwrite, so its dirty copy would be the first one evicted,
+    // written home and read back for the update (llama-3.2-3b: its whole 6.4 GB gradient, both
+    // ways, every step). Kept, it is evicted last until the worker's pin; zeroed after the update,
+    // it never reaches the disk. Kept before it is queued, so the worker's pin comes after.
     if (ctx.grad_place == Placement::kNvme) {
       TZ_RETURN_IF_ERROR(ctx.with_unit(u, "eager: keeping the gradient",
                                        ctx.store->keep(u.grad_acc, Tier::kHost)));
