@@ -47,20 +47,30 @@ Status corrupt(const std::string& path, const std::string& what) {
   return Status::corrupt(path + ": " + what);
 }
 
+// One pread, retried on EINTR: the bytes read (0 at the end of the file).
+Result<std::size_t> pread_some(int fd, void* dst, std::size_t bytes, std::uint64_t offset,
+                               const std::string& what) {
+  for (;;) {
+    const ssize_t n = ::pread(fd, dst, bytes, static_cast<off_t>(offset));
+    if (n >= 0) return static_cast<std::size_t>(n);
+    if (errno != EINTR) return Status::from_errno(errno, "read", what);
+  }
+}
+
+Status file_ends_early(const std::string& what) {
+  return Status(ErrorCode::kIoError, 0, what + ": file ends early (truncated?)");
+}
+
 // Full-length pread/pwrite with EINTR and short transfers retried.
 Status pread_all(int fd, void* dst, std::size_t bytes, std::uint64_t offset,
                  const std::string& what) {
   auto* p = static_cast<std::uint8_t*>(dst);
   while (bytes > 0) {
-    const ssize_t n = ::pread(fd, p, bytes, static_cast<off_t>(offset));
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return Status::from_errno(errno, "read", what);
-    }
-    if (n == 0) return Status(ErrorCode::kIoError, 0, what + ": file ends early (truncated?)");
+    TZ_ASSIGN_OR_RETURN(const std::size_t n, pread_some(fd, p, bytes, offset, what));
+    if (n == 0) return file_ends_early(what);
     p += n;
-    bytes -= static_cast<std::size_t>(n);
-    offset += static_cast<std::uint64_t>(n);
+    bytes -= n;
+    offset += n;
   }
   return Status::ok();
 }
@@ -288,17 +298,15 @@ Status SafetensorsReader::read_direct(std::uint64_t offset, std::span<std::uint8
     const std::size_t skip = static_cast<std::size_t>(at - page);
     const std::size_t want = std::min(
         buf_bytes, (skip + out.size() - done + kPageBytes - 1) / kPageBytes * kPageBytes);
-    const ssize_t n = ::pread(direct_fd_, buf.get(), want, static_cast<off_t>(page));
-    if (n < 0) {
-      if (errno == EINTR) continue;
+    // A short read is the file's last page.
+    Result<std::size_t> n = pread_some(direct_fd_, buf.get(), want, page, what);
+    if (!n.is_ok() && n.status().sys_code() == EINVAL) {
       // A file system that took the descriptor but not the request: the rest is read cached.
-      if (errno == EINVAL) return pread_all(fd_, out.data() + done, out.size() - done, at, what);
-      return Status::from_errno(errno, "read", what);
+      return pread_all(fd_, out.data() + done, out.size() - done, at, what);
     }
-    if (static_cast<std::size_t>(n) <= skip) {
-      return Status(ErrorCode::kIoError, 0, what + ": file ends early (truncated?)");
-    }
-    const std::size_t k = std::min(static_cast<std::size_t>(n) - skip, out.size() - done);
+    TZ_RETURN_IF_ERROR(n.status());
+    if (*n <= skip) return file_ends_early(what);
+    const std::size_t k = std::min(*n - skip, out.size() - done);
     std::memcpy(out.data() + done, buf.get() + skip, k);
     done += k;
   }
@@ -389,19 +397,14 @@ Status SafetensorsWriter::flush_direct(const std::string& what) {
   const std::size_t fill = d.fill;
   d.head = d.fill = 0;
   if (lo > head) TZ_RETURN_IF_ERROR(pwrite_all(fd_, d.buf + head, lo - head, d.base + head, what));
-  if (hi > lo) {
-    const Status direct = pwrite_all(d.fd, d.buf + lo, hi - lo, d.base + lo, what);
-    if (!direct.is_ok() && direct.sys_code() != EINVAL) return direct;
-    if (!direct.is_ok()) {
-      // The file system took the descriptor but not this request (EINVAL: an alignment it does
-      // not take): the rest goes cached.
-      TZ_RETURN_IF_ERROR(pwrite_all(fd_, d.buf + lo, hi - lo, d.base + lo, what));
-      TZ_RETURN_IF_ERROR(pwrite_all(fd_, d.buf + hi, fill - hi, d.base + hi, what));
-      direct_.reset();
-      return Status::ok();
-    }
-  }
   if (fill > hi) TZ_RETURN_IF_ERROR(pwrite_all(fd_, d.buf + hi, fill - hi, d.base + hi, what));
+  if (hi == lo) return Status::ok();
+  const Status direct = pwrite_all(d.fd, d.buf + lo, hi - lo, d.base + lo, what);
+  if (direct.is_ok() || direct.sys_code() != EINVAL) return direct;
+  // The file system took the descriptor but not this request (EINVAL: an alignment it does not
+  // take): this run's pages and every later write go cached.
+  TZ_RETURN_IF_ERROR(pwrite_all(fd_, d.buf + lo, hi - lo, d.base + lo, what));
+  direct_.reset();
   return Status::ok();
 }
 
