@@ -128,6 +128,7 @@ struct TierzeroConfig {
   std::string state_dtype = "fp32";    // fp32 | bf16
   bool sqpoll = false;
   bool keep_swap_files = false;
+  bool nvme_checksums = true;  // the store hashes NVMe pieces and checks them on read
   std::int64_t seed = 1234;
 };
 

@@ -242,6 +242,12 @@ const std::vector<KeySpec>& schema() {
        "io_uring kernel submission polling (burns a core).", TZ_BIND(tierzero.sqpoll)},
       {"tierzero.keep_swap_files", Kind::kBool, 0, 0, kNone, false,
        "Keep swap files after a clean shutdown.", TZ_BIND(tierzero.keep_swap_files)},
+      {"tierzero.nvme_checksums", Kind::kBool, 0, 0, kNone, true,
+       "Hash every piece the store writes to NVMe (XXH3-64) and check it on every read, so a "
+       "corrupted or misdirected swap read is an error naming the block; false reads the disk's "
+       "bytes back unchecked and saves the hashing's CPU and memory traffic (docs/store.md, "
+       "\"Integrity\").",
+       TZ_BIND(tierzero.nvme_checksums)},
       {"tierzero.seed", Kind::kInt, 0, 9.2e18, kNone, 1234, "Random seed.", TZ_BIND(tierzero.seed)},
   };
   return kSchema;

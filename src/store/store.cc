@@ -88,6 +88,10 @@ Result<std::unique_ptr<Store>> Store::create(const StoreOptions& options, gpu::D
         st = std::move(swap).take_status();
       }
     }
+    if (st.is_ok() && raw->swap && !raw->options.checksums) {
+      TZ_LOG_INFO("store: NVMe checksums off (tierzero.nvme_checksums false): pieces read back "
+                  "from the swap space are not verified");
+    }
     if (st.is_ok() && raw->swap && raw->options.register_pool_buffers) {
       Status reg = register_pool_with_queue(raw->swap->queue(), *raw->pool);
       if (!reg.is_ok()) {

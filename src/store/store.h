@@ -79,6 +79,10 @@ struct StoreOptions {
   std::uint32_t read_ahead_buffers = 4;
   IoGrouping io_grouping = IoGrouping::kMixed;  // the bench measures which the disk wants
   std::uint64_t write_run_bytes = 256ull << 20;  // kGrouped: writes issued per run while reads wait
+  // Hash every piece written to NVMe (XXH3-64) and check it on every read (docs/store.md,
+  // "Integrity"); false reads the disk's bytes back unchecked, without the hashing's CPU and
+  // memory traffic (tierzero.nvme_checksums).
+  bool checksums = true;
   bool trace_spans = true;  // emit Chrome trace spans when the global Trace is enabled
   bool register_pool_buffers = true;  // register the pool's slabs as io_uring fixed buffers
 };

@@ -432,6 +432,7 @@ std::uint64_t size_store_staging(const PlanContext& c, MemoryPlan& plan,
     so.chunk_bytes = std::min<std::uint64_t>(so.chunk_bytes, store::swap_block_bytes(c.config));
   }
   so.staging_buffers = 4;
+  so.checksums = c.config.tierzero.nvme_checksums;
   so.max_io_in_flight_bytes = io_in_flight_bytes(c.config, c.in.nvme_paths, so.chunk_bytes);
   plan.stage16_bytes = round_up(c.max_padded * c.es, 4096);
   plan.stage32_bytes = round_up(c.max_padded * 4, 4096);

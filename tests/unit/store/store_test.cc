@@ -1,7 +1,7 @@
 // Unit tests of the store: homes in every tier, round trips through NVMe over every I/O engine,
 // registered buffers and grouping, zero-initialised blocks and Store::zero, write-only pins that
-// skip the load, budget errors that name the tier, checksum mismatches caught on read, device
-// events, and statistics that add up.
+// skip the load, budget errors that name the tier, checksum mismatches caught on read (and bytes
+// read back unchecked with checksums off), device events, and statistics that add up.
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -154,36 +154,43 @@ TEST(Store, PinPastTheBudgetNamesTierBudgetAndPins) {
   h.finish();
 }
 
-TEST(Store, ChecksumMismatchIsAnErrorNamingTheBlock) {
-  Harness h;
-  HarnessOptions o = small_options();
-  h.init(o);
-  const std::size_t n = 200000;
+// Writes `n` bytes of pattern 7 to a new NVMe-homed block "victim", pushes them to the swap
+// file, drops the cached copies, and flips byte 1000 of the block on the disk.
+BlockId corrupt_on_disk(Harness& h, std::size_t n) {
   auto a = h.store->create_block(n, Tier::kNvme, "victim");
-  ASSERT_TRUE(a.is_ok());
+  EXPECT_TRUE(a.is_ok());
   write_block(*h.store, *a, Tier::kHost, pattern(n, 7));
   // Push it to NVMe with a read pin on the NVMe tier (the write-back), then drop the host copy by
   // filling the host tier with another block.
   {
     auto l = h.store->pin(*a, Tier::kNvme, Access::kRead);
-    ASSERT_TRUE(l.is_ok());
-    ASSERT_TRUE(l->wait().is_ok());
+    EXPECT_TRUE(l.is_ok());
+    EXPECT_TRUE(l->wait().is_ok());
   }
   auto filler = h.store->create_block(500000, Tier::kNvme, "filler");
-  ASSERT_TRUE(filler.is_ok());
-  { auto l = h.store->pin(*filler, Tier::kHost, Access::kWrite); ASSERT_TRUE(l.is_ok()); }
-  ASSERT_TRUE(h.store->drain().is_ok());
+  EXPECT_TRUE(filler.is_ok());
+  { auto l = h.store->pin(*filler, Tier::kHost, Access::kWrite); EXPECT_TRUE(l.is_ok()); }
+  EXPECT_TRUE(h.store->drain().is_ok());
   // Flip one byte of the swap file where the block lives (the first extent, offset 0).
-  ASSERT_EQ(h.swap_files.size(), 1u);
+  EXPECT_EQ(h.swap_files.size(), 1u);
   const int fd = ::open(h.swap_files[0].c_str(), O_RDWR);
-  ASSERT_GE(fd, 0);
+  EXPECT_GE(fd, 0);
   unsigned char byte = 0;
-  ASSERT_EQ(::pread(fd, &byte, 1, 1000), 1);
+  EXPECT_EQ(::pread(fd, &byte, 1, 1000), 1);
   byte ^= 0x5a;
-  ASSERT_EQ(::pwrite(fd, &byte, 1, 1000), 1);
-  ASSERT_EQ(::fsync(fd), 0);
+  EXPECT_EQ(::pwrite(fd, &byte, 1, 1000), 1);
+  EXPECT_EQ(::fsync(fd), 0);
   ::close(fd);
-  auto l = h.store->pin(*a, Tier::kDevice, Access::kRead);
+  return *a;
+}
+
+TEST(Store, ChecksumMismatchIsAnErrorNamingTheBlock) {
+  Harness h;
+  h.init(small_options());
+  const std::size_t n = 200000;
+  const BlockId a = corrupt_on_disk(h, n);
+  ASSERT_FALSE(HasFailure());
+  auto l = h.store->pin(a, Tier::kDevice, Access::kRead);
   ASSERT_TRUE(l.is_ok());
   // The ready event is never handed out for the bad bytes (the staging buffer is hashed while its
   // copy to the device runs; the load fails before its event is issued).
@@ -195,9 +202,29 @@ TEST(Store, ChecksumMismatchIsAnErrorNamingTheBlock) {
   l->release();
   EXPECT_EQ(h.store->stats().checksum_failures, 1u);
   // Overwriting the block makes it usable again.
-  write_block(*h.store, *a, Tier::kDevice, pattern(n, 8));
-  EXPECT_EQ(read_block(*h.store, *a, Tier::kHost, n), pattern(n, 8));
+  write_block(*h.store, a, Tier::kDevice, pattern(n, 8));
+  EXPECT_EQ(read_block(*h.store, a, Tier::kHost, n), pattern(n, 8));
   h.finish();
+}
+
+// tierzero.nvme_checksums false: nothing is hashed, so the disk's bytes come back as they are,
+// through the host tier and through staging to the device alike, and no read fails.
+TEST(Store, WithoutChecksumsTheDisksBytesComeBackUnchecked) {
+  for (Tier t : {Tier::kHost, Tier::kDevice}) {
+    SCOPED_TRACE(std::string("read into ") + tier_name(t));
+    Harness h;
+    HarnessOptions o = small_options();
+    o.store.checksums = false;
+    h.init(o);
+    const std::size_t n = 200000;
+    const BlockId a = corrupt_on_disk(h, n);
+    ASSERT_FALSE(HasFailure());
+    std::vector<std::byte> expected = pattern(n, 7);
+    expected[1000] ^= std::byte{0x5a};
+    EXPECT_EQ(read_block(*h.store, a, t, n), expected);
+    EXPECT_EQ(h.store->stats().checksum_failures, 0u);
+    h.finish();
+  }
 }
 
 TEST(Store, FlushWritesDirtyCopiesHomeAndKeepsThemCached) {

@@ -170,6 +170,21 @@ TEST(ZeroPlan, NvmeBytesInFlightAreTwiceTheKernelsQueue) {
   EXPECT_EQ(got->store.max_io_in_flight_bytes, 2u * 16 * 2 * got->store.chunk_bytes);
 }
 
+// tierzero.nvme_checksums reaches the store's options: on by default, off when the config says so.
+TEST(ZeroPlan, StoreChecksumsFollowTheConfig) {
+  PlanInputs in{.stage = 3, .compute_dtype = DType::kBF16, .optimizer = Placement::kNvme,
+                .param = Placement::kHost, .grad = Placement::kHost, .optimizer_states = 2,
+                .world_size = 2, .activation_bytes = 1000000, .device_budget_bytes = 1ull << 30};
+  Config config;
+  auto on = plan_memory(in, config, two_units_two_ranks());
+  ASSERT_TRUE(on.is_ok()) << on.status().to_string();
+  EXPECT_TRUE(on->store.checksums);
+  config.tierzero.nvme_checksums = false;
+  auto off = plan_memory(in, config, two_units_two_ranks());
+  ASSERT_TRUE(off.is_ok()) << off.status().to_string();
+  EXPECT_FALSE(off->store.checksums);
+}
+
 // Stage 1 on the device: everything in the device tier; no gather buffers below stage 3.
 TEST(ZeroPlan, Stage1OnDeviceByHand) {
   PlanInputs in{.stage = 1, .compute_dtype = DType::kBF16, .world_size = 2,
