@@ -154,42 +154,42 @@ TEST(Store, PinPastTheBudgetNamesTierBudgetAndPins) {
   h.finish();
 }
 
-// Writes `n` bytes of pattern 7 to a new NVMe-homed block "victim", pushes them to the swap
-// file, drops the cached copies, and flips byte 1000 of the block on the disk.
-BlockId corrupt_on_disk(Harness& h, std::size_t n) {
+// Writes `n` bytes of pattern 7 to a new NVMe-homed block "victim" (*out), pushes them to the
+// swap file, drops the cached copies, and flips byte 1000 of the block on the disk.
+void corrupt_on_disk(Harness& h, std::size_t n, BlockId* out) {
   auto a = h.store->create_block(n, Tier::kNvme, "victim");
-  EXPECT_TRUE(a.is_ok());
+  ASSERT_TRUE(a.is_ok());
+  *out = *a;
   write_block(*h.store, *a, Tier::kHost, pattern(n, 7));
   // Push it to NVMe with a read pin on the NVMe tier (the write-back), then drop the host copy by
   // filling the host tier with another block.
   {
     auto l = h.store->pin(*a, Tier::kNvme, Access::kRead);
-    EXPECT_TRUE(l.is_ok());
-    EXPECT_TRUE(l->wait().is_ok());
+    ASSERT_TRUE(l.is_ok());
+    ASSERT_TRUE(l->wait().is_ok());
   }
   auto filler = h.store->create_block(500000, Tier::kNvme, "filler");
-  EXPECT_TRUE(filler.is_ok());
-  { auto l = h.store->pin(*filler, Tier::kHost, Access::kWrite); EXPECT_TRUE(l.is_ok()); }
-  EXPECT_TRUE(h.store->drain().is_ok());
+  ASSERT_TRUE(filler.is_ok());
+  { auto l = h.store->pin(*filler, Tier::kHost, Access::kWrite); ASSERT_TRUE(l.is_ok()); }
+  ASSERT_TRUE(h.store->drain().is_ok());
   // Flip one byte of the swap file where the block lives (the first extent, offset 0).
-  EXPECT_EQ(h.swap_files.size(), 1u);
+  ASSERT_EQ(h.swap_files.size(), 1u);
   const int fd = ::open(h.swap_files[0].c_str(), O_RDWR);
-  EXPECT_GE(fd, 0);
+  ASSERT_GE(fd, 0);
   unsigned char byte = 0;
-  EXPECT_EQ(::pread(fd, &byte, 1, 1000), 1);
+  ASSERT_EQ(::pread(fd, &byte, 1, 1000), 1);
   byte ^= 0x5a;
-  EXPECT_EQ(::pwrite(fd, &byte, 1, 1000), 1);
-  EXPECT_EQ(::fsync(fd), 0);
+  ASSERT_EQ(::pwrite(fd, &byte, 1, 1000), 1);
+  ASSERT_EQ(::fsync(fd), 0);
   ::close(fd);
-  return *a;
 }
 
 TEST(Store, ChecksumMismatchIsAnErrorNamingTheBlock) {
   Harness h;
   h.init(small_options());
   const std::size_t n = 200000;
-  const BlockId a = corrupt_on_disk(h, n);
-  ASSERT_FALSE(HasFailure());
+  BlockId a = 0;
+  ASSERT_NO_FATAL_FAILURE(corrupt_on_disk(h, n, &a));
   auto l = h.store->pin(a, Tier::kDevice, Access::kRead);
   ASSERT_TRUE(l.is_ok());
   // The ready event is never handed out for the bad bytes (the staging buffer is hashed while its
@@ -217,8 +217,8 @@ TEST(Store, WithoutChecksumsTheDisksBytesComeBackUnchecked) {
     o.store.checksums = false;
     h.init(o);
     const std::size_t n = 200000;
-    const BlockId a = corrupt_on_disk(h, n);
-    ASSERT_FALSE(HasFailure());
+    BlockId a = 0;
+    ASSERT_NO_FATAL_FAILURE(corrupt_on_disk(h, n, &a));
     std::vector<std::byte> expected = pattern(n, 7);
     expected[1000] ^= std::byte{0x5a};
     EXPECT_EQ(read_block(*h.store, a, t, n), expected);
