@@ -374,11 +374,9 @@ void Store::Impl::copy_piece_to_device(Block& b, Op& op, std::uint32_t chunk, in
       push_device_call(DeviceCall::Kind::kPiece, b, op, *piece_h2d, chunk, staging_index);
   c.work = copy_work(static_cast<std::byte*>(b.dev.data()) + off, buf, len,
                      gpu::CopyKind::kHostToDevice, *piece_h2d);
-  if (options.checksums) {
-    c.check_data = buf;
-    c.check_len = len;
-    c.check_sum = b.sums[chunk];
-  }
+  c.check_data = buf;
+  c.check_len = len;
+  c.check_sum = b.sums[chunk];
   if (++op.copies_enqueued == op.chunks) c.ready = b.ready_event.get();
 }
 
@@ -543,6 +541,10 @@ void Store::Impl::apply_device_done(const DeviceDone& d) {
   // Staging -> device done, or a piece of a failed copy.
   piece_done(*op, d.staging);
   finish_copy_if_done(b, *op);
+}
+
+std::uint64_t Store::Impl::piece_sum(const void* data, std::size_t bytes) const {
+  return options.checksums ? XXH3_64bits(data, bytes) : 0;
 }
 
 Status Store::Impl::checksum_mismatch(const Block& b, std::uint32_t chunk) const {
@@ -716,20 +718,19 @@ void Store::Impl::issue_device_work(std::vector<DeviceCall>& calls) {
   for (DeviceCall& c : calls) issue_device_call(c);
   for (DeviceCall& c : calls) {
     if (c.check_data != nullptr) {
-      c.check_failed = XXH3_64bits(c.check_data, c.check_len) != c.check_sum;
+      c.check_failed = piece_sum(c.check_data, c.check_len) != c.check_sum;
     }
   }
 }
 
 // Submits `jobs` (writes hashed first) and polls the I/O engine (without `mu`). Returns the jobs
-// that completed or failed, reads into the host tier hashed. Without checksums every sum stays 0,
-// so the comparisons on completion hold.
+// that completed or failed, reads into the host tier hashed (piece_sum).
 std::vector<IoJob> Store::Impl::run_io(std::vector<IoJob>& jobs, InFlight& in_flight,
                                        nvme::IoQueue* io) {
   std::vector<IoJob> done;
   for (IoJob& j : jobs) {
     TZ_ASSERT(io != nullptr, "an NVMe job without a swap space");
-    if (options.checksums && j.dir == nvme::IoOp::kWrite) j.sum = XXH3_64bits(j.data, j.data_len);
+    if (j.dir == nvme::IoOp::kWrite) j.sum = piece_sum(j.data, j.data_len);
     auto id = io->start(j.transfers);
     if (!id) {
       j.status = std::move(id).take_status();
@@ -762,8 +763,8 @@ std::vector<IoJob> Store::Impl::run_io(std::vector<IoJob>& jobs, InFlight& in_fl
   }
   for (IoJob& j : done) {
     // Reads into staging buffers go on to the device and are hashed then (check_data).
-    if (options.checksums && j.dir == nvme::IoOp::kRead && j.status.is_ok() && j.staging < 0) {
-      j.sum = XXH3_64bits(j.data, j.data_len);
+    if (j.dir == nvme::IoOp::kRead && j.status.is_ok() && j.staging < 0) {
+      j.sum = piece_sum(j.data, j.data_len);
     }
   }
   return done;

@@ -213,6 +213,9 @@ struct Store::Impl {
   Op* find_op(Block& b, std::uint64_t seq);
   void apply_device_done(const DeviceDone& d);
   Status checksum_mismatch(const Block& b, std::uint32_t chunk) const;
+  // A piece's checksum: XXH3-64 of its bytes, or 0 with checksums off (StoreOptions::checksums),
+  // so that every sum is 0 then and each comparison of a read with its write holds.
+  std::uint64_t piece_sum(const void* data, std::size_t bytes) const;
   void apply_io_done(IoJob& job);
   bool deferrable(const Block& b) const;
   std::vector<IoJob> pick_jobs();
