@@ -61,16 +61,32 @@ Result<OptimizerSpec> spec_from_config(const Config& config);
 // is non-zero else 0, Lion 1 (m), Adagrad 1 (sum of squares).
 int state_count(const OptimizerSpec& spec);
 
+// Piece checksums of an array step() writes, taken while each tile's bytes are still in cache
+// (the store's checksums of a block written to NVMe: store::Lease::release_hashed). The array is
+// the start of a block of `block_bytes` (at least the shard's n elements; bytes past them are
+// hashed as they are); sums[k] receives XXH3-64 of bytes [k * piece_bytes, min((k + 1) *
+// piece_bytes, block_bytes)). piece_bytes is a positive multiple of the element size. Null sums:
+// the array is not hashed.
+struct PieceSums {
+  std::uint64_t* sums = nullptr;
+  std::size_t block_bytes = 0;
+  std::size_t piece_bytes = 0;
+};
+
 // One contiguous shard of a parameter group. The caller owns every buffer; they must hold `n`
 // elements, must not overlap each other, and stay valid for the duration of step(). States are
 // state_dtype (fp32 unless an Adam spec says bf16) and must start zeroed (Adagrad: the initial
-// accumulator value). `param_copy` may be null (no 16-bit copy).
+// accumulator value). `param_copy` may be null (no 16-bit copy). The *_sums ask step() for the
+// piece checksums of what it writes (stream() and reference_step() ignore them).
 struct Shard {
   float* param = nullptr;
   const void* grad = nullptr;  // StepArgs::grad_dtype
   void* state[2] = {nullptr, nullptr};
   void* param_copy = nullptr;  // StepArgs::copy_dtype
   std::size_t n = 0;
+  PieceSums param_sums;
+  PieceSums state_sums[2];
+  PieceSums copy_sums;
 };
 
 struct StepArgs {

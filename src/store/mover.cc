@@ -357,6 +357,11 @@ bool Store::Impl::pump_chunks(Block& b, Op& op) {
     job.data = buf;
     job.data_len = len;
     job.dir = op.dst == Tier::kNvme ? nvme::IoOp::kWrite : nvme::IoOp::kRead;
+    if (job.dir == nvme::IoOp::kWrite && s < 0 && !op.sums.empty()) {
+      // The host copy's writer hashed these bytes (Lease::release_hashed): no hash here.
+      job.sum = op.sums[k];
+      job.sum_known = true;
+    }
     job.transfers = swap->transfers(job.dir, b.extent, off, buf, job.io_bytes);
     queue_job(std::move(job));
   }
@@ -452,6 +457,7 @@ bool Store::Impl::finish_copy_if_done(Block& b, Op& op) {
   if (!op.failed && op.dst == Tier::kNvme) b.nvme_written = true;
   if (!op.failed && !op.zero_fill) {
     count_move(b, op.src, op.dst);
+    if (!op.sums.empty()) stats.writer_hashed_bytes += b.bytes;  // with the link's bytes
     if (options.trace_spans && Trace::global().enabled()) {
       const bool nvme_link = op.src == Tier::kNvme || op.dst == Tier::kNvme;
       const char* track = nvme_link                 ? "store nvme"
@@ -730,7 +736,7 @@ std::vector<IoJob> Store::Impl::run_io(std::vector<IoJob>& jobs, InFlight& in_fl
   std::vector<IoJob> done;
   for (IoJob& j : jobs) {
     TZ_ASSERT(io != nullptr, "an NVMe job without a swap space");
-    if (j.dir == nvme::IoOp::kWrite) j.sum = piece_sum(j.data, j.data_len);
+    if (j.dir == nvme::IoOp::kWrite && !j.sum_known) j.sum = piece_sum(j.data, j.data_len);
     auto id = io->start(j.transfers);
     if (!id) {
       j.status = std::move(id).take_status();

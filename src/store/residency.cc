@@ -30,6 +30,13 @@ std::uint64_t Store::Impl::push_op(Block& b, Op op) {
   if (op.kind == OpKind::kFree) ++pending_frees[ti(op.dst)];
   // A read ahead fills no copy: pins of the device copy do not wait for it.
   if (op.kind != OpKind::kFree && op.kind != OpKind::kStage) b.fill_seq[ti(op.dst)] = op.seq;
+  // A write-back of the host copy takes the sums its writer handed in (the op writes the bytes
+  // as they are now: later writers wait for it); an op into the host copy changes the bytes.
+  if (op.kind == OpKind::kCopy && op.src == Tier::kHost && op.dst == Tier::kNvme &&
+      b.host_sums_known) {
+    op.sums = b.host_sums;
+  }
+  if (op.dst == Tier::kHost && op.kind != OpKind::kStage) b.host_sums_known = false;
   b.ops.push_back(std::move(op));
   busy.insert(b.id);
   ++walk_epoch;

@@ -78,6 +78,7 @@ std::string StoreStats::to_json() const {
   j["steps"] = steps;
   j["read_ahead_bytes"] = read_ahead_bytes;
   j["read_ahead_dropped_bytes"] = read_ahead_dropped_bytes;
+  j["writer_hashed_bytes"] = writer_hashed_bytes;
   return j.dump();
 }
 

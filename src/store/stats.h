@@ -87,6 +87,9 @@ struct StoreStats {
   // by their load's link, the dropped ones only here and in nvme_read_bytes.
   std::uint64_t read_ahead_bytes = 0;
   std::uint64_t read_ahead_dropped_bytes = 0;
+  // NVMe write bytes whose checksums the block's writer handed in (Lease::release_hashed), so
+  // the mover wrote them without hashing them.
+  std::uint64_t writer_hashed_bytes = 0;
 
   const TierStats& tier(Tier t) const { return tiers[static_cast<std::size_t>(t)]; }
   const LinkStats& link(Link l) const { return links[static_cast<std::size_t>(l)]; }

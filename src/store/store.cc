@@ -276,6 +276,8 @@ Result<Lease> Store::pin(BlockId id, Tier tier, Access access) {
     m.drop_stale_copies(b, tier);
     if (access == Access::kWrite) m.forget_overwritten_failures(b, first_seq);
     ++b.write_leases[ti(tier)];
+    ++b.write_pins;
+    b.host_sums_known = false;
     if (tier == b.home) b.stats.home_write_bytes += b.bytes;
     // An untraced pin has no record position: the last recorded one is another pin's, whose
     // early write-back a spill of these bytes must not teach.
@@ -296,6 +298,7 @@ Result<Lease> Store::pin(BlockId id, Tier tier, Access access) {
   // flight (an early write-back) only reads it too. Writers wait for every earlier move.
   lease.ready_seq_ = access == Access::kRead ? b.fill_seq[ti(tier)] : b.next_seq - 1;
   lease.first_seq_ = first_seq;
+  lease.write_pins_ = b.write_pins;
   b.marks.insert(Impl::lease_mark(access, first_seq, lease.ready_seq_));
   // An early write-back this pin waits for is no longer one that nobody waits for.
   for (Op& op : b.ops) {
@@ -500,7 +503,7 @@ bool Store::following_trace() const {
   return impl_->trace.following();
 }
 
-void Store::unpin(Lease& lease, gpu::Stream* writer) {
+void Store::unpin(Lease& lease, gpu::Stream* writer, std::span<const std::uint64_t> sums) {
   Impl& m = *impl_;
   // The writer's event is recorded before the release is (no device call under the lock): the
   // lease still holds the copy, so no free of it or copy into it starts meanwhile. When it cannot
@@ -528,6 +531,12 @@ void Store::unpin(Lease& lease, gpu::Stream* writer) {
   Block& b = it->second;
   const std::size_t t = ti(lease.tier_);
   TZ_ASSERT(b.leases[t] > 0 && b.total_leases > 0);
+  if (!sums.empty() && lease.tier_ == Tier::kHost && lease.access_ != Access::kRead &&
+      m.options.checksums && b.write_leases[t] == 1 && b.write_pins == lease.write_pins_ &&
+      sums.size() == b.chunk_count(m.options.chunk_bytes)) {
+    b.host_sums.assign(sums.begin(), sums.end());
+    b.host_sums_known = true;
+  }
   --b.leases[t];
   --b.total_leases;
   if (lease.access_ != Access::kRead) {
@@ -577,6 +586,13 @@ Result<gpu::Event*> Store::lease_event(Lease& lease) {
   return b.ready_event.get();
 }
 
+std::uint64_t Store::hashed_piece_bytes(BlockId id) const {
+  std::lock_guard lock(impl_->mu);
+  const Block* b = impl_->find(id);
+  if (b == nullptr || b->home != Tier::kNvme || !impl_->options.checksums) return 0;
+  return impl_->options.chunk_bytes;
+}
+
 void* Store::lease_data(const Lease& lease) const {
   std::lock_guard lock(impl_->mu);
   Block& b = impl_->blocks.at(lease.block_);
@@ -597,6 +613,7 @@ Lease& Lease::operator=(Lease&& other) noexcept {
     bytes_ = other.bytes_;
     ready_seq_ = other.ready_seq_;
     first_seq_ = other.first_seq_;
+    write_pins_ = other.write_pins_;
     waited_ok_ = other.waited_ok_;
   }
   return *this;
@@ -622,6 +639,12 @@ void* Lease::data() const {
 void Lease::release(gpu::Stream* writer) {
   if (store_ == nullptr) return;
   store_->unpin(*this, writer);
+  store_ = nullptr;
+}
+
+void Lease::release_hashed(std::span<const std::uint64_t> piece_sums) {
+  if (store_ == nullptr) return;
+  store_->unpin(*this, nullptr, piece_sums);
   store_ = nullptr;
 }
 

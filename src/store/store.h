@@ -137,6 +137,12 @@ class Lease {
   // an event on it and orders its own copies and frees of the block after that work. Without it,
   // the caller guarantees its device work on the bytes has completed.
   void release(gpu::Stream* writer = nullptr);
+  // Unpins a host-tier write pin whose holder hashed the bytes it leaves: piece_sums[k] is XXH3-64
+  // of piece k (Store::hashed_piece_bytes) of the copy as it is now. The copy's write-back to
+  // NVMe uses them instead of hashing the bytes again, which the holder did while they were in
+  // its cache (the CPU optimizer: cpu::PieceSums). Taken only when this is the block's one
+  // write pin and no other came since it; otherwise, and for any other pin, a plain release.
+  void release_hashed(std::span<const std::uint64_t> piece_sums);
 
  private:
   friend class Store;
@@ -147,6 +153,7 @@ class Lease {
   std::uint64_t bytes_ = 0;
   std::uint64_t ready_seq_ = 0;  // the block's move count that makes this pin ready
   std::uint64_t first_seq_ = 0;  // the first move this pin started
+  std::uint64_t write_pins_ = 0;  // the block's write pin count with this one (Block)
   bool waited_ok_ = false;
 };
 
@@ -198,6 +205,10 @@ class Store {
   // states the next forward waits for). Nothing for a copy not current there or the home copy.
   // Errors: kInvalidArgument for an unknown block.
   Status keep(BlockId id, Tier tier);
+  // The piece size of `id`'s NVMe checksums for a holder that hashes what it writes
+  // (Lease::release_hashed): the chunk size when the block lives on NVMe and checksums are on,
+  // else 0 (its write-backs are not hashed, or it has none). 0 for an unknown block.
+  std::uint64_t hashed_piece_bytes(BlockId id) const;
   // Makes every byte of `id` zero without moving any: each copy it has is zeroed where it is (a
   // memset of the host or device copy, an NVMe extent marked unwritten so that it reads as
   // zeros), and every copy is then current, so none is dirty: nothing is written back, and a
@@ -242,7 +253,7 @@ class Store {
   friend class Lease;
   struct Impl;
   explicit Store(std::unique_ptr<Impl> impl, const StoreOptions& options);
-  void unpin(Lease& lease, gpu::Stream* writer);
+  void unpin(Lease& lease, gpu::Stream* writer, std::span<const std::uint64_t> sums = {});
   Status wait_lease(Lease& lease);
   Result<gpu::Event*> lease_event(Lease& lease);
   void* lease_data(const Lease& lease) const;

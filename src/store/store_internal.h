@@ -75,6 +75,9 @@ struct Op {
   std::uint32_t device_reads_done = 0;  // device -> NVMe: pieces copied out of the device buffer
   bool device_pending = false;        // a whole-block device copy or memset in flight
   bool zero_fill = false;             // a load of a never-written NVMe copy: no bytes moved
+  // A host -> NVMe copy: the piece sums its bytes' writer handed in (Block::host_sums), written
+  // with the pieces instead of hashing them; empty: the mover hashes.
+  std::vector<std::uint64_t> sums;
   double start_us = 0;
   double start_s = 0;
 };
@@ -113,6 +116,13 @@ struct Block {
   bool has_extent = false;
   bool nvme_written = false;  // the extent holds data (else it reads as zeros)
   std::vector<std::uint64_t> sums;
+  // The host copy's piece sums as its writer handed them in (Lease::release_hashed), taken by
+  // its next write-back (Op::sums); valid while host_sums_known. Any write pin and any op into
+  // the host copy clears it; write_pins counts write pins (any tier), so a release hands its sums in
+  // only when no other write pin came since its own.
+  std::vector<std::uint64_t> host_sums;
+  bool host_sums_known = false;
+  std::uint64_t write_pins = 0;
   std::unique_ptr<gpu::Event> user_event;  // recorded by Lease::release(writer); made at create
   bool user_event_recorded = false;
   std::unique_ptr<gpu::Event> ready_event;  // recorded after the last load into the device
@@ -175,6 +185,7 @@ struct IoJob {
   const std::byte* data = nullptr;
   std::uint64_t data_len = 0;
   std::uint64_t sum = 0;
+  bool sum_known = false;  // a write whose sum the block's writer handed in (Op::sums)
   // Filled by the mover after completion.
   Status status;
 };

@@ -113,6 +113,7 @@ void Reporter::write_metrics(const zero::StepReport& r, double loss,
   j["nvme_write_bytes"] = r.nvme_write_bytes;
   j["gradient_nvme_read_bytes"] = r.gradient_nvme_read_bytes;
   j["gradient_nvme_write_bytes"] = r.gradient_nvme_write_bytes;
+  j["writer_hashed_bytes"] = r.writer_hashed_bytes;
   j["state_read_ahead_bytes"] = r.state_read_ahead_bytes;
   j["trace_followed"] = r.trace_followed;
   j["process_cpu_s"] = r.process_cpu_s;

@@ -164,6 +164,7 @@ void Accounting::open_step() {
   const store::StoreStats ss = ctx_.store->stats();
   nvme_read_base_ = ss.nvme_read_bytes();
   nvme_write_base_ = ss.nvme_write_bytes();
+  writer_hashed_base_ = ss.writer_hashed_bytes;
   home_write_base_ = home_write_bytes();
   gradient_nvme_base_ = gradient_nvme_bytes();
   copy_link_base_ = copy_link_bytes(ss);
@@ -348,6 +349,7 @@ void Accounting::close_step_report(StepReport& report, Clock::time_point t_opt, 
   const store::StoreStats ss = ctx_.store->stats();
   report.nvme_read_bytes = ss.nvme_read_bytes() - nvme_read_base_;
   report.nvme_write_bytes = ss.nvme_write_bytes() - nvme_write_base_;
+  report.writer_hashed_bytes = ss.writer_hashed_bytes - writer_hashed_base_;
   const auto [frozen_writes, trainable_writes] = home_write_bytes();
   report.frozen_home_write_bytes = frozen_writes - home_write_base_.first;
   report.trainable_home_write_bytes = trainable_writes - home_write_base_.second;

@@ -147,6 +147,7 @@ class Accounting {
   comm::CommCounters comm_base_;
   std::uint64_t nvme_read_base_ = 0;
   std::uint64_t nvme_write_base_ = 0;
+  std::uint64_t writer_hashed_base_ = 0;
   std::uint64_t copy_link_base_ = 0;
   std::pair<std::uint64_t, std::uint64_t> home_write_base_{0, 0};
   std::pair<std::uint64_t, std::uint64_t> gradient_nvme_base_{0, 0};

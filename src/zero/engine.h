@@ -205,6 +205,9 @@ struct StepReport {
   // neither read nor written (Store::zero) and the first reduce of a step writes it unread.
   std::uint64_t gradient_nvme_read_bytes = 0;
   std::uint64_t gradient_nvme_write_bytes = 0;
+  // Of nvme_write_bytes, those whose checksums the CPU optimizer took while it wrote them, in its
+  // cache (store::Lease::release_hashed): the store wrote them without reading them again to hash.
+  std::uint64_t writer_hashed_bytes = 0;
   // tierzero.overlap exact with the optimizer on NVMe: bytes of the update's first units' master
   // and optimizer states loaded from NVMe into the host during the backward, which reads them
   // ahead of the update (it must wait for the global norm; docs/zero.md, "exact, streamed"):

@@ -4,6 +4,7 @@
 
 #include <optional>
 #include <string_view>
+#include <vector>
 
 #include "core/busy_union.h"
 #include "core/trace.h"
@@ -14,6 +15,32 @@ namespace tz::zero::impl {
 namespace {
 // The Chrome trace track of the CPU optimizer's waits for a unit's states and its steps.
 constexpr std::string_view kOptimizerTrack = "cpu optimizer";
+
+// The piece sums the CPU optimizer takes of a host-tier block it writes, while the bytes are in
+// its cache (cpu::PieceSums), handed to the store at release (Lease::release_hashed) so that the
+// block's write-back to NVMe does not read them again to hash them. None when the block's
+// write-backs are not hashed (not NVMe-homed, or checksums off).
+class WrittenSums {
+ public:
+  // The request for `lease`'s sums, for the optimizer's shard.
+  cpu::PieceSums ask(const store::Store& store, const Lease& lease) {
+    const std::uint64_t piece = store.hashed_piece_bytes(lease.block());
+    if (piece == 0) return {};
+    sums_.assign((lease.bytes() + piece - 1) / piece, 0);
+    return {sums_.data(), lease.bytes(), piece};
+  }
+  // Unpins `lease` with the sums the optimizer filled, or plainly when none were asked.
+  void release(Lease& lease) {
+    if (sums_.empty()) {
+      lease.release();
+    } else {
+      lease.release_hashed(sums_);
+    }
+  }
+
+ private:
+  std::vector<std::uint64_t> sums_;
+};
 }  // namespace
 
 Status OptimizerDriver::init() {
@@ -112,6 +139,7 @@ Status OptimizerDriver::update_unit(Unit& u, const cpu::StepArgs& args) {
   TZ_RETURN_IF_ERROR(ctx_.with_unit(u, "step: parameters", param.wait()));
   auto* param_dst = static_cast<std::byte*>(param.data()) +
                     (whole ? 0 : static_cast<std::size_t>(ctx_.rank) * s * es);
+  WrittenSums master_sums, state_sums[2], param_sums;
 
   if (on_device) {
     gpu::OptimizerStepArgs a = device_step_coeffs(spec_, [&] {
@@ -141,6 +169,11 @@ Status OptimizerDriver::update_unit(Unit& u, const cpu::StepArgs& args) {
                        : in_place ? static_cast<void*>(param_dst)
                                   : static_cast<void*>(ctx_.stage16.data());
     shard.n = n;
+    shard.param_sums = master_sums.ask(*ctx_.store, master);
+    for (int i = 0; i < ctx_.states; ++i) {
+      shard.state_sums[i] = state_sums[i].ask(*ctx_.store, states[i]);
+    }
+    if (copy16 && in_place && whole) shard.copy_sums = param_sums.ask(*ctx_.store, param);
     cpu::StepArgs sa = args;
     sa.grad_dtype = grad_dtype;
     const auto t_cpu = Clock::now();
@@ -169,10 +202,10 @@ Status OptimizerDriver::update_unit(Unit& u, const cpu::StepArgs& args) {
   }
   // The host staging buffers and the leases' bytes are reused by the next unit: finish here.
   TZ_RETURN_IF_ERROR(ctx_.sync(st, "step '" + u.spec.name + "'"));
-  param.release();
+  param_sums.release(param);
   acc.release();
-  for (int i = 0; i < ctx_.states; ++i) states[i].release();
-  master.release();
+  for (int i = 0; i < ctx_.states; ++i) state_sums[i].release(states[i]);
+  master_sums.release(master);
   return Status::ok();
 }
 
@@ -337,7 +370,7 @@ Status OptimizerDriver::write_params(Unit& u, const void* src) {
 
 Result<double> OptimizerDriver::update_unit_on_host(Unit& u, const cpu::StepArgs& args,
                                                     const void* grad, void* param_copy,
-                                                    const std::string& what) {
+                                                    const std::string& what, Lease* param) {
   TZ_ASSERT(!u.frozen() && cpu_opt_ && grad != nullptr && param_copy != nullptr,
             "a host update needs a trainable unit, the CPU optimizer and its buffers");
   const std::string master_what = what + ": master";
@@ -364,6 +397,12 @@ Result<double> OptimizerDriver::update_unit_on_host(Unit& u, const cpu::StepArgs
   for (int s = 0; s < ctx_.states; ++s) shard.state[s] = states[s].data();
   shard.param_copy = copy16 ? param_copy : nullptr;
   shard.n = u.opt_elems;
+  WrittenSums master_sums, state_sums[2], param_sums;
+  shard.param_sums = master_sums.ask(*ctx_.store, master);
+  for (int s = 0; s < ctx_.states; ++s) {
+    shard.state_sums[s] = state_sums[s].ask(*ctx_.store, states[s]);
+  }
+  if (copy16 && param != nullptr) shard.copy_sums = param_sums.ask(*ctx_.store, *param);
   const auto t0 = Clock::now();
   {
     // The cores' busy time, which the bound counts once with a host-memory device's compute (the
@@ -375,8 +414,9 @@ Result<double> OptimizerDriver::update_unit_on_host(Unit& u, const cpu::StepArgs
     if (!copy16) std::memcpy(param_copy, master.data(), u.opt_elems * 4);
   }
   const double seconds = seconds_since(t0);
-  for (int s = 0; s < ctx_.states; ++s) states[s].release();
-  master.release();
+  if (param != nullptr) param_sums.release(*param);
+  for (int s = 0; s < ctx_.states; ++s) state_sums[s].release(states[s]);
+  master_sums.release(master);
   return seconds;
 }
 

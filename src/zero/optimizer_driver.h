@@ -70,10 +70,12 @@ class OptimizerDriver {
   // master and states pinned in the host tier, the gradient shard `grad` (opt_elems elements
   // of args.grad_dtype, host memory), the new compute-dtype parameters written to `param_copy`
   // (opt_elems elements). Touches only the store and the CPU optimizer: no stream, no
-  // collective, no step counter. `what` names the caller in errors. Returns the CPU
-  // optimizer's seconds.
+  // collective, no step counter. `what` names the caller in errors. `param`: the host write
+  // pin `param_copy` is the start of, released here (hashed, Lease::release_hashed) once the
+  // update succeeded. Returns the CPU optimizer's seconds.
   Result<double> update_unit_on_host(Unit& u, const cpu::StepArgs& args, const void* grad,
-                                     void* param_copy, const std::string& what);
+                                     void* param_copy, const std::string& what,
+                                     Lease* param = nullptr);
 
  private:
   // Stage 0: every rank's reduced shard gathered into the full gradient of the unit, in 16-bit

@@ -203,7 +203,7 @@ Status ExactOverlap::run_update(const cpu::StepArgs& args) {
     TZ_RETURN_IF_ERROR(ctx.with_unit(u, "streamed update: parameters", param.wait()));
     TZ_ASSIGN_OR_RETURN(const double seconds,
                         deps_.driver.update_unit_on_host(u, args, acc.data(), param.data(),
-                                                         "streamed update"));
+                                                         "streamed update", &param));
     worker_optimizer_s_ += seconds;
     param.release();
     acc.release();

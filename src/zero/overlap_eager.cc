@@ -264,8 +264,9 @@ Status EagerOverlap::update_on_host(Unit& u, const cpu::StepArgs& args) {
     TZ_RETURN_IF_ERROR(ctx.with_unit(u, "eager update: gradient", acc.wait()));
     TZ_RETURN_IF_ERROR(ctx.with_unit(u, "eager update: parameters", param.wait()));
   }
-  TZ_ASSIGN_OR_RETURN(const double seconds, deps_.driver.update_unit_on_host(
-                                                u, args, acc.data(), param.data(), "eager update"));
+  TZ_ASSIGN_OR_RETURN(const double seconds,
+                      deps_.driver.update_unit_on_host(u, args, acc.data(), param.data(),
+                                                       "eager update", &param));
   worker_optimizer_s_ += seconds;
   param.release();
   acc.release();

@@ -9,6 +9,7 @@
 #include <random>
 #include <vector>
 
+#include "core/xxhash.h"
 #include "store/store.h"
 #include "store_harness.h"
 
@@ -154,6 +155,17 @@ TEST(Store, PinPastTheBudgetNamesTierBudgetAndPins) {
   h.finish();
 }
 
+// Drops the host tier's clean copies (small_options' 512 KiB) by writing a block that fills it.
+void fill_host_tier(Harness& h) {
+  auto filler = h.store->create_block(500000, Tier::kNvme, "filler");
+  ASSERT_TRUE(filler.is_ok());
+  {
+    auto l = h.store->pin(*filler, Tier::kHost, Access::kWrite);
+    ASSERT_TRUE(l.is_ok());
+  }
+  ASSERT_TRUE(h.store->drain().is_ok());
+}
+
 // Writes `n` bytes of pattern 7 to a new NVMe-homed block "victim" (*out), pushes them to the
 // swap file, drops the cached copies, and flips byte 1000 of the block on the disk.
 void corrupt_on_disk(Harness& h, std::size_t n, BlockId* out) {
@@ -168,10 +180,7 @@ void corrupt_on_disk(Harness& h, std::size_t n, BlockId* out) {
     ASSERT_TRUE(l.is_ok());
     ASSERT_TRUE(l->wait().is_ok());
   }
-  auto filler = h.store->create_block(500000, Tier::kNvme, "filler");
-  ASSERT_TRUE(filler.is_ok());
-  { auto l = h.store->pin(*filler, Tier::kHost, Access::kWrite); ASSERT_TRUE(l.is_ok()); }
-  ASSERT_TRUE(h.store->drain().is_ok());
+  ASSERT_NO_FATAL_FAILURE(fill_host_tier(h));
   // Flip one byte of the swap file where the block lives (the first extent, offset 0).
   ASSERT_EQ(h.swap_files.size(), 1u);
   const int fd = ::open(h.swap_files[0].c_str(), O_RDWR);
@@ -225,6 +234,121 @@ TEST(Store, WithoutChecksumsTheDisksBytesComeBackUnchecked) {
     EXPECT_EQ(h.store->stats().checksum_failures, 0u);
     h.finish();
   }
+}
+
+// The piece sums of `data` in pieces of `piece` bytes (what Lease::release_hashed takes).
+std::vector<std::uint64_t> piece_sums(const std::vector<std::byte>& data, std::uint64_t piece) {
+  std::vector<std::uint64_t> sums;
+  for (std::size_t off = 0; off < data.size(); off += piece) {
+    const std::size_t len = std::min<std::size_t>(piece, data.size() - off);
+    sums.push_back(XXH3_64bits(data.data() + off, len));
+  }
+  return sums;
+}
+
+// Writes `data` to `id` through a host write pin released with `sums` (Lease::release_hashed).
+void write_hashed(Store& s, BlockId id, const std::vector<std::byte>& data,
+                  const std::vector<std::uint64_t>& sums) {
+  auto lease = s.pin(id, Tier::kHost, Access::kWrite);
+  ASSERT_TRUE(lease.is_ok()) << lease.status().to_string();
+  ASSERT_TRUE(lease->wait().is_ok());
+  std::memcpy(lease->data(), data.data(), data.size());
+  lease->release_hashed(sums);
+}
+
+// Sends the dirty host copies home (flush) and drops them, so that the next read comes from the
+// disk and is checked against the sums the write stored.
+void write_home_and_drop(Harness& h) {
+  ASSERT_TRUE(h.store->flush().is_ok());
+  ASSERT_NO_FATAL_FAILURE(fill_host_tier(h));
+}
+
+// A host copy's writer that hashed its bytes hands the sums in; the write-back stores them
+// without hashing, and the read back is checked against them: handed-in sums that do not match
+// the bytes make that read fail, so they are the ones stored.
+TEST(Store, WriteBackUsesTheSumsItsWriterHandedIn) {
+  const std::size_t n = 200000;
+  const std::vector<std::byte> data = pattern(n, 41);
+  for (bool right : {true, false}) {
+    SCOPED_TRACE(right ? "the bytes' sums" : "piece 1's sum wrong");
+    Harness h;
+    h.init(small_options());
+    auto a = h.store->create_block(n, Tier::kNvme, "hashed");
+    ASSERT_TRUE(a.is_ok());
+    const std::uint64_t piece = h.store->hashed_piece_bytes(*a);
+    ASSERT_EQ(piece, 64u << 10);
+    std::vector<std::uint64_t> sums = piece_sums(data, piece);
+    if (!right) sums[1] ^= 1;
+    ASSERT_NO_FATAL_FAILURE(write_hashed(*h.store, *a, data, sums));
+    ASSERT_NO_FATAL_FAILURE(write_home_and_drop(h));
+    EXPECT_EQ(h.store->stats().writer_hashed_bytes, n);
+    auto l = h.store->pin(*a, Tier::kHost, Access::kRead);
+    ASSERT_TRUE(l.is_ok());
+    Status st = l->wait();
+    if (right) {
+      ASSERT_TRUE(st.is_ok()) << st.to_string();
+      EXPECT_EQ(std::memcmp(l->data(), data.data(), n), 0);
+      EXPECT_EQ(h.store->stats().checksum_failures, 0u);
+    } else {
+      EXPECT_EQ(st.code(), ErrorCode::kCorrupt) << st.to_string();
+      EXPECT_NE(st.message().find("piece 1 "), std::string::npos) << st.to_string();
+    }
+    l->release();
+    h.finish();
+  }
+}
+
+// Sums describe the bytes only until they change: a later write pin, or a second writer of the
+// copy, leaves the write-back to hash the bytes itself. (Wrong sums handed in: were they used,
+// the read back would fail.)
+TEST(Store, HandedInSumsAreDroppedWhenTheBytesMayHaveChanged) {
+  const std::size_t n = 200000;
+  const std::vector<std::byte> data = pattern(n, 42);
+  std::vector<std::uint64_t> wrong = piece_sums(data, 64 << 10);
+  for (std::uint64_t& x : wrong) x ^= 1;
+  for (int c = 0; c < 2; ++c) {
+    SCOPED_TRACE(c == 0 ? "a later write pin" : "two writers at once");
+    Harness h;
+    h.init(small_options());
+    auto a = h.store->create_block(n, Tier::kNvme, "rewritten");
+    ASSERT_TRUE(a.is_ok());
+    if (c == 0) {
+      ASSERT_NO_FATAL_FAILURE(write_hashed(*h.store, *a, data, wrong));
+      auto l = h.store->pin(*a, Tier::kHost, Access::kReadWrite);
+      ASSERT_TRUE(l.is_ok() && l->wait().is_ok());
+      l->release();
+    } else {
+      auto first = h.store->pin(*a, Tier::kHost, Access::kWrite);
+      auto second = h.store->pin(*a, Tier::kHost, Access::kWrite);
+      ASSERT_TRUE(first.is_ok() && second.is_ok());
+      ASSERT_TRUE(first->wait().is_ok() && second->wait().is_ok());
+      std::memcpy(second->data(), data.data(), n);
+      first->release_hashed(wrong);
+      second->release();
+    }
+    ASSERT_NO_FATAL_FAILURE(write_home_and_drop(h));
+    EXPECT_EQ(h.store->stats().writer_hashed_bytes, 0u);
+    EXPECT_EQ(read_block(*h.store, *a, Tier::kHost, n), data);
+    EXPECT_EQ(h.store->stats().checksum_failures, 0u);
+    h.finish();
+  }
+}
+
+TEST(Store, NothingToHashWithoutNvmeOrChecksums) {
+  Harness h;
+  HarnessOptions o = small_options();
+  h.init(o);
+  auto host = h.store->create_block(1000, Tier::kHost, "host-homed");
+  ASSERT_TRUE(host.is_ok());
+  EXPECT_EQ(h.store->hashed_piece_bytes(*host), 0u);
+  h.finish();
+  Harness off;
+  o.store.checksums = false;
+  off.init(o);
+  auto a = off.store->create_block(1000, Tier::kNvme, "unchecked");
+  ASSERT_TRUE(a.is_ok());
+  EXPECT_EQ(off.store->hashed_piece_bytes(*a), 0u);
+  off.finish();
 }
 
 TEST(Store, FlushWritesDirtyCopiesHomeAndKeepsThemCached) {

@@ -250,6 +250,27 @@ TEST(ZeroOverlap, EagerReadsTheNextBackwardsStatesAheadInTheForward) {
   EXPECT_GE(read_ahead, kUnitStates);
 }
 
+// The CPU optimizer hashes the master, states and parameters it writes while they are in its
+// cache and hands the sums to the store (Lease::release_hashed), so their write-backs are not
+// hashed again: under exact's streamed update and eager's worker alike, with the bits unchanged
+// (run_nvme_exact_and_eager compares them).
+TEST(ZeroOverlap, TheOptimizerHashesWhatItWritesForTheStore) {
+  const ExactAndEager runs = run_nvme_exact_and_eager(
+      8, 4 * (kUnitStates + 2048 * 2) + 8 * 2048 * 2 + 4 * (64u << 10) + 4096 * (2 + 4), 0);
+  ASSERT_FALSE(HasFailure());
+  for (const testing::RunResult* r : {&runs.exact, &runs.eager}) {
+    std::uint64_t hashed = 0, written = 0;
+    for (const StepReport& report : r->reports) {
+      EXPECT_LE(report.writer_hashed_bytes, report.nvme_write_bytes);
+      hashed += report.writer_hashed_bytes;
+      written += report.nvme_write_bytes;
+    }
+    std::printf("NVMe bytes written %llu, of them hashed by the optimizer %llu\n",
+                static_cast<unsigned long long>(written), static_cast<unsigned long long>(hashed));
+    EXPECT_GT(hashed, written / 2);
+  }
+}
+
 // Gradient accumulators homed on NVMe (32 units' shards do not fit beside the host tier's
 // minimum, as in ZeroEngine.GradientNvmeBytesAreTheAccumulatorsShareOfTheDisksBytes). Under exact
 // every shard waits for the update after the backward, and most go home and come back. Under
