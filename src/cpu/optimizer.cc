@@ -109,10 +109,16 @@ Status validate_step(const OptimizerSpec& spec, std::span<const Shard> shards,
   const int states = state_count(spec);
   for (std::size_t i = 0; i < shards.size(); ++i) {
     const Shard& s = shards[i];
-    if (s.n == 0) continue;
     auto bad = [&](const char* what) {
       return Status::invalid_argument("shard " + std::to_string(i) + ": " + what);
     };
+    if (s.n == 0) {
+      // No tile would hash its block.
+      const bool sums = s.param_sums.sums != nullptr || s.state_sums[0].sums != nullptr ||
+                        s.state_sums[1].sums != nullptr || s.copy_sums.sums != nullptr;
+      if (sums) return bad("sums of an empty shard");
+      continue;
+    }
     if (s.param == nullptr) return bad("param is null");
     if (s.grad == nullptr) return bad("grad is null");
     for (int j = 0; j < states; ++j) {

@@ -359,6 +359,7 @@ bool Store::Impl::pump_chunks(Block& b, Op& op) {
     job.dir = op.dst == Tier::kNvme ? nvme::IoOp::kWrite : nvme::IoOp::kRead;
     if (job.dir == nvme::IoOp::kWrite && s < 0 && !op.sums.empty()) {
       // The host copy's writer hashed these bytes (Lease::release_hashed): no hash here.
+      TZ_ASSERT(op.sums.size() == op.chunks, "handed-in sums of another piece count");
       job.sum = op.sums[k];
       job.sum_known = true;
     }

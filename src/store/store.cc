@@ -268,6 +268,8 @@ Result<Lease> Store::pin(BlockId id, Tier tier, Access access) {
     c.valid = true;
     c.loaded_from = *src;
   }
+  const bool sole_writer = std::all_of(b.write_leases.begin(), b.write_leases.end(),
+                                       [](int n) { return n == 0; });
   if (access != Access::kRead) {
     ++m.walk_epoch;
     for (std::size_t i = 0; i < kTierCount; ++i) b.copies[i].valid = false;
@@ -299,6 +301,7 @@ Result<Lease> Store::pin(BlockId id, Tier tier, Access access) {
   lease.ready_seq_ = access == Access::kRead ? b.fill_seq[ti(tier)] : b.next_seq - 1;
   lease.first_seq_ = first_seq;
   lease.write_pins_ = b.write_pins;
+  lease.sole_writer_ = access != Access::kRead && sole_writer;
   b.marks.insert(Impl::lease_mark(access, first_seq, lease.ready_seq_));
   // An early write-back this pin waits for is no longer one that nobody waits for.
   for (Op& op : b.ops) {
@@ -532,7 +535,7 @@ void Store::unpin(Lease& lease, gpu::Stream* writer, std::span<const std::uint64
   const std::size_t t = ti(lease.tier_);
   TZ_ASSERT(b.leases[t] > 0 && b.total_leases > 0);
   if (!sums.empty() && lease.tier_ == Tier::kHost && lease.access_ != Access::kRead &&
-      m.options.checksums && b.write_leases[t] == 1 && b.write_pins == lease.write_pins_ &&
+      m.options.checksums && lease.sole_writer_ && b.write_pins == lease.write_pins_ &&
       sums.size() == b.chunk_count(m.options.chunk_bytes)) {
     b.host_sums.assign(sums.begin(), sums.end());
     b.host_sums_known = true;
@@ -614,6 +617,7 @@ Lease& Lease::operator=(Lease&& other) noexcept {
     ready_seq_ = other.ready_seq_;
     first_seq_ = other.first_seq_;
     write_pins_ = other.write_pins_;
+    sole_writer_ = other.sole_writer_;
     waited_ok_ = other.waited_ok_;
   }
   return *this;

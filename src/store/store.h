@@ -140,8 +140,9 @@ class Lease {
   // Unpins a host-tier write pin whose holder hashed the bytes it leaves: piece_sums[k] is XXH3-64
   // of piece k (Store::hashed_piece_bytes) of the copy as it is now. The copy's write-back to
   // NVMe uses them instead of hashing the bytes again, which the holder did while they were in
-  // its cache (the CPU optimizer: cpu::PieceSums). Taken only when this is the block's one
-  // write pin and no other came since it; otherwise, and for any other pin, a plain release.
+  // its cache (the CPU optimizer: cpu::PieceSums). Taken only when no other write lease of the
+  // block lived when this one was pinned and none was pinned since; otherwise, and for any other
+  // pin, a plain release.
   void release_hashed(std::span<const std::uint64_t> piece_sums);
 
  private:
@@ -154,6 +155,7 @@ class Lease {
   std::uint64_t ready_seq_ = 0;  // the block's move count that makes this pin ready
   std::uint64_t first_seq_ = 0;  // the first move this pin started
   std::uint64_t write_pins_ = 0;  // the block's write pin count with this one (Block)
+  bool sole_writer_ = false;      // a write pin made when no other write lease of the block lived
   bool waited_ok_ = false;
 };
 

@@ -402,7 +402,10 @@ Result<double> OptimizerDriver::update_unit_on_host(Unit& u, const cpu::StepArgs
   for (int s = 0; s < ctx_.states; ++s) {
     shard.state_sums[s] = state_sums[s].ask(*ctx_.store, states[s]);
   }
-  if (copy16 && param != nullptr) shard.copy_sums = param_sums.ask(*ctx_.store, *param);
+  if (copy16 && param != nullptr) {
+    TZ_ASSERT(param->data() == param_copy, "the parameters' lease is not param_copy's block");
+    shard.copy_sums = param_sums.ask(*ctx_.store, *param);
+  }
   const auto t0 = Clock::now();
   {
     // The cores' busy time, which the bound counts once with a host-memory device's compute (the

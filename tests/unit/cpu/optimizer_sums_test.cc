@@ -146,6 +146,10 @@ TEST(OptimizerSums, BadRequestsAreRefused) {
   s.param_copy = nullptr;
   s.copy_sums = {sums.data(), b.copy.size(), 4096};
   refused(s, "sums of a missing param_copy");
+  s = b.shard();
+  s.n = 0;
+  s.param_sums = {sums.data(), b.param.size(), 4096};
+  refused(s, "sums of an empty shard");
   Result<CpuOptimizer> sgd = CpuOptimizer::create(OptimizerSpec::sgd(0.1), {});
   ASSERT_TRUE(sgd.is_ok());
   s = b.shard();

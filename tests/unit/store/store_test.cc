@@ -299,15 +299,17 @@ TEST(Store, WriteBackUsesTheSumsItsWriterHandedIn) {
 }
 
 // Sums describe the bytes only until they change: a later write pin, or a second writer of the
-// copy, leaves the write-back to hash the bytes itself. (Wrong sums handed in: were they used,
-// the read back would fail.)
+// copy in either order, leaves the write-back to hash the bytes itself. (Wrong sums handed in:
+// were they used, the read back would fail.)
 TEST(Store, HandedInSumsAreDroppedWhenTheBytesMayHaveChanged) {
   const std::size_t n = 200000;
   const std::vector<std::byte> data = pattern(n, 42);
   std::vector<std::uint64_t> wrong = piece_sums(data, 64 << 10);
   for (std::uint64_t& x : wrong) x ^= 1;
-  for (int c = 0; c < 2; ++c) {
-    SCOPED_TRACE(c == 0 ? "a later write pin" : "two writers at once");
+  for (int c = 0; c < 3; ++c) {
+    SCOPED_TRACE(c == 0   ? "a later write pin"
+                 : c == 1 ? "two writers, the first hands sums in"
+                          : "two writers, the second hands sums in after the first left");
     Harness h;
     h.init(small_options());
     auto a = h.store->create_block(n, Tier::kNvme, "rewritten");
@@ -322,9 +324,15 @@ TEST(Store, HandedInSumsAreDroppedWhenTheBytesMayHaveChanged) {
       auto second = h.store->pin(*a, Tier::kHost, Access::kWrite);
       ASSERT_TRUE(first.is_ok() && second.is_ok());
       ASSERT_TRUE(first->wait().is_ok() && second->wait().is_ok());
-      std::memcpy(second->data(), data.data(), n);
-      first->release_hashed(wrong);
-      second->release();
+      if (c == 1) {
+        std::memcpy(second->data(), data.data(), n);
+        first->release_hashed(wrong);
+        second->release();
+      } else {
+        std::memcpy(first->data(), data.data(), n);
+        first->release();
+        second->release_hashed(wrong);
+      }
     }
     ASSERT_NO_FATAL_FAILURE(write_home_and_drop(h));
     EXPECT_EQ(h.store->stats().writer_hashed_bytes, 0u);
