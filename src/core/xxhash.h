@@ -4,19 +4,11 @@
 // swap pieces, which come from memory, go through the library's runtime dispatch instead
 // (xxh3_64_dispatch): on the Intel VM of the twenty-fourth session it hashed them at 5.8-7.0 GB/s
 // against 3.5-4.2 for the inlined baseline (SSE2) code, and took 0.5-1.8 s of CPU less in each
-// gpt2-774m NVMe step. The hashes are the same every way.
+// gpt2-774m NVMe step; so do the CPU optimizer's tiles, hashed in cache (Xxh3Stream). The
+// hashes are the same every way.
 #pragma once
-
-#include <cstddef>
-#include <cstdint>
 
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
-namespace tz {
-
-// XXH3-64 of `bytes` at `data` through libxxhash's runtime dispatch (AVX2 / AVX-512 where the CPU
-// has them): the same hash as XXH3_64bits.
-std::uint64_t xxh3_64_dispatch(const void* data, std::size_t bytes);
-
-}  // namespace tz
+#include "core/xxhash_dispatch.h"

@@ -12,14 +12,7 @@
 #include <oneapi/tbb/parallel_for.h>
 #include <oneapi/tbb/partitioner.h>
 
-// The piece hashes of tiles in cache go through libxxhash's runtime dispatch (AVX2 / AVX-512):
-// 42-44 GB/s on 64 KiB tiles on the Intel VM of the twenty-fourth session, against 21 GB/s for
-// the header's inlined baseline (SSE2) code that core/xxhash.h gives the store, whose pieces come
-// from memory, where both run at memory speed.
-#define XXH_STATIC_LINKING_ONLY
-#include <xxh_x86dispatch.h>
-#include <xxhash.h>
-
+#include "core/xxhash_dispatch.h"
 #include "cpu/simd_kernels.h"
 #include "cpu/topology.h"
 
@@ -169,7 +162,7 @@ std::size_t hash_group(const Shard& s, std::size_t ssize, std::size_t csize) {
 // hashes; the shard's last tile also feeds the block's bytes past its elements. Each piece ends
 // in its sum; `st` carries a piece over the tiles of one chunk (a chunk starts at a piece).
 void hash_written(const PieceSums& h, const void* array, std::size_t elem, std::size_t off,
-                  std::size_t n, std::size_t shard_n, XXH3_state_t& st) {
+                  std::size_t n, std::size_t shard_n, Xxh3Stream& st) {
   if (h.sums == nullptr) return;
   const auto* base = static_cast<const std::byte*>(array);
   std::size_t from = off * elem;
@@ -177,10 +170,10 @@ void hash_written(const PieceSums& h, const void* array, std::size_t elem, std::
   while (from < to) {
     const std::size_t k = from / h.piece_bytes;
     const std::size_t piece_end = std::min((k + 1) * h.piece_bytes, h.block_bytes);
-    if (from == k * h.piece_bytes) XXH3_64bits_reset(&st);
+    if (from == k * h.piece_bytes) st.reset();
     const std::size_t end = std::min(to, piece_end);
-    XXH3_64bits_update_dispatch(&st, base + from, end - from);
-    if (end == piece_end) h.sums[k] = XXH3_64bits_digest(&st);
+    st.update(base + from, end - from);
+    if (end == piece_end) h.sums[k] = st.digest();
     from = end;
   }
 }
@@ -367,9 +360,13 @@ Status CpuOptimizer::step(std::span<const Shard> shards, const StepArgs& args) {
   run_tiled(im, shards, args, [&](std::size_t first, std::size_t count) {
     const detail::Tile* tiles = im.tiles.data();
     const std::size_t end = first + count;
+    if (std::none_of(im.meta.begin() + first, im.meta.begin() + end,
+                     [](const detail::TileMeta& m) { return m.hashed; })) {
+      table.update(kernel, tiles + first, count);
+      return;
+    }
     // The hashes of the four arrays a tile writes, each carried over the tiles of a piece.
-    XXH3_state_t st[4];
-    for (XXH3_state_t& h : st) XXH3_INITSTATE(&h);
+    Xxh3Stream st[4];
     for (std::size_t i = first; i < end;) {
       if (!im.meta[i].hashed) {
         std::size_t j = i + 1;

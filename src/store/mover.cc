@@ -550,9 +550,7 @@ void Store::Impl::apply_device_done(const DeviceDone& d) {
   finish_copy_if_done(b, *op);
 }
 
-// Through the runtime dispatch: the pieces come from memory, where its AVX-512 code hashed 1 MiB
-// pieces at 5.8-7.0 GB/s on the Intel VM against 3.5-4.2 for the inlined SSE2 code (twenty-fourth
-// session).
+// Through the runtime dispatch, which hashes pieces from memory faster (core/xxhash.h).
 std::uint64_t Store::Impl::piece_sum(const void* data, std::size_t bytes) const {
   return options.checksums ? xxh3_64_dispatch(data, bytes) : 0;
 }

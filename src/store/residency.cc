@@ -32,11 +32,10 @@ std::uint64_t Store::Impl::push_op(Block& b, Op op) {
   if (op.kind != OpKind::kFree && op.kind != OpKind::kStage) b.fill_seq[ti(op.dst)] = op.seq;
   // A write-back of the host copy takes the sums its writer handed in (the op writes the bytes
   // as they are now: later writers wait for it); an op into the host copy changes the bytes.
-  if (op.kind == OpKind::kCopy && op.src == Tier::kHost && op.dst == Tier::kNvme &&
-      b.host_sums_known) {
+  if (op.kind == OpKind::kCopy && op.src == Tier::kHost && op.dst == Tier::kNvme) {
     op.sums = b.host_sums;
   }
-  if (op.dst == Tier::kHost && op.kind != OpKind::kStage) b.host_sums_known = false;
+  if (op.dst == Tier::kHost && op.kind != OpKind::kStage) b.host_sums.clear();
   b.ops.push_back(std::move(op));
   busy.insert(b.id);
   ++walk_epoch;

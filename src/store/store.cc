@@ -268,9 +268,10 @@ Result<Lease> Store::pin(BlockId id, Tier tier, Access access) {
     c.valid = true;
     c.loaded_from = *src;
   }
-  const bool sole_writer = std::all_of(b.write_leases.begin(), b.write_leases.end(),
-                                       [](int n) { return n == 0; });
+  bool sole_writer = false;
   if (access != Access::kRead) {
+    sole_writer = std::all_of(b.write_leases.begin(), b.write_leases.end(),
+                              [](int n) { return n == 0; });
     ++m.walk_epoch;
     for (std::size_t i = 0; i < kTierCount; ++i) b.copies[i].valid = false;
     c.valid = true;
@@ -279,7 +280,7 @@ Result<Lease> Store::pin(BlockId id, Tier tier, Access access) {
     if (access == Access::kWrite) m.forget_overwritten_failures(b, first_seq);
     ++b.write_leases[ti(tier)];
     ++b.write_pins;
-    b.host_sums_known = false;
+    b.host_sums.clear();
     if (tier == b.home) b.stats.home_write_bytes += b.bytes;
     // An untraced pin has no record position: the last recorded one is another pin's, whose
     // early write-back a spill of these bytes must not teach.
@@ -301,7 +302,7 @@ Result<Lease> Store::pin(BlockId id, Tier tier, Access access) {
   lease.ready_seq_ = access == Access::kRead ? b.fill_seq[ti(tier)] : b.next_seq - 1;
   lease.first_seq_ = first_seq;
   lease.write_pins_ = b.write_pins;
-  lease.sole_writer_ = access != Access::kRead && sole_writer;
+  lease.sole_writer_ = sole_writer;
   b.marks.insert(Impl::lease_mark(access, first_seq, lease.ready_seq_));
   // An early write-back this pin waits for is no longer one that nobody waits for.
   for (Op& op : b.ops) {
@@ -538,7 +539,6 @@ void Store::unpin(Lease& lease, gpu::Stream* writer, std::span<const std::uint64
       m.options.checksums && lease.sole_writer_ && b.write_pins == lease.write_pins_ &&
       sums.size() == b.chunk_count(m.options.chunk_bytes)) {
     b.host_sums.assign(sums.begin(), sums.end());
-    b.host_sums_known = true;
   }
   --b.leases[t];
   --b.total_leases;

@@ -117,11 +117,10 @@ struct Block {
   bool nvme_written = false;  // the extent holds data (else it reads as zeros)
   std::vector<std::uint64_t> sums;
   // The host copy's piece sums as its writer handed them in (Lease::release_hashed), taken by
-  // its next write-back (Op::sums); valid while host_sums_known. Any write pin and any op into
-  // the host copy clears it; write_pins counts write pins (any tier), so a release hands its sums in
+  // its next write-back (Op::sums); empty when unknown. Any write pin and any op into the host
+  // copy clears them; write_pins counts write pins (any tier), so a release hands its sums in
   // only when no other write pin came since its own (and none lived before it: Lease).
   std::vector<std::uint64_t> host_sums;
-  bool host_sums_known = false;
   std::uint64_t write_pins = 0;
   std::unique_ptr<gpu::Event> user_event;  // recorded by Lease::release(writer); made at create
   bool user_event_recorded = false;

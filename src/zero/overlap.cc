@@ -204,8 +204,7 @@ Status ExactOverlap::run_update(const cpu::StepArgs& args) {
     TZ_ASSIGN_OR_RETURN(const double seconds,
                         deps_.driver.update_unit_on_host(u, args, acc.data(), param.data(),
                                                          "streamed update", &param));
-    worker_optimizer_s_ += seconds;
-    param.release();
+    worker_optimizer_s_ += seconds;  // the update released `param`
     acc.release();
     TZ_RETURN_IF_ERROR(ctx.zero_gradient(u, "streamed update: zeroing the gradient"));
     {

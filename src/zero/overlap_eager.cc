@@ -267,8 +267,7 @@ Status EagerOverlap::update_on_host(Unit& u, const cpu::StepArgs& args) {
   TZ_ASSIGN_OR_RETURN(const double seconds,
                       deps_.driver.update_unit_on_host(u, args, acc.data(), param.data(),
                                                        "eager update", &param));
-  worker_optimizer_s_ += seconds;
-  param.release();
+  worker_optimizer_s_ += seconds;  // the update released `param`
   acc.release();
   return Status::ok();
 }
