@@ -7,7 +7,7 @@
 
 #include "core/log.h"
 #include "core/trace.h"
-#include "core/xxhash.h"
+#include "core/xxhash_dispatch.h"
 #include "store/store_impl.h"
 
 namespace tz::store {
