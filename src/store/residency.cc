@@ -151,18 +151,24 @@ bool Store::Impl::only_valid(const Block& b, Tier t) const {
 // bytes the evictions would have written, only earlier (when the eviction came in the next
 // step, as for the last layers of a backward pass, the write now overlaps this step's reads).
 void Store::Impl::write_back_early(Block& b, Tier t) {
-  if (!belady() || b.total_leases > 0 || b.home != Tier::kNvme || t == Tier::kNvme ||
-      !b.error.is_ok() || !b.copies[ti(t)].present || !only_valid(b, t) || b.dirtied_at == kNoPos ||
-      !trace.spilled(b.dirtied_at)) {
-    return;
+  if (!belady() || b.dirtied_at == kNoPos || !trace.spilled(b.dirtied_at)) return;
+  if (start_early_write(b, t)) {
+    TZ_LOG_DEBUG("store: early write-back of '%s' from %s at trace pos %zu", b.name.c_str(),
+                 tier_name(t), trace.pos());
   }
-  TZ_LOG_DEBUG("store: early write-back of '%s' from %s at trace pos %zu", b.name.c_str(),
-               tier_name(t), trace.pos());
+}
+
+bool Store::Impl::start_early_write(Block& b, Tier t) {
+  if (b.total_leases > 0 || b.home != Tier::kNvme || t == Tier::kNvme || !b.error.is_ok() ||
+      !b.copies[ti(t)].present || !only_valid(b, t)) {
+    return false;
+  }
   push_copy(b, t, Tier::kNvme, false);
   b.ops.back().early = true;
   b.copies[ti(Tier::kNvme)].valid = true;
   ++stats.tiers[ti(t)].write_backs;
   ++stats.early_write_backs;
+  return true;
 }
 
 // Drops b's copy in `t` (an upper, unpinned, non-home copy), writing it down first if it holds

@@ -357,6 +357,17 @@ Status Store::keep(BlockId id, Tier tier) {
   return Status::ok();
 }
 
+Status Store::write_back(BlockId id, Tier tier) {
+  std::lock_guard lock(impl_->mu);
+  Impl& m = *impl_;
+  Block* b = m.find(id);
+  if (b == nullptr) {
+    return Status::invalid_argument("store: write_back of unknown block " + std::to_string(id));
+  }
+  m.start_early_write(*b, tier);  // push_op wakes the mover
+  return Status::ok();
+}
+
 Status Store::zero(BlockId id) {
   std::lock_guard lock(impl_->mu);
   Impl& m = *impl_;

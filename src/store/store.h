@@ -207,6 +207,14 @@ class Store {
   // states the next forward waits for). Nothing for a copy not current there or the home copy.
   // Errors: kInvalidArgument for an unknown block.
   Status keep(BlockId id, Tier tier);
+  // Starts writing `id`'s copy in `tier` home now when it holds the block's only current bytes
+  // and is not pinned, keeping it there clean: an early write-back, which the disk takes after
+  // the moves something waits for, and whose later eviction is a free instead of a write the next
+  // load waits behind. For a caller that knows the bytes are final until the copy is evicted (the
+  // eager worker's updated states it does not keep): the trace's own early write-backs learn this
+  // per block and never see untraced pins. Nothing for a clean, pinned or home copy or a block
+  // not homed on NVMe. Errors: kInvalidArgument for an unknown block.
+  Status write_back(BlockId id, Tier tier);
   // The piece size of `id`'s NVMe checksums for a holder that hashes what it writes
   // (Lease::release_hashed): the chunk size when the block lives on NVMe and checksums are on,
   // else 0 (its write-backs are not hashed, or it has none). 0 for an unknown block.

@@ -141,6 +141,9 @@ struct Store::Impl {
   Status check_alloc_fifo(Tier t) const;
   Status check_staging() const;
   void write_back_early(Block& b, Tier t);
+  // Starts writing b's only current bytes in `t` home as an early write-back (write_back_early,
+  // Store::write_back), keeping the copy there clean. False when there is nothing to write.
+  bool start_early_write(Block& b, Tier t);
   void evict(Block& b, Tier t);
   std::optional<Tier> load_source(const Block& b, Tier t) const;
   std::string pinned_summary(Tier t) const;

@@ -428,6 +428,11 @@ void OptimizerDriver::keep_states(const Unit& u) {
   for (int i = 0; i < ctx_.states; ++i) ctx_.store->keep(u.state[i], Tier::kHost).ignore();
 }
 
+void OptimizerDriver::write_back_states(const Unit& u) {
+  ctx_.store->write_back(u.master, Tier::kHost).ignore();
+  for (int i = 0; i < ctx_.states; ++i) ctx_.store->write_back(u.state[i], Tier::kHost).ignore();
+}
+
 void OptimizerDriver::prefetch_states(const Unit& u) {
   TZ_ASSERT(!u.frozen(), "prefetch of a frozen unit's states");
   ctx_.store->prefetch(u.master, Tier::kHost).ignore();

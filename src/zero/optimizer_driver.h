@@ -60,6 +60,10 @@ class OptimizerDriver {
   // (Store::keep).
   void keep_states(const Unit& u);
 
+  // The unit's master and states, updated in the host tier, start going home now (Store::
+  // write_back), so that their eviction later frees room at once.
+  void write_back_states(const Unit& u);
+
   // Every trainable unit in registration order through `fn`, the next trainable unit's
   // NVMe-homed states read ahead while `fn` works on this one (the previous unit's write-back is
   // already in flight from its unpin); stops at the first error. update_all and the overlap

@@ -178,7 +178,17 @@ Status EagerOverlap::run_queue(const cpu::StepArgs& args) {
     }
     if (snapshot_) TZ_RETURN_IF_ERROR(copy_snapshot(*u, /*to_snapshot=*/true));
     TZ_RETURN_IF_ERROR(update_on_host(*u, args));
-    if (kept_[u->id]) deps_.driver.keep_states(*u);  // kept until its next update
+    // Kept until its next update; else, where the parameters leave the host tier room (roomy_),
+    // the updated states start going home now, so that their eviction later frees room at once
+    // instead of writing while the next unit's load waits behind it (gpt2-774m: the forward's
+    // waits for the tail's updates, behind those writes; bench/RESULTS.md, twenty-sixth
+    // session). The trace's own early write-backs never see these untraced pins. Not where the
+    // tier is tight (llama-3.2-3b): there the copies being written held room the loads needed.
+    if (kept_[u->id]) {
+      deps_.driver.keep_states(*u);
+    } else if (roomy_) {
+      deps_.driver.write_back_states(*u);
+    }
     // With a snapshot, before the step's decision the unit is done as it is (a rollback may
     // redo its update from the accumulator; apply() zeroes the accumulators of the units done
     // by then); after it, the job zeroes the accumulator first. Without one nothing reads the

@@ -3,6 +3,7 @@
 // returns the last write (a plain in-memory copy is the reference), no budget is exceeded, the
 // early write-backs do happen, and they move no more NVMe bytes than waiting for the eviction.
 // With seeded EIO on writes, a read returns the last write or an error, never other bytes.
+// Store::write_back, the early write-back a caller asks for, writes the bytes home once.
 #include <cstdio>
 #include <cstring>
 #include <vector>
@@ -180,6 +181,71 @@ TEST(StoreEarlyWriteBack, FailedWritesSurfaceAsErrorsNotOtherBytes) {
   EXPECT_GT(early, 0u) << "no early write-back ran: the seeds do not test it";
   EXPECT_GT(errors, 0) << "no error was injected: the seeds do not test it";
 }
+
+// Store::write_back: a caller that knows a copy's bytes are final (the eager worker's updated
+// states, whose pins the trace never sees) writes them home at once; the copy stays, clean, so
+// its eviction later writes nothing. Without the call the eviction writes the bytes.
+void asked_write_back(bool ask) {
+  Harness h;
+  HarnessOptions o;
+  o.store.policy = Policy::kLru;  // no trace: no early write-back of the store's own
+  o.store.device_budget_bytes = 2 * kBlock;
+  o.store.host_budget_bytes = 2 * kBlock;
+  o.store.chunk_bytes = 16 << 10;
+  o.swap_bytes = 4ull << 20;
+  h.init(o);
+  if (::testing::Test::HasFatalFailure()) return;
+  std::vector<BlockId> ids;
+  for (int i = 0; i < 3; ++i) {
+    auto id = h.store->create_block(kBlock, Tier::kNvme, "state" + std::to_string(i));
+    ASSERT_TRUE(id.is_ok()) << id.status().to_string();
+    ids.push_back(*id);
+  }
+  auto fill = [&](BlockId id, int value) {
+    auto l = h.store->pin(id, Tier::kHost, Access::kWrite);
+    ASSERT_TRUE(l.is_ok()) << l.status().to_string();
+    ASSERT_TRUE(l->wait().is_ok());
+    std::memset(l->data(), value, kBlock);
+    if (ask) {  // pinned: nothing to write yet
+      const std::uint64_t before = h.store->stats().early_write_backs;
+      EXPECT_TRUE(h.store->write_back(id, Tier::kHost).is_ok());
+      EXPECT_EQ(h.store->stats().early_write_backs, before);
+    }
+    l->release();
+  };
+  fill(ids[0], 0x5a);
+  if (ask) {
+    ASSERT_TRUE(h.store->write_back(ids[0], Tier::kHost).is_ok());
+    ASSERT_TRUE(h.store->write_back(ids[0], Tier::kHost).is_ok());  // clean now: nothing more
+    ASSERT_TRUE(h.store->write_back(ids[0], Tier::kNvme).is_ok());  // the home copy: nothing
+  }
+  ASSERT_TRUE(h.store->drain().is_ok());
+  StoreStats st = h.store->stats();
+  EXPECT_EQ(st.early_write_backs, ask ? 1u : 0u);
+  EXPECT_EQ(st.nvme_write_bytes(), ask ? kBlock : 0u) << "the bytes went home before eviction";
+  // Two more blocks in a host tier of two: state0's copy is evicted, a free when it was written.
+  fill(ids[1], 0x11);
+  fill(ids[2], 0x22);
+  ASSERT_TRUE(h.store->drain().is_ok());
+  st = h.store->stats();
+  EXPECT_EQ(st.nvme_write_bytes(), kBlock) << "state0 written home exactly once";
+  auto l = h.store->pin(ids[0], Tier::kHost, Access::kRead);
+  ASSERT_TRUE(l.is_ok()) << l.status().to_string();
+  ASSERT_TRUE(l->wait().is_ok());
+  const auto* p = static_cast<const std::byte*>(l->data());
+  std::uint64_t bad = 0;
+  for (std::uint64_t b = 0; b < kBlock; ++b) bad += p[b] != std::byte{0x5a} ? 1 : 0;
+  EXPECT_EQ(bad, 0u) << "state0 read back from its home";
+  l->release();
+  EXPECT_FALSE(h.store->write_back(BlockId{9999}, Tier::kHost).is_ok()) << "unknown block";
+  h.finish();
+}
+
+TEST(StoreEarlyWriteBack, AskedWriteBackGoesHomeNowAndMakesTheEvictionFree) {
+  asked_write_back(/*ask=*/true);
+}
+
+TEST(StoreEarlyWriteBack, WithoutTheAskTheEvictionWrites) { asked_write_back(/*ask=*/false); }
 
 }  // namespace
 }  // namespace tz::store
