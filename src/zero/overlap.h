@@ -213,6 +213,13 @@ class ExactOverlap final : public OverlapMode {
 // (the worker has read its states ahead); the rest is put in registration order.
 void order_for_next_forward(std::deque<Unit*>& queue);
 
+// The units whose states eager keeps in the host tier, in the order it takes them until the room
+// is spent: the last reduced of the previous step first (`order`: that step's reduce order). In
+// the first step there is no order yet, so it guesses the trainable units in registration order:
+// the backward reduces about in reverse, so the forward's first units are reduced last.
+std::vector<const Unit*> kept_states_candidates(const std::vector<Unit*>& order,
+                                                const std::deque<Unit>& units);
+
 // eager: a unit's update as soon as its last micro-batch's gradient is reduced, with the
 // multiplier the step has when it neither clips nor overflows (1 / (scale N k)); apply() rolls the
 // early updates back when the decision says the step clipped or overflowed. Streamed (where the
@@ -245,7 +252,7 @@ class EagerOverlap final : public OverlapMode {
   // (under mu_).
   Status run_queue(const cpu::StepArgs& args);
   // Which units' states stay in the host tier after their update (kept_), from the previous
-  // step's reduce order (order_), at the first reduce of a step.
+  // step's reduce order (order_; kept_states_candidates), at the first reduce of a step.
   void choose_kept_states();
   // The next backward's first units' NVMe states, read ahead once the job's queue is done in the
   // forward (the worker's, under mu_).

@@ -25,6 +25,20 @@ void order_for_next_forward(std::deque<Unit*>& queue) {
             [](const Unit* a, const Unit* b) { return a->id < b->id; });
 }
 
+// Without the first step's guess the first step kept nothing, and the second read all of those
+// states back and wrote them out again: gpt2-774m's step 3 (whose forward runs that tail) moved
+// 1.2 GB more each way than the steps after it, and was the slowest against its bound in every
+// run (bench/RESULTS.md, twenty-sixth session).
+std::vector<const Unit*> kept_states_candidates(const std::vector<Unit*>& order,
+                                                const std::deque<Unit>& units) {
+  std::vector<const Unit*> out(order.rbegin(), order.rend());
+  if (!out.empty()) return out;
+  for (const Unit& u : units) {
+    if (!u.frozen()) out.push_back(&u);
+  }
+  return out;
+}
+
 EagerOverlap::EagerOverlap(const OverlapDeps& deps, bool snapshot)
     : OverlapMode(deps), snapshot_(snapshot) {}
 
@@ -229,10 +243,10 @@ void EagerOverlap::choose_kept_states() {
   const std::uint64_t room =
       ctx.store->budget_bytes(Tier::kHost) / (roomy_ ? kKeptStatesMaxShare : kKeptStatesShare);
   std::uint64_t held = 0;
-  for (auto it = order_.rbegin(); it != order_.rend(); ++it) {
-    held += ctx.optimizer_bytes(**it);
+  for (const Unit* u : kept_states_candidates(order_, ctx.units)) {
+    held += ctx.optimizer_bytes(*u);
     if (held > room) break;
-    kept_[(*it)->id] = true;
+    kept_[u->id] = true;
   }
 }
 

@@ -137,6 +137,23 @@ TEST(EagerQueue, RunsIntoTheNextForwardInRegistrationOrder) {
   EXPECT_TRUE(none.empty());
 }
 
+// Eager keeps the states of the last reduced units first: the previous step's order, latest
+// first. The first step has none, so it takes the trainable units in registration order (the
+// backward reduces about in reverse); without that guess the first step kept nothing.
+TEST(EagerQueue, KeptStatesFollowThePreviousOrderOrGuessTheFirstStep) {
+  std::deque<Unit> units(5);
+  for (std::size_t i = 0; i < units.size(); ++i) units[i].id = static_cast<UnitId>(i);
+  units[2].spec.frozen = true;
+  auto ids = [](const std::vector<const Unit*>& v) {
+    std::vector<UnitId> out;
+    for (const Unit* u : v) out.push_back(u->id);
+    return out;
+  };
+  EXPECT_EQ(ids(kept_states_candidates({}, units)), (std::vector<UnitId>{0, 1, 3, 4}));
+  const std::vector<Unit*> reduced{&units[4], &units[3], &units[0], &units[1]};
+  EXPECT_EQ(ids(kept_states_candidates(reduced, units)), (std::vector<UnitId>{1, 0, 3, 4}));
+}
+
 TEST(UpdateWorker, RunsOneJobAndReturnsItsStatusOnce) {
   UpdateWorker worker;
   EXPECT_FALSE(worker.busy());
