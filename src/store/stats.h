@@ -80,7 +80,7 @@ struct StoreStats {
   std::uint64_t checksum_failures = 0;
   std::uint64_t io_errors = 0;
   std::uint64_t trace_deviations = 0;  // steps (or parts) that fell back to LRU
-  std::uint64_t early_write_backs = 0;  // dirty copies written home at unpin (also in write_backs)
+  std::uint64_t early_write_backs = 0;  // dirty copies written home early: at unpin, or asked (write_back); also in write_backs
   std::uint64_t steps = 0;
   // Read ahead: NVMe bytes read into staging buffers before their device load was decided, and
   // those of them dropped unused (read again later, or never needed); the used ones are counted

@@ -364,7 +364,10 @@ Status Store::write_back(BlockId id, Tier tier) {
   if (b == nullptr) {
     return Status::invalid_argument("store: write_back of unknown block " + std::to_string(id));
   }
-  m.start_early_write(*b, tier);  // push_op wakes the mover
+  if (m.start_early_write(*b, tier)) {  // push_op wakes the mover
+    TZ_LOG_DEBUG("store: early write-back of '%s' from %s, asked", b->name.c_str(),
+                 tier_name(tier));
+  }
   return Status::ok();
 }
 

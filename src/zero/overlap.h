@@ -289,6 +289,9 @@ class EagerOverlap final : public OverlapMode {
   // NVMe-homed states, and the parameter shards and gradient accumulators leave a third of the
   // host tier or more (finalize).
   bool roomy_ = false;
+  // roomy_, and the states do not all fit beside the parameter shards and accumulators: the job
+  // writes the states it does not keep home right after their update (finalize).
+  bool write_back_updated_ = false;
   // What the job read ahead for the next backward (written by the job, read after it ended).
   StateLoads read_ahead_loads_;
   // Kept: a fifth of the host tier, a third where the parameters leave it (roomy_); read ahead in

@@ -27,8 +27,8 @@ void order_for_next_forward(std::deque<Unit*>& queue) {
 
 // Without the first step's guess the first step kept nothing, and the second read all of those
 // states back and wrote them out again: gpt2-774m's step 3 (whose forward runs that tail) moved
-// 1.2 GB more each way than the steps after it, and was the slowest against its bound in every
-// run (bench/RESULTS.md, twenty-sixth session).
+// 0.8-1.8 GB more each way than its step 4, and was the slowest against its bound in every run
+// (bench/RESULTS.md, twenty-sixth session).
 std::vector<const Unit*> kept_states_candidates(const std::vector<Unit*>& order,
                                                 const std::deque<Unit>& units) {
   std::vector<const Unit*> out(order.rbegin(), order.rend());
@@ -68,11 +68,17 @@ Status EagerOverlap::finalize(std::uint64_t overlap_bytes, const PinnedPoolOptio
       // host-homed gradient accumulators, which the step reads from the host tier too.
       const std::uint64_t host = ctx.store->budget_bytes(Tier::kHost);
       std::uint64_t resident = 0;
+      std::uint64_t states = 0;
       for (const Unit& u : ctx.units) {
         resident += ctx.param_bytes(u);
-        if (!u.frozen() && ctx.grad_place == Placement::kHost) resident += ctx.grad_bytes(u);
+        if (u.frozen()) continue;
+        if (ctx.grad_place == Placement::kHost) resident += ctx.grad_bytes(u);
+        states += ctx.optimizer_bytes(u);
       }
       roomy_ = host > resident && host - resident >= host / kKeptStatesMaxShare;
+      // Where the states fit beside the rest, their copies stay until the next update, which
+      // dirties them again: writing them home early would only add disk traffic.
+      write_back_updated_ = roomy_ && resident + states > host;
     }
   }
   if (!snapshot_) return OverlapMode::finalize(overlap_bytes, pool_options);
@@ -192,15 +198,16 @@ Status EagerOverlap::run_queue(const cpu::StepArgs& args) {
     }
     if (snapshot_) TZ_RETURN_IF_ERROR(copy_snapshot(*u, /*to_snapshot=*/true));
     TZ_RETURN_IF_ERROR(update_on_host(*u, args));
-    // Kept until its next update; else, where the parameters leave the host tier room (roomy_),
-    // the updated states start going home now, so that their eviction later frees room at once
-    // instead of writing while the next unit's load waits behind it (gpt2-774m: the forward's
-    // waits for the tail's updates, behind those writes; bench/RESULTS.md, twenty-sixth
-    // session). The trace's own early write-backs never see these untraced pins. Not where the
-    // tier is tight (llama-3.2-3b): there the copies being written held room the loads needed.
+    // Kept until its next update; else, where the parameters leave the host tier room and the
+    // states do not all fit (write_back_updated_), the updated states start going home now, so
+    // that their eviction, once the write is done, frees room without a write the next unit's
+    // load waits behind (gpt2-774m: the forward's waits for the tail's updates, behind those
+    // writes; bench/RESULTS.md, twenty-sixth session). The trace's own early write-backs never
+    // see these untraced pins. Not where the tier is tight (llama-3.2-3b): there the copies
+    // being written held room the loads needed.
     if (kept_[u->id]) {
       deps_.driver.keep_states(*u);
-    } else if (roomy_) {
+    } else if (write_back_updated_) {
       deps_.driver.write_back_states(*u);
     }
     // With a snapshot, before the step's decision the unit is done as it is (a rollback may

@@ -215,9 +215,10 @@ void asked_write_back(bool ask) {
   };
   fill(ids[0], 0x5a);
   if (ask) {
+    ASSERT_TRUE(h.store->write_back(ids[0], Tier::kNvme).is_ok());  // the home copy: nothing
+    EXPECT_EQ(h.store->stats().early_write_backs, 0u);
     ASSERT_TRUE(h.store->write_back(ids[0], Tier::kHost).is_ok());
     ASSERT_TRUE(h.store->write_back(ids[0], Tier::kHost).is_ok());  // clean now: nothing more
-    ASSERT_TRUE(h.store->write_back(ids[0], Tier::kNvme).is_ok());  // the home copy: nothing
   }
   ASSERT_TRUE(h.store->drain().is_ok());
   StoreStats st = h.store->stats();
