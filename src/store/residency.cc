@@ -17,6 +17,15 @@ Block* Store::Impl::find(BlockId id) {
   return it == blocks.end() || it->second.destroyed ? nullptr : &it->second;
 }
 
+Result<Block*> Store::Impl::find_for(BlockId id, const char* what) {
+  Block* b = find(id);
+  if (b == nullptr) {
+    return Status::invalid_argument(std::string("store: ") + what + " of unknown block " +
+                                    std::to_string(id));
+  }
+  return b;
+}
+
 void Store::Impl::wake() {
   std::lock_guard lock(wake_mu);
   ++events;

@@ -217,9 +217,7 @@ Status Store::destroy_block(BlockId id) {
 Result<Lease> Store::pin(BlockId id, Tier tier, Access access) {
   std::lock_guard lock(impl_->mu);
   Impl& m = *impl_;
-  Block* bp = m.find(id);
-  if (bp == nullptr)
-    return Status::invalid_argument("store: pin of unknown block " + std::to_string(id));
+  TZ_ASSIGN_OR_RETURN(Block* bp, m.find_for(id, "pin"));
   Block& b = *bp;
   if (ti(tier) > ti(b.home)) {
     return Status::invalid_argument(std::string("store: block '") + b.name + "' lives in the " +
@@ -323,9 +321,7 @@ bool UntracedPins::active() { return untraced_depth > 0; }
 Status Store::prefetch(BlockId id, Tier tier) {
   std::lock_guard lock(impl_->mu);
   Impl& m = *impl_;
-  Block* b = m.find(id);
-  if (b == nullptr)
-    return Status::invalid_argument("store: prefetch of unknown block " + std::to_string(id));
+  TZ_ASSIGN_OR_RETURN(Block* b, m.find_for(id, "prefetch"));
   if (ti(tier) > ti(b->home)) {
     return Status::invalid_argument(std::string("store: cannot prefetch '") + b->name +
                                     "' below its home tier");
@@ -345,10 +341,7 @@ Status Store::prefetch(BlockId id, Tier tier) {
 Status Store::keep(BlockId id, Tier tier) {
   std::lock_guard lock(impl_->mu);
   Impl& m = *impl_;
-  Block* b = m.find(id);
-  if (b == nullptr) {
-    return Status::invalid_argument("store: keep of unknown block " + std::to_string(id));
-  }
+  TZ_ASSIGN_OR_RETURN(Block* b, m.find_for(id, "keep"));
   Copy& c = b->copies[ti(tier)];
   if (tier == b->home || !c.present || !c.valid) return Status::ok();
   c.by_prefetch = true;  // kept as a copy prefetch loaded is
@@ -360,10 +353,7 @@ Status Store::keep(BlockId id, Tier tier) {
 Status Store::write_back(BlockId id, Tier tier) {
   std::lock_guard lock(impl_->mu);
   Impl& m = *impl_;
-  Block* b = m.find(id);
-  if (b == nullptr) {
-    return Status::invalid_argument("store: write_back of unknown block " + std::to_string(id));
-  }
+  TZ_ASSIGN_OR_RETURN(Block* b, m.find_for(id, "write_back"));
   if (m.start_early_write(*b, tier)) {  // push_op wakes the mover
     TZ_LOG_DEBUG("store: early write-back of '%s' from %s, asked", b->name.c_str(),
                  tier_name(tier));
@@ -374,10 +364,7 @@ Status Store::write_back(BlockId id, Tier tier) {
 Status Store::zero(BlockId id) {
   std::lock_guard lock(impl_->mu);
   Impl& m = *impl_;
-  Block* bp = m.find(id);
-  if (bp == nullptr) {
-    return Status::invalid_argument("store: zero of unknown block " + std::to_string(id));
-  }
+  TZ_ASSIGN_OR_RETURN(Block* bp, m.find_for(id, "zero"));
   Block& b = *bp;
   if (b.total_leases > 0) {
     return Status::invalid_argument("store: block '" + b.name + "' is pinned and cannot be zeroed");

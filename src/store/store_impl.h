@@ -128,6 +128,8 @@ struct Store::Impl {
 
   // ---- residency.cc (residency and budgets: copies, evictions, admission, demand loads) ----
   Block* find(BlockId id);
+  // find(), or kInvalidArgument naming the call ("store: <what> of unknown block N").
+  Result<Block*> find_for(BlockId id, const char* what);
   void wake();
   std::uint64_t push_op(Block& b, Op op);
   void push_alloc(Block& b, Tier t);
