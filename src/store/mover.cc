@@ -16,6 +16,7 @@ void Store::Impl::fail_op(Block& b, Op& op, Status st) {
   if (op.failed) return;
   op.failed = true;
   op.status = st;
+  if (op.ahead) return;  // settled when it ends (finish_copy_if_done)
   record_failure(b, op.seq, st);
 }
 
@@ -30,12 +31,51 @@ void Store::Impl::record_failure(Block& b, std::uint64_t first_seq, const Status
   const std::uint64_t first =
       b.failures.empty() ? first_seq : std::max(first_seq, b.failures.back().last_seq + 1);
   if (first <= b.next_seq - 1) b.failures.push_back(Failure{first, b.next_seq - 1, st});
+  count_error(st);
+  TZ_LOG_DEBUG("store: %s", st.to_string().c_str());
+}
+
+void Store::Impl::count_error(const Status& st) {
   if (st.code() == ErrorCode::kCorrupt) {
     ++stats.checksum_failures;
   } else {
     ++stats.io_errors;
   }
-  TZ_LOG_DEBUG("store: %s", st.to_string().c_str());
+}
+
+// An early write-back (Op::ahead) of op `seq` failed. Its bytes are lost only if something
+// needs them from the extent: the first op queued after it that touches the extent reads it (a
+// load that had to come from home), or none does and no upper copy holds the bytes any more (an
+// eviction took the write for the copy's way home). Otherwise nothing is lost and the error is
+// only counted: the next write of the extent replaces the bytes, or the extent is stale again
+// and the current upper copy dirty, so that its eviction writes it.
+void Store::Impl::settle_early_write(Block& b, std::uint64_t seq, const Status& st) {
+  const Op* next = nullptr;
+  for (const Op& o : b.ops) {
+    if (o.seq > seq && touches_extent(o)) {
+      next = &o;
+      break;
+    }
+  }
+  bool needed;
+  if (next != nullptr) {
+    needed = next->kind == OpKind::kStage ||
+             (next->kind == OpKind::kCopy && next->src == Tier::kNvme);
+  } else {
+    needed = true;
+    for (Tier t : {Tier::kDevice, Tier::kHost}) {
+      if (b.copies[ti(t)].present && b.copies[ti(t)].valid) needed = false;
+    }
+  }
+  if (needed || !b.error.is_ok()) {
+    record_failure(b, seq, st);
+    return;
+  }
+  if (next == nullptr) b.copies[ti(Tier::kNvme)].valid = false;
+  ++stats.early_writes_failed;
+  count_error(st);
+  TZ_LOG_DEBUG("store: early write-back of '%s' failed, nothing lost: %s", b.name.c_str(),
+               st.to_string().c_str());
 }
 
 void* Store::Impl::tier_ptr(Block& b, Tier t) {
@@ -449,10 +489,12 @@ bool Store::Impl::finish_copy_if_done(Block& b, Op& op) {
     b.extent_write_start_us = op.start_us;
     b.extent_write_status = Status::ok();
     b.extent_write_early = op.early;
+    b.extent_write_ahead = op.ahead;
     return finish_op(b);
   }
   if (op.device_pending || op.outstanding > 0) return false;
   if (!op.failed && op.chunks > 0 && op.finished < op.chunks) return false;
+  if (op.failed && op.ahead) settle_early_write(b, op.seq, op.status);
   const Link l = link_of(op.src, op.dst);
   link_end(l);
   if (!op.failed && op.dst == Tier::kNvme) b.nvme_written = true;
@@ -632,6 +674,8 @@ void Store::Impl::finish_extent_write(Block& b, IoJob& job) {
       Trace::global().span("store nvme", std::string(link_name(l)) + " " + b.name,
                            b.extent_write_start_us, Trace::global().now_us());
     }
+  } else if (b.extent_write_ahead) {
+    settle_early_write(b, b.extent_write_seq, b.extent_write_status);
   } else {
     record_failure(b, b.extent_write_seq, b.extent_write_status);
   }

@@ -174,6 +174,7 @@ bool Store::Impl::start_early_write(Block& b, Tier t) {
   }
   push_copy(b, t, Tier::kNvme, false);
   b.ops.back().early = true;
+  b.ops.back().ahead = true;
   b.copies[ti(Tier::kNvme)].valid = true;
   ++stats.tiers[ti(t)].write_backs;
   ++stats.early_write_backs;

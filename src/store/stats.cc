@@ -75,6 +75,7 @@ std::string StoreStats::to_json() const {
   j["io_errors"] = io_errors;
   j["trace_deviations"] = trace_deviations;
   j["early_write_backs"] = early_write_backs;
+  j["early_writes_failed"] = early_writes_failed;
   j["steps"] = steps;
   j["read_ahead_bytes"] = read_ahead_bytes;
   j["read_ahead_dropped_bytes"] = read_ahead_dropped_bytes;

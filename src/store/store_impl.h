@@ -183,6 +183,8 @@ struct Store::Impl {
   // ----
   void fail_op(Block& b, Op& op, Status st);
   void record_failure(Block& b, std::uint64_t first_seq, const Status& st);
+  void count_error(const Status& st);  // in checksum_failures or io_errors
+  void settle_early_write(Block& b, std::uint64_t seq, const Status& st);
   void* tier_ptr(Block& b, Tier t);
   void free_physical(Block& b, Tier t);
   DeviceCall& push_device_call(DeviceCall::Kind kind, Block& b, const Op& op, gpu::Stream& stream,

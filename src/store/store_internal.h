@@ -63,6 +63,10 @@ struct Op {
   Tier dst = Tier::kHost;  // the tier allocated, written, zeroed or freed
   bool prefetch = false;
   bool early = false;  // an early write-back: nobody waits for it until an op is queued behind it
+  // An early write-back from its start (`early` goes when something waits for it): its failure
+  // is settled when it ends, losing nothing where a current upper copy remains
+  // (Impl::settle_early_write).
+  bool ahead = false;
   // Mover-side progress.
   bool started = false;
   bool failed = false;
@@ -158,6 +162,7 @@ struct Block {
   double extent_write_start_us = 0;
   BlockStats stats;  // bytes copied into each tier (Impl::count_move)
   bool extent_write_early = false;  // an early write-back's (deferrable)
+  bool extent_write_ahead = false;  // Op::ahead of the write
   Status extent_write_status;
 
   std::uint32_t chunk_count(std::uint64_t chunk_bytes) const {

@@ -3,7 +3,8 @@
 // returns the last write (a plain in-memory copy is the reference), no budget is exceeded, the
 // early write-backs do happen, and they move no more NVMe bytes than waiting for the eviction.
 // With seeded EIO on writes, a read returns the last write or an error, never other bytes.
-// Store::write_back, the early write-back a caller asks for, writes the bytes home once.
+// Store::write_back, the early write-back a caller asks for, writes the bytes home once. A failed
+// early write loses nothing while an upper copy still holds the bytes.
 #include <cstdio>
 #include <cstring>
 #include <vector>
@@ -247,6 +248,125 @@ TEST(StoreEarlyWriteBack, AskedWriteBackGoesHomeNowAndMakesTheEvictionFree) {
 }
 
 TEST(StoreEarlyWriteBack, WithoutTheAskTheEvictionWrites) { asked_write_back(/*ask=*/false); }
+
+// A failed early write-back loses nothing while an upper copy still holds its bytes
+// (Impl::settle_early_write): the block reads back, a flush writes it home, and the error is
+// counted. Before, the block was marked failed although its copy was intact.
+TEST(StoreEarlyWriteBack, AFailedWriteBackLeavesTheHostCopyCurrent) {
+  Harness h;
+  HarnessOptions o;
+  o.store.policy = Policy::kLru;
+  o.store.device_budget_bytes = 2 * kBlock;
+  o.store.host_budget_bytes = 2 * kBlock;
+  o.store.chunk_bytes = 16 << 10;
+  o.swap_bytes = 4ull << 20;
+  nvme::FaultOptions f;
+  f.eio_on_request = 1;  // the early write's first piece: nothing was read or written before
+  o.faults = f;
+  h.init(o);
+  if (::testing::Test::HasFatalFailure()) return;
+  auto id = h.store->create_block(kBlock, Tier::kNvme, "state");
+  ASSERT_TRUE(id.is_ok()) << id.status().to_string();
+  {
+    auto l = h.store->pin(*id, Tier::kHost, Access::kWrite);
+    ASSERT_TRUE(l.is_ok()) << l.status().to_string();
+    ASSERT_TRUE(l->wait().is_ok());
+    std::memset(l->data(), 0x5a, kBlock);
+    l->release();
+  }
+  ASSERT_TRUE(h.store->write_back(*id, Tier::kHost).is_ok());
+  ASSERT_TRUE(h.store->drain().is_ok());
+  StoreStats st = h.store->stats();
+  EXPECT_EQ(h.fault->counts().eio, 1u);
+  EXPECT_EQ(st.early_write_backs, 1u);
+  EXPECT_EQ(st.early_writes_failed, 1u);
+  EXPECT_EQ(st.io_errors, 1u);
+  EXPECT_EQ(st.nvme_write_bytes(), 0u);
+  auto read_back = [&](const char* when) {
+    auto l = h.store->pin(*id, Tier::kHost, Access::kRead);
+    ASSERT_TRUE(l.is_ok()) << when << ": " << l.status().to_string();
+    const Status w = l->wait();
+    ASSERT_TRUE(w.is_ok()) << when << ": " << w.to_string();
+    const auto* p = static_cast<const std::byte*>(l->data());
+    std::uint64_t bad = 0;
+    for (std::uint64_t b = 0; b < kBlock; ++b) bad += p[b] != std::byte{0x5a} ? 1 : 0;
+    EXPECT_EQ(bad, 0u) << when;
+    l->release();
+  };
+  read_back("after the failed write");
+  const Status fl = h.store->flush();
+  EXPECT_TRUE(fl.is_ok()) << "the copy is dirty again and flush writes it: " << fl.to_string();
+  EXPECT_EQ(h.store->stats().nvme_write_bytes(), kBlock);
+  // Two more blocks in a host tier of two: the copy is evicted (clean since the flush) and read
+  // back from home.
+  for (int i = 0; i < 2; ++i) {
+    auto other = h.store->create_block(kBlock, Tier::kNvme, "other" + std::to_string(i));
+    ASSERT_TRUE(other.is_ok());
+    auto l = h.store->pin(*other, Tier::kHost, Access::kWrite);
+    ASSERT_TRUE(l.is_ok()) << l.status().to_string();
+    ASSERT_TRUE(l->wait().is_ok());
+    l->release();
+  }
+  read_back("from home");
+  h.finish();
+}
+
+// The same for a write out of the device whose op ended once its pieces left the device buffer
+// (finish_extent_write): while the disk holds the writes, the device copy is evicted to the host
+// tier; the write then fails, and the host copy still holds the bytes.
+TEST(StoreEarlyWriteBack, AFailedDeviceWriteBackLosesNothingEvictedToTheHost) {
+  testing::within_deadline("failed device write-back", 120, [] {
+    Harness h;
+    HarnessOptions o;
+    o.store.policy = Policy::kLru;  // device evictions go to the host tier
+    o.store.device_budget_bytes = kBlock;
+    o.store.host_budget_bytes = 2 * kBlock;
+    o.store.chunk_bytes = 16 << 10;
+    o.store.staging_buffers = 16;  // every piece leaves the device while the disk holds them
+    o.swap_bytes = 4ull << 20;
+    nvme::FaultOptions f;
+    f.eio_on_request = 1;
+    o.faults = f;
+    auto open = std::make_shared<std::atomic<bool>>(false);
+    testing::WriteGateEngine* gate = nullptr;
+    testing::gate_writes(o, open, &gate);
+    h.init(o);
+    if (::testing::Test::HasFatalFailure()) return;
+    auto a = h.store->create_block(kBlock, Tier::kNvme, "a");
+    auto b = h.store->create_block(kBlock, Tier::kNvme, "b");
+    ASSERT_TRUE(a.is_ok() && b.is_ok());
+    auto fill = [&](BlockId id, int value) {
+      auto l = h.store->pin(id, Tier::kDevice, Access::kWrite);
+      ASSERT_TRUE(l.is_ok()) << l.status().to_string();
+      ASSERT_TRUE(l->wait().is_ok());
+      std::memset(l->data(), value, kBlock);
+      l->release();
+    };
+    fill(*a, 0xa5);
+    ASSERT_TRUE(h.store->write_back(*a, Tier::kDevice).is_ok());
+    const std::uint64_t pieces = kBlock / o.store.chunk_bytes;
+    for (int i = 0; i < 5000 && gate->held_total() < pieces; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    ASSERT_EQ(gate->held_total(), pieces) << "the write's pieces did not all reach the disk";
+    fill(*b, 0x11);  // evicts a's device copy to the host tier while its writes are held
+    open->store(true);
+    ASSERT_TRUE(h.store->drain().is_ok());
+    const StoreStats st = h.store->stats();
+    EXPECT_EQ(st.early_writes_failed, 1u);
+    EXPECT_EQ(st.io_errors, 1u);
+    auto l = h.store->pin(*a, Tier::kHost, Access::kRead);
+    ASSERT_TRUE(l.is_ok()) << l.status().to_string();
+    const Status w = l->wait();
+    ASSERT_TRUE(w.is_ok()) << "a's host copy holds the bytes: " << w.to_string();
+    const auto* p = static_cast<const std::byte*>(l->data());
+    std::uint64_t bad = 0;
+    for (std::uint64_t i = 0; i < kBlock; ++i) bad += p[i] != std::byte{0xa5} ? 1 : 0;
+    EXPECT_EQ(bad, 0u);
+    l->release();
+    h.finish();
+  });
+}
 
 }  // namespace
 }  // namespace tz::store
