@@ -16,7 +16,10 @@ void Store::Impl::fail_op(Block& b, Op& op, Status st) {
   if (op.failed) return;
   op.failed = true;
   op.status = st;
-  if (op.ahead) return;  // settled when it ends (finish_copy_if_done)
+  if (op.ahead) {
+    settle_early_write(b, op.seq, st);  // the copy it writes from may still hold the bytes
+    return;
+  }
   record_failure(b, op.seq, st);
 }
 
@@ -43,35 +46,38 @@ void Store::Impl::count_error(const Status& st) {
   }
 }
 
-// An early write-back (Op::ahead) of op `seq` failed. Its bytes are lost only if something
-// needs them from the extent: the first op queued after it that touches the extent reads it (a
-// load that had to come from home), or none does and no upper copy holds the bytes any more (an
-// eviction took the write for the copy's way home). Otherwise nothing is lost and the error is
-// only counted: the next write of the extent replaces the bytes, or the extent is stale again
-// and the current upper copy dirty, so that its eviction writes it.
+// An early write-back (Op::ahead) of op `seq` failed, settled at its first failed piece so that
+// the moves decided from then on see where the bytes are. They are lost only if something needs
+// them from the extent: a pin of the home copy, or the first op queued after the write that
+// touches the extent (a read ahead aside, which only serves a load from the extent) reads it (a
+// load that had to come from home), or no such op is queued and no upper copy holds the bytes any
+// more (an eviction took the write for the copy's way home). Otherwise nothing is lost and the
+// error is only counted: the queued op writes the extent anew, or the extent is stale again and
+// the current upper copy dirty, so that its eviction or a flush writes it.
 void Store::Impl::settle_early_write(Block& b, std::uint64_t seq, const Status& st) {
   const Op* next = nullptr;
   for (const Op& o : b.ops) {
-    if (o.seq > seq && touches_extent(o)) {
+    if (o.seq > seq && o.kind != OpKind::kStage && touches_extent(o)) {
       next = &o;
       break;
     }
   }
-  bool needed;
+  bool needed = b.leases[ti(Tier::kNvme)] > 0;
   if (next != nullptr) {
-    needed = next->kind == OpKind::kStage ||
-             (next->kind == OpKind::kCopy && next->src == Tier::kNvme);
+    needed |= next->kind == OpKind::kCopy && next->src == Tier::kNvme;
   } else {
-    needed = true;
+    bool upper_current = false;
     for (Tier t : {Tier::kDevice, Tier::kHost}) {
-      if (b.copies[ti(t)].present && b.copies[ti(t)].valid) needed = false;
+      upper_current |= b.copies[ti(t)].present && b.copies[ti(t)].valid;
     }
+    needed |= !upper_current;
   }
   if (needed || !b.error.is_ok()) {
     record_failure(b, seq, st);
     return;
   }
   if (next == nullptr) b.copies[ti(Tier::kNvme)].valid = false;
+  ++walk_epoch;
   ++stats.early_writes_failed;
   count_error(st);
   TZ_LOG_DEBUG("store: early write-back of '%s' failed, nothing lost: %s", b.name.c_str(),
@@ -494,7 +500,6 @@ bool Store::Impl::finish_copy_if_done(Block& b, Op& op) {
   }
   if (op.device_pending || op.outstanding > 0) return false;
   if (!op.failed && op.chunks > 0 && op.finished < op.chunks) return false;
-  if (op.failed && op.ahead) settle_early_write(b, op.seq, op.status);
   const Link l = link_of(op.src, op.dst);
   link_end(l);
   if (!op.failed && op.dst == Tier::kNvme) b.nvme_written = true;
@@ -655,12 +660,14 @@ void Store::Impl::apply_io_done(IoJob& job) {
 
 // A write of a device -> NVMe copy whose op has ended (finish_copy_if_done). The last one does
 // what the op's end would have: the extent holds the bytes, or the block records the failure for
-// the leases that depend on the write (every op from it on, as fail_op would have).
+// the leases that depend on the write (every op from it on, as fail_op would have). An early
+// write-back's failure is settled at its first failed piece instead (settle_early_write).
 void Store::Impl::finish_extent_write(Block& b, IoJob& job) {
   staging_acct.give_back(job.staging, StagingAccounting::kWrite, false);
   if (!job.status.is_ok() && b.extent_write_status.is_ok()) {
     b.extent_write_status = std::move(job.status).with_context(
         "store: writing block '" + b.name + "' piece " + std::to_string(job.chunk));
+    if (b.extent_write_ahead) settle_early_write(b, b.extent_write_seq, b.extent_write_status);
   } else if (job.status.is_ok()) {
     b.sums[job.chunk] = job.sum;
   }
@@ -674,9 +681,7 @@ void Store::Impl::finish_extent_write(Block& b, IoJob& job) {
       Trace::global().span("store nvme", std::string(link_name(l)) + " " + b.name,
                            b.extent_write_start_us, Trace::global().now_us());
     }
-  } else if (b.extent_write_ahead) {
-    settle_early_write(b, b.extent_write_seq, b.extent_write_status);
-  } else {
+  } else if (!b.extent_write_ahead) {
     record_failure(b, b.extent_write_seq, b.extent_write_status);
   }
   cv.notify_all();

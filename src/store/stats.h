@@ -81,8 +81,8 @@ struct StoreStats {
   std::uint64_t io_errors = 0;
   std::uint64_t trace_deviations = 0;  // steps (or parts) that fell back to LRU
   std::uint64_t early_write_backs = 0;  // dirty copies written home early: at unpin, or asked (write_back); also in write_backs
-  // Early write-backs that failed while a current upper copy remained: nothing lost, the copy is
-  // dirty again (its eviction writes it); also in io_errors or checksum_failures.
+  // Early write-backs that failed and lost nothing (an upper copy still held the bytes, now dirty
+  // again, or the next write of the extent replaced them); also in io_errors.
   std::uint64_t early_writes_failed = 0;
   std::uint64_t steps = 0;
   // Read ahead: NVMe bytes read into staging buffers before their device load was decided, and

@@ -412,9 +412,21 @@ Status Store::drain() {
   return Status::ok();
 }
 
+// An early write-back in flight makes its copy look clean, so flush writes nothing for it; if it
+// then fails with the copy intact (settle_early_write) the copy is dirty again, and flush goes
+// round once more. The rounds' own writes are not early ones: their failures are reported.
 Status Store::flush() {
   std::unique_lock lock(impl_->mu);
-  Impl& m = *impl_;
+  for (;;) {
+    const std::uint64_t early_failed = impl_->stats.early_writes_failed;
+    Status st = impl_->flush_round(lock);
+    if (!st.is_ok() || impl_->stats.early_writes_failed == early_failed) return st;
+  }
+}
+
+// One round of flush: writes every dirty copy home and waits until the store is idle.
+Status Store::Impl::flush_round(std::unique_lock<std::mutex>& lock) {
+  Impl& m = *this;
   std::vector<std::pair<BlockId, std::uint64_t>> writes;  // block, op
   Status lost;  // the first block whose bytes were already lost
   for (auto& [id, b] : m.blocks) {

@@ -126,6 +126,10 @@ struct Store::Impl {
 
   std::thread mover;
 
+  // ---- store.cc ----
+  // One round of Store::flush, under `mu` (`lock`, released while it waits for the mover).
+  Status flush_round(std::unique_lock<std::mutex>& lock);
+
   // ---- residency.cc (residency and budgets: copies, evictions, admission, demand loads) ----
   Block* find(BlockId id);
   // find(), or kInvalidArgument naming the call ("store: <what> of unknown block N").

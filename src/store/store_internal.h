@@ -64,8 +64,7 @@ struct Op {
   bool prefetch = false;
   bool early = false;  // an early write-back: nobody waits for it until an op is queued behind it
   // An early write-back from its start (`early` goes when something waits for it): its failure
-  // is settled when it ends, losing nothing where a current upper copy remains
-  // (Impl::settle_early_write).
+  // loses nothing where a current upper copy remains (Impl::settle_early_write).
   bool ahead = false;
   // Mover-side progress.
   bool started = false;

@@ -249,31 +249,79 @@ TEST(StoreEarlyWriteBack, AskedWriteBackGoesHomeNowAndMakesTheEvictionFree) {
 
 TEST(StoreEarlyWriteBack, WithoutTheAskTheEvictionWrites) { asked_write_back(/*ask=*/false); }
 
+// Bytes of a block (kBlock) that differ from `v`.
+std::uint64_t bytes_not(const void* data, int v) {
+  const auto* p = static_cast<const std::byte*>(data);
+  std::uint64_t bad = 0;
+  for (std::uint64_t i = 0; i < kBlock; ++i) bad += p[i] != static_cast<std::byte>(v) ? 1 : 0;
+  return bad;
+}
+
+// Pins `id` in `t` for reading and checks every byte is `v`; the wait's status otherwise.
+Status read_back(Harness& h, BlockId id, Tier t, int v) {
+  auto l = h.store->pin(id, t, Access::kRead);
+  if (!l.is_ok()) return l.status();
+  Status w = l->wait();
+  if (w.is_ok()) {
+    EXPECT_EQ(bytes_not(l->data(), v), 0u) << "read back from " << tier_name(t);
+  }
+  l->release();
+  return w;
+}
+
+void fill(Harness& h, BlockId id, Tier t, int v) {
+  auto l = h.store->pin(id, t, Access::kWrite);
+  ASSERT_TRUE(l.is_ok()) << l.status().to_string();
+  ASSERT_TRUE(l->wait().is_ok());
+  std::memset(l->data(), v, kBlock);
+  l->release();
+}
+
+// A store whose first NVMe request fails with EIO, its writes held while *open is false (the
+// gate sits outside the fault engine, so the first request released is the one that fails).
+HarnessOptions failing_first_write(std::shared_ptr<std::atomic<bool>> open,
+                                   testing::WriteGateEngine** gate) {
+  HarnessOptions o;
+  o.store.policy = Policy::kLru;  // no trace: no early write-back of the store's own
+  o.store.device_budget_bytes = kBlock;
+  o.store.host_budget_bytes = 2 * kBlock;
+  o.store.chunk_bytes = 16 << 10;
+  o.store.staging_buffers = 16;  // a device write's pieces all leave the device at once
+  o.swap_bytes = 4ull << 20;
+  nvme::FaultOptions f;
+  f.eio_on_request = 1;
+  o.faults = f;
+  testing::gate_writes(o, open, gate);
+  return o;
+}
+
+// Opens the gate when the scope ends, so that a failed assertion never leaves the teardown
+// waiting for held writes.
+struct OpenAtExit {
+  std::shared_ptr<std::atomic<bool>> open;
+  ~OpenAtExit() { open->store(true); }
+};
+
+// Waits until the gate holds `pieces` writes.
+void await_held(testing::WriteGateEngine* gate, std::uint64_t pieces) {
+  for (int i = 0; i < 5000 && gate->held_total() < pieces; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ASSERT_EQ(gate->held_total(), pieces) << "the write's pieces did not all reach the disk";
+}
+
 // A failed early write-back loses nothing while an upper copy still holds its bytes
 // (Impl::settle_early_write): the block reads back, a flush writes it home, and the error is
 // counted. Before, the block was marked failed although its copy was intact.
 TEST(StoreEarlyWriteBack, AFailedWriteBackLeavesTheHostCopyCurrent) {
   Harness h;
-  HarnessOptions o;
-  o.store.policy = Policy::kLru;
-  o.store.device_budget_bytes = 2 * kBlock;
-  o.store.host_budget_bytes = 2 * kBlock;
-  o.store.chunk_bytes = 16 << 10;
-  o.swap_bytes = 4ull << 20;
-  nvme::FaultOptions f;
-  f.eio_on_request = 1;  // the early write's first piece: nothing was read or written before
-  o.faults = f;
-  h.init(o);
+  auto open = std::make_shared<std::atomic<bool>>(true);  // nothing held
+  testing::WriteGateEngine* gate = nullptr;
+  h.init(failing_first_write(open, &gate));
   if (::testing::Test::HasFatalFailure()) return;
   auto id = h.store->create_block(kBlock, Tier::kNvme, "state");
   ASSERT_TRUE(id.is_ok()) << id.status().to_string();
-  {
-    auto l = h.store->pin(*id, Tier::kHost, Access::kWrite);
-    ASSERT_TRUE(l.is_ok()) << l.status().to_string();
-    ASSERT_TRUE(l->wait().is_ok());
-    std::memset(l->data(), 0x5a, kBlock);
-    l->release();
-  }
+  fill(h, *id, Tier::kHost, 0x5a);
   ASSERT_TRUE(h.store->write_back(*id, Tier::kHost).is_ok());
   ASSERT_TRUE(h.store->drain().is_ok());
   StoreStats st = h.store->stats();
@@ -282,18 +330,8 @@ TEST(StoreEarlyWriteBack, AFailedWriteBackLeavesTheHostCopyCurrent) {
   EXPECT_EQ(st.early_writes_failed, 1u);
   EXPECT_EQ(st.io_errors, 1u);
   EXPECT_EQ(st.nvme_write_bytes(), 0u);
-  auto read_back = [&](const char* when) {
-    auto l = h.store->pin(*id, Tier::kHost, Access::kRead);
-    ASSERT_TRUE(l.is_ok()) << when << ": " << l.status().to_string();
-    const Status w = l->wait();
-    ASSERT_TRUE(w.is_ok()) << when << ": " << w.to_string();
-    const auto* p = static_cast<const std::byte*>(l->data());
-    std::uint64_t bad = 0;
-    for (std::uint64_t b = 0; b < kBlock; ++b) bad += p[b] != std::byte{0x5a} ? 1 : 0;
-    EXPECT_EQ(bad, 0u) << when;
-    l->release();
-  };
-  read_back("after the failed write");
+  Status r = read_back(h, *id, Tier::kHost, 0x5a);
+  EXPECT_TRUE(r.is_ok()) << "after the failed write: " << r.to_string();
   const Status fl = h.store->flush();
   EXPECT_TRUE(fl.is_ok()) << "the copy is dirty again and flush writes it: " << fl.to_string();
   EXPECT_EQ(h.store->stats().nvme_write_bytes(), kBlock);
@@ -302,68 +340,126 @@ TEST(StoreEarlyWriteBack, AFailedWriteBackLeavesTheHostCopyCurrent) {
   for (int i = 0; i < 2; ++i) {
     auto other = h.store->create_block(kBlock, Tier::kNvme, "other" + std::to_string(i));
     ASSERT_TRUE(other.is_ok());
-    auto l = h.store->pin(*other, Tier::kHost, Access::kWrite);
-    ASSERT_TRUE(l.is_ok()) << l.status().to_string();
-    ASSERT_TRUE(l->wait().is_ok());
-    l->release();
+    fill(h, *other, Tier::kHost, 0x11);
   }
-  read_back("from home");
+  r = read_back(h, *id, Tier::kHost, 0x5a);
+  EXPECT_TRUE(r.is_ok()) << "from home: " << r.to_string();
   h.finish();
 }
 
 // The same for a write out of the device whose op ended once its pieces left the device buffer
 // (finish_extent_write): while the disk holds the writes, the device copy is evicted to the host
-// tier; the write then fails, and the host copy still holds the bytes.
+// tier; the write then fails, and the host copy still holds the bytes (and is dirty: a flush
+// writes it).
 TEST(StoreEarlyWriteBack, AFailedDeviceWriteBackLosesNothingEvictedToTheHost) {
   testing::within_deadline("failed device write-back", 120, [] {
     Harness h;
-    HarnessOptions o;
-    o.store.policy = Policy::kLru;  // device evictions go to the host tier
-    o.store.device_budget_bytes = kBlock;
-    o.store.host_budget_bytes = 2 * kBlock;
-    o.store.chunk_bytes = 16 << 10;
-    o.store.staging_buffers = 16;  // every piece leaves the device while the disk holds them
-    o.swap_bytes = 4ull << 20;
-    nvme::FaultOptions f;
-    f.eio_on_request = 1;
-    o.faults = f;
     auto open = std::make_shared<std::atomic<bool>>(false);
     testing::WriteGateEngine* gate = nullptr;
-    testing::gate_writes(o, open, &gate);
-    h.init(o);
+    h.init(failing_first_write(open, &gate));
     if (::testing::Test::HasFatalFailure()) return;
+    OpenAtExit opener{open};
     auto a = h.store->create_block(kBlock, Tier::kNvme, "a");
     auto b = h.store->create_block(kBlock, Tier::kNvme, "b");
     ASSERT_TRUE(a.is_ok() && b.is_ok());
-    auto fill = [&](BlockId id, int value) {
-      auto l = h.store->pin(id, Tier::kDevice, Access::kWrite);
-      ASSERT_TRUE(l.is_ok()) << l.status().to_string();
-      ASSERT_TRUE(l->wait().is_ok());
-      std::memset(l->data(), value, kBlock);
-      l->release();
-    };
-    fill(*a, 0xa5);
+    fill(h, *a, Tier::kDevice, 0xa5);
     ASSERT_TRUE(h.store->write_back(*a, Tier::kDevice).is_ok());
-    const std::uint64_t pieces = kBlock / o.store.chunk_bytes;
-    for (int i = 0; i < 5000 && gate->held_total() < pieces; ++i) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
-    ASSERT_EQ(gate->held_total(), pieces) << "the write's pieces did not all reach the disk";
-    fill(*b, 0x11);  // evicts a's device copy to the host tier while its writes are held
+    await_held(gate, kBlock / (16 << 10));
+    if (::testing::Test::HasFatalFailure()) return;
+    fill(h, *b, Tier::kDevice, 0x11);  // evicts a's device copy to the host tier meanwhile
     open->store(true);
     ASSERT_TRUE(h.store->drain().is_ok());
     const StoreStats st = h.store->stats();
     EXPECT_EQ(st.early_writes_failed, 1u);
     EXPECT_EQ(st.io_errors, 1u);
-    auto l = h.store->pin(*a, Tier::kHost, Access::kRead);
-    ASSERT_TRUE(l.is_ok()) << l.status().to_string();
-    const Status w = l->wait();
-    ASSERT_TRUE(w.is_ok()) << "a's host copy holds the bytes: " << w.to_string();
-    const auto* p = static_cast<const std::byte*>(l->data());
-    std::uint64_t bad = 0;
-    for (std::uint64_t i = 0; i < kBlock; ++i) bad += p[i] != std::byte{0xa5} ? 1 : 0;
-    EXPECT_EQ(bad, 0u);
-    l->release();
+    const Status r = read_back(h, *a, Tier::kHost, 0xa5);
+    EXPECT_TRUE(r.is_ok()) << "a's host copy holds the bytes: " << r.to_string();
+    const std::uint64_t before = h.store->stats().nvme_write_bytes();
+    const Status fl = h.store->flush();
+    EXPECT_TRUE(fl.is_ok()) << fl.to_string();
+    EXPECT_GE(h.store->stats().nvme_write_bytes(), before + kBlock) << "a is dirty again";
+    h.finish();
+  });
+}
+
+// Where the bytes are needed, the failure still counts: the host copy was evicted while the
+// write was in flight (clean then, so its eviction wrote nothing), and a pin of the home copy
+// that waits for the write. Both report the error; neither reads other bytes.
+TEST(StoreEarlyWriteBack, AFailedWriteBackWhoseBytesAreNeededFails) {
+  testing::within_deadline("failed write-back, bytes needed", 120, [] {
+    for (const bool evict : {true, false}) {
+      Harness h;
+      auto open = std::make_shared<std::atomic<bool>>(false);
+      testing::WriteGateEngine* gate = nullptr;
+      HarnessOptions o = failing_first_write(open, &gate);
+      o.store.host_budget_bytes = kBlock;
+      h.init(o);
+      if (::testing::Test::HasFatalFailure()) return;
+      OpenAtExit opener{open};
+      auto a = h.store->create_block(kBlock, Tier::kNvme, "a");
+      auto b = h.store->create_block(kBlock, Tier::kNvme, "b");
+      ASSERT_TRUE(a.is_ok() && b.is_ok());
+      fill(h, *a, Tier::kHost, 0x5a);
+      ASSERT_TRUE(h.store->write_back(*a, Tier::kHost).is_ok());
+      await_held(gate, kBlock / (16 << 10));
+      if (::testing::Test::HasFatalFailure()) return;
+      if (evict) {
+        // b's pin evicts a's host copy (a free queued behind the write) and waits for its room.
+        std::thread writer([&] { fill(h, *b, Tier::kHost, 0x11); });
+        for (int i = 0; i < 5000 && h.store->stats().tier(Tier::kHost).evictions == 0; ++i) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        }
+        EXPECT_EQ(h.store->stats().tier(Tier::kHost).evictions, 1u);
+        open->store(true);
+        writer.join();
+        const Status r = read_back(h, *a, Tier::kHost, 0x5a);
+        EXPECT_FALSE(r.is_ok()) << "a's bytes were only in the failed write";
+      } else {
+        auto home = h.store->pin(*a, Tier::kNvme, Access::kRead);
+        ASSERT_TRUE(home.is_ok()) << home.status().to_string();
+        open->store(true);
+        const Status w = home->wait();
+        EXPECT_FALSE(w.is_ok()) << "the pin of the home copy waited for the failed write";
+        home->release();
+      }
+      ASSERT_TRUE(h.store->drain().is_ok());
+      EXPECT_EQ(h.store->stats().early_writes_failed, 0u);
+      EXPECT_EQ(h.store->stats().io_errors, 1u);
+      h.finish();
+    }
+  });
+}
+
+// A flush that finds an early write-back in flight writes nothing for its copy (it looks clean);
+// when that write fails with the copy intact, flush goes round again and writes it.
+TEST(StoreEarlyWriteBack, AFlushWaitingOnAFailingWriteBackWritesTheCopy) {
+  testing::within_deadline("flush over a failing write-back", 120, [] {
+    Harness h;
+    auto open = std::make_shared<std::atomic<bool>>(false);
+    testing::WriteGateEngine* gate = nullptr;
+    h.init(failing_first_write(open, &gate));
+    if (::testing::Test::HasFatalFailure()) return;
+    OpenAtExit opener{open};
+    auto a = h.store->create_block(kBlock, Tier::kNvme, "a");
+    ASSERT_TRUE(a.is_ok());
+    fill(h, *a, Tier::kHost, 0x5a);
+    ASSERT_TRUE(h.store->write_back(*a, Tier::kHost).is_ok());
+    await_held(gate, kBlock / (16 << 10));
+    if (::testing::Test::HasFatalFailure()) return;
+    std::atomic<bool> flushed{false};
+    Status fl;
+    std::thread flusher([&] {
+      fl = h.store->flush();
+      flushed = true;
+    });
+    // The flush cannot end while the write is held: give it time to find the block.
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    EXPECT_FALSE(flushed.load());
+    open->store(true);
+    flusher.join();
+    EXPECT_TRUE(fl.is_ok()) << fl.to_string();
+    EXPECT_EQ(h.store->stats().early_writes_failed, 1u);
+    EXPECT_EQ(h.store->stats().nvme_write_bytes(), kBlock) << "flush wrote the copy home";
     h.finish();
   });
 }
