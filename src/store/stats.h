@@ -80,7 +80,8 @@ struct StoreStats {
   std::uint64_t checksum_failures = 0;
   std::uint64_t io_errors = 0;
   std::uint64_t trace_deviations = 0;  // steps (or parts) that fell back to LRU
-  std::uint64_t early_write_backs = 0;  // dirty copies written home early: at unpin, or asked (write_back); also in write_backs
+  // Dirty copies written home early: at unpin, or asked (write_back); also in write_backs.
+  std::uint64_t early_write_backs = 0;
   // Early write-backs that failed and lost nothing (an upper copy still held the bytes, now dirty
   // again, or the next write of the extent replaced them); also in io_errors.
   std::uint64_t early_writes_failed = 0;

@@ -28,6 +28,14 @@ struct WalkResult {
   int errors = 0;
 };
 
+// Bytes of a block (kBlock) that differ from `v`.
+std::uint64_t bytes_not(const void* data, std::byte v) {
+  const auto* p = static_cast<const std::byte*>(data);
+  std::uint64_t bad = 0;
+  for (std::uint64_t i = 0; i < kBlock; ++i) bad += p[i] != v ? 1 : 0;
+  return bad;
+}
+
 // The value every byte of layer `i` holds after the backward pass of step `s` wrote it.
 std::byte pattern(int layer, int step) { return static_cast<std::byte>(1 + layer * 7 + step * 31); }
 
@@ -84,9 +92,7 @@ WalkResult walk(int layers, int device_blocks, int host_blocks, int steps, Polic
       }
       return;
     }
-    const auto* p = static_cast<const std::byte*>(l->data());
-    std::uint64_t bad = 0;
-    for (std::uint64_t b = 0; b < kBlock; ++b) bad += p[b] != ref[k] ? 1 : 0;
+    const std::uint64_t bad = bytes_not(l->data(), ref[k]);
     EXPECT_EQ(bad, 0u) << "layer " << i << " step " << step << ": " << bad
                        << " bytes differ from the last write";
     if (access == Access::kReadWrite) {
@@ -113,10 +119,7 @@ WalkResult walk(int layers, int device_blocks, int host_blocks, int steps, Polic
       EXPECT_TRUE(faults.has_value()) << st.to_string();
       continue;
     }
-    const auto* p = static_cast<const std::byte*>(l->data());
-    std::uint64_t bad = 0;
-    for (std::uint64_t b = 0; b < kBlock; ++b) bad += p[b] != ref[k] ? 1 : 0;
-    EXPECT_EQ(bad, 0u) << "layer " << i << " at the end";
+    EXPECT_EQ(bytes_not(l->data(), ref[k]), 0u) << "layer " << i << " at the end";
   }
   const StoreStats st = h.store->stats();
   r.early = st.early_write_backs;
@@ -234,10 +237,7 @@ void asked_write_back(bool ask) {
   auto l = h.store->pin(ids[0], Tier::kHost, Access::kRead);
   ASSERT_TRUE(l.is_ok()) << l.status().to_string();
   ASSERT_TRUE(l->wait().is_ok());
-  const auto* p = static_cast<const std::byte*>(l->data());
-  std::uint64_t bad = 0;
-  for (std::uint64_t b = 0; b < kBlock; ++b) bad += p[b] != std::byte{0x5a} ? 1 : 0;
-  EXPECT_EQ(bad, 0u) << "state0 read back from its home";
+  EXPECT_EQ(bytes_not(l->data(), std::byte{0x5a}), 0u) << "state0 read back from its home";
   l->release();
   EXPECT_FALSE(h.store->write_back(BlockId{9999}, Tier::kHost).is_ok()) << "unknown block";
   h.finish();
@@ -249,21 +249,14 @@ TEST(StoreEarlyWriteBack, AskedWriteBackGoesHomeNowAndMakesTheEvictionFree) {
 
 TEST(StoreEarlyWriteBack, WithoutTheAskTheEvictionWrites) { asked_write_back(/*ask=*/false); }
 
-// Bytes of a block (kBlock) that differ from `v`.
-std::uint64_t bytes_not(const void* data, int v) {
-  const auto* p = static_cast<const std::byte*>(data);
-  std::uint64_t bad = 0;
-  for (std::uint64_t i = 0; i < kBlock; ++i) bad += p[i] != static_cast<std::byte>(v) ? 1 : 0;
-  return bad;
-}
-
 // Pins `id` in `t` for reading and checks every byte is `v`; the wait's status otherwise.
 Status read_back(Harness& h, BlockId id, Tier t, int v) {
   auto l = h.store->pin(id, t, Access::kRead);
   if (!l.is_ok()) return l.status();
   Status w = l->wait();
   if (w.is_ok()) {
-    EXPECT_EQ(bytes_not(l->data(), v), 0u) << "read back from " << tier_name(t);
+    EXPECT_EQ(bytes_not(l->data(), static_cast<std::byte>(v)), 0u)
+        << "read back from " << tier_name(t);
   }
   l->release();
   return w;
