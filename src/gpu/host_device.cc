@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/thread_name.h"
 #include "core/trace.h"
 #include "cpu/span_update.h"
 #include "gpu/elementwise.h"
@@ -104,7 +105,10 @@ Result<std::unique_ptr<HostStream>> HostStream::create(HostDevice* device, std::
                                                       BusyUnion* cores) {
   std::unique_ptr<HostStream> stream(new HostStream(device, std::move(name), cores));
   try {
-    stream->worker_ = std::thread([s = stream.get()] { s->run(); });
+    stream->worker_ = std::thread([s = stream.get()] {
+      set_thread_name("tz-" + s->name_);  // "tz-compute", "tz-store pieces" (cut at 15)
+      s->run();
+    });
   } catch (const std::system_error& e) {
     return Status::unavailable("host stream '" + stream->name_ +
                                "': cannot start its worker thread: " + e.what());

@@ -11,6 +11,7 @@
 
 #include "core/assert.h"
 #include "core/log.h"
+#include "core/thread_name.h"
 #include "store/pool_registration.h"
 #include "store/store_impl.h"
 
@@ -79,6 +80,7 @@ Result<std::unique_ptr<Store>> Store::create(const StoreOptions& options, gpu::D
   std::promise<Status> started;
   std::future<Status> started_f = started.get_future();
   raw->mover = std::thread([raw, &started, make_swap = std::move(make_swap)] {
+    set_thread_name("tz-mover");
     Status st;
     if (make_swap) {
       auto swap = make_swap();

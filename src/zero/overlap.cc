@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "core/log.h"
+#include "core/thread_name.h"
 #include "gpu/pinned_registration.h"
 
 #include "zero/optimizer_driver.h"
@@ -271,6 +272,7 @@ bool UpdateWorker::busy() const {
 }
 
 void UpdateWorker::loop() {
+  set_thread_name("tz-update");
   // The jobs' pins interleave with the model's in an order that changes from step to step: left
   // out of the store's trace, they leave its prefetch walk and Belady's eviction to the model's
   // pins, which repeat (the jobs read ahead with Store::prefetch).
