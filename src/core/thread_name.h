@@ -1,6 +1,7 @@
 // Names the calling thread as `top -H`, `ps -L`, gdb and perf show it ("tz-mover", "tz-compute"),
 // so that a thread of the engine can be told apart from outside the process (its CPU time, its
-// scheduling). Linux keeps 15 bytes of a name: longer names are cut there.
+// scheduling). Linux keeps 15 bytes of a name: a longer one keeps its first 9 and last 5 bytes
+// around a '~' ("tz-store pieces h2d" -> "tz-store ~s h2d").
 #pragma once
 
 #include <string>

@@ -9,6 +9,8 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <string>
+#include <string_view>
 #include <system_error>
 #include <utility>
 #include <vector>
@@ -106,7 +108,10 @@ Result<std::unique_ptr<HostStream>> HostStream::create(HostDevice* device, std::
   std::unique_ptr<HostStream> stream(new HostStream(device, std::move(name), cores));
   try {
     stream->worker_ = std::thread([s = stream.get()] {
-      set_thread_name("tz-" + s->name_);  // "tz-compute", "tz-store pieces" (cut at 15)
+      // "tz-compute", "tz-store ~s h2d": the stream's name without HostDevice's "host:".
+      std::string_view n = s->name_;
+      if (n.starts_with("host:")) n.remove_prefix(5);
+      set_thread_name("tz-" + std::string(n));
       s->run();
     });
   } catch (const std::system_error& e) {

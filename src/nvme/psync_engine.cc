@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/assert.h"
+#include "core/thread_name.h"
 #include "nvme/engines.h"
 
 namespace tz::nvme {
@@ -25,7 +26,10 @@ class PsyncEngine final : public IoEngine {
     std::uint32_t threads = options.psync_threads;
     if (threads == 0) threads = std::min<std::uint32_t>(engine->depth_, 8);
     for (std::uint32_t i = 0; i < threads; ++i) {
-      engine->workers_.emplace_back([e = engine.get()] { e->work(); });
+      engine->workers_.emplace_back([e = engine.get()] {
+        set_thread_name("tz-psync");
+        e->work();
+      });
     }
     return std::unique_ptr<IoEngine>(std::move(engine));
   }

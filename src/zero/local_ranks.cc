@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "comm/local_comm.h"
+#include "core/thread_name.h"
 #include "gpu/host_device.h"
 
 namespace tz::zero {
@@ -21,6 +22,7 @@ Status run_local_ranks(int world_size, std::uint64_t device_budget_bytes, const 
   std::vector<std::thread> threads;
   for (int r = 0; r < world_size; ++r) {
     threads.emplace_back([&, r] {
+      set_thread_name("tz-rank-" + std::to_string(r));
       auto device = gpu::HostDevice::create(budget);
       Status s = device.is_ok() ? fn(r, **device, *comms[static_cast<std::size_t>(r)])
                                 : device.status();

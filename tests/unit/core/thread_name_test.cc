@@ -1,5 +1,5 @@
-// core/thread_name.h: a name set on a thread reads back, cut at Linux's 15 bytes, and is what
-// the kernel shows for the thread (/proc/self/task/TID/comm).
+// core/thread_name.h: a name set on a thread reads back, shortened to Linux's 15 bytes with both
+// ends kept, and is what the kernel shows for the thread (/proc/self/task/TID/comm).
 #include "core/thread_name.h"
 
 #include <gtest/gtest.h>
@@ -25,9 +25,11 @@ TEST(ThreadName, SetReadsBackAndTheKernelShowsIt) {
     set_thread_name("tz-short");
     EXPECT_EQ(thread_name(), "tz-short");
     EXPECT_EQ(kernel_comm(), "tz-short");
-    set_thread_name("tz-a-name-longer-than-fifteen");
-    EXPECT_EQ(thread_name(), "tz-a-name-longe") << "cut at 15 bytes";
-    EXPECT_EQ(kernel_comm(), "tz-a-name-longe");
+    set_thread_name("tz-store pieces h2d");
+    EXPECT_EQ(thread_name(), "tz-store ~s h2d") << "both ends kept in 15 bytes";
+    EXPECT_EQ(kernel_comm(), "tz-store ~s h2d");
+    set_thread_name("tz-store pieces d2h");
+    EXPECT_EQ(thread_name(), "tz-store ~s d2h") << "a name of the same family stays distinct";
   });
   t.join();
 }
