@@ -288,13 +288,6 @@ HarnessOptions failing_first_write(std::shared_ptr<std::atomic<bool>> open,
   return o;
 }
 
-// Opens the gate when the scope ends, so that a failed assertion never leaves the teardown
-// waiting for held writes.
-struct OpenAtExit {
-  std::shared_ptr<std::atomic<bool>> open;
-  ~OpenAtExit() { open->store(true); }
-};
-
 // Waits until the gate holds `pieces` writes.
 void await_held(testing::WriteGateEngine* gate, std::uint64_t pieces) {
   for (int i = 0; i < 5000 && gate->held_total() < pieces; ++i) {
@@ -302,6 +295,31 @@ void await_held(testing::WriteGateEngine* gate, std::uint64_t pieces) {
   }
   ASSERT_EQ(gate->held_total(), pieces) << "the write's pieces did not all reach the disk";
 }
+
+// A store whose first write fails (failing_first_write), with block "a" filled with `v` in `t`
+// and its early write-back asked for and held at the gate. The gate opens at the latest when
+// this goes, before the harness, whose teardown would otherwise wait for the held writes.
+struct HeldWriteBack {
+  Harness h;
+  std::shared_ptr<std::atomic<bool>> open = std::make_shared<std::atomic<bool>>(false);
+  testing::WriteGateEngine* gate = nullptr;
+  BlockId a = 0;
+
+  ~HeldWriteBack() { open->store(true); }
+  // A failed assertion ends the test (::testing::Test::HasFatalFailure).
+  void start(Tier t, int v, std::uint64_t host_budget = 2 * kBlock) {
+    HarnessOptions o = failing_first_write(open, &gate);
+    o.store.host_budget_bytes = host_budget;
+    h.init(o);
+    if (::testing::Test::HasFatalFailure()) return;
+    auto id = h.store->create_block(kBlock, Tier::kNvme, "a");
+    ASSERT_TRUE(id.is_ok()) << id.status().to_string();
+    a = *id;
+    fill(h, a, t, v);
+    ASSERT_TRUE(h.store->write_back(a, t).is_ok());
+    await_held(gate, kBlock / o.store.chunk_bytes);
+  }
+};
 
 // A failed early write-back loses nothing while an upper copy still holds its bytes
 // (Impl::settle_early_write): the block reads back, a flush writes it home, and the error is
@@ -346,26 +364,19 @@ TEST(StoreEarlyWriteBack, AFailedWriteBackLeavesTheHostCopyCurrent) {
 // writes it).
 TEST(StoreEarlyWriteBack, AFailedDeviceWriteBackLosesNothingEvictedToTheHost) {
   testing::within_deadline("failed device write-back", 120, [] {
-    Harness h;
-    auto open = std::make_shared<std::atomic<bool>>(false);
-    testing::WriteGateEngine* gate = nullptr;
-    h.init(failing_first_write(open, &gate));
+    HeldWriteBack w;
+    w.start(Tier::kDevice, 0xa5);
     if (::testing::Test::HasFatalFailure()) return;
-    OpenAtExit opener{open};
-    auto a = h.store->create_block(kBlock, Tier::kNvme, "a");
+    Harness& h = w.h;
     auto b = h.store->create_block(kBlock, Tier::kNvme, "b");
-    ASSERT_TRUE(a.is_ok() && b.is_ok());
-    fill(h, *a, Tier::kDevice, 0xa5);
-    ASSERT_TRUE(h.store->write_back(*a, Tier::kDevice).is_ok());
-    await_held(gate, kBlock / (16 << 10));
-    if (::testing::Test::HasFatalFailure()) return;
+    ASSERT_TRUE(b.is_ok());
     fill(h, *b, Tier::kDevice, 0x11);  // evicts a's device copy to the host tier meanwhile
-    open->store(true);
+    w.open->store(true);
     ASSERT_TRUE(h.store->drain().is_ok());
     const StoreStats st = h.store->stats();
     EXPECT_EQ(st.early_writes_failed, 1u);
     EXPECT_EQ(st.io_errors, 1u);
-    const Status r = read_back(h, *a, Tier::kHost, 0xa5);
+    const Status r = read_back(h, w.a, Tier::kHost, 0xa5);
     EXPECT_TRUE(r.is_ok()) << "a's host copy holds the bytes: " << r.to_string();
     const std::uint64_t before = h.store->stats().nvme_write_bytes();
     const Status fl = h.store->flush();
@@ -381,21 +392,12 @@ TEST(StoreEarlyWriteBack, AFailedDeviceWriteBackLosesNothingEvictedToTheHost) {
 TEST(StoreEarlyWriteBack, AFailedWriteBackWhoseBytesAreNeededFails) {
   testing::within_deadline("failed write-back, bytes needed", 120, [] {
     for (const bool evict : {true, false}) {
-      Harness h;
-      auto open = std::make_shared<std::atomic<bool>>(false);
-      testing::WriteGateEngine* gate = nullptr;
-      HarnessOptions o = failing_first_write(open, &gate);
-      o.store.host_budget_bytes = kBlock;
-      h.init(o);
+      HeldWriteBack w;
+      w.start(Tier::kHost, 0x5a, /*host_budget=*/kBlock);
       if (::testing::Test::HasFatalFailure()) return;
-      OpenAtExit opener{open};
-      auto a = h.store->create_block(kBlock, Tier::kNvme, "a");
+      Harness& h = w.h;
       auto b = h.store->create_block(kBlock, Tier::kNvme, "b");
-      ASSERT_TRUE(a.is_ok() && b.is_ok());
-      fill(h, *a, Tier::kHost, 0x5a);
-      ASSERT_TRUE(h.store->write_back(*a, Tier::kHost).is_ok());
-      await_held(gate, kBlock / (16 << 10));
-      if (::testing::Test::HasFatalFailure()) return;
+      ASSERT_TRUE(b.is_ok());
       if (evict) {
         // b's pin evicts a's host copy (a free queued behind the write) and waits for its room.
         std::thread writer([&] { fill(h, *b, Tier::kHost, 0x11); });
@@ -403,16 +405,16 @@ TEST(StoreEarlyWriteBack, AFailedWriteBackWhoseBytesAreNeededFails) {
           std::this_thread::sleep_for(std::chrono::milliseconds(1));
         }
         EXPECT_EQ(h.store->stats().tier(Tier::kHost).evictions, 1u);
-        open->store(true);
+        w.open->store(true);
         writer.join();
-        const Status r = read_back(h, *a, Tier::kHost, 0x5a);
+        const Status r = read_back(h, w.a, Tier::kHost, 0x5a);
         EXPECT_FALSE(r.is_ok()) << "a's bytes were only in the failed write";
       } else {
-        auto home = h.store->pin(*a, Tier::kNvme, Access::kRead);
+        auto home = h.store->pin(w.a, Tier::kNvme, Access::kRead);
         ASSERT_TRUE(home.is_ok()) << home.status().to_string();
-        open->store(true);
-        const Status w = home->wait();
-        EXPECT_FALSE(w.is_ok()) << "the pin of the home copy waited for the failed write";
+        w.open->store(true);
+        const Status waited = home->wait();
+        EXPECT_FALSE(waited.is_ok()) << "the pin of the home copy waited for the failed write";
         home->release();
       }
       ASSERT_TRUE(h.store->drain().is_ok());
@@ -427,18 +429,10 @@ TEST(StoreEarlyWriteBack, AFailedWriteBackWhoseBytesAreNeededFails) {
 // when that write fails with the copy intact, flush goes round again and writes it.
 TEST(StoreEarlyWriteBack, AFlushWaitingOnAFailingWriteBackWritesTheCopy) {
   testing::within_deadline("flush over a failing write-back", 120, [] {
-    Harness h;
-    auto open = std::make_shared<std::atomic<bool>>(false);
-    testing::WriteGateEngine* gate = nullptr;
-    h.init(failing_first_write(open, &gate));
+    HeldWriteBack w;
+    w.start(Tier::kHost, 0x5a);
     if (::testing::Test::HasFatalFailure()) return;
-    OpenAtExit opener{open};
-    auto a = h.store->create_block(kBlock, Tier::kNvme, "a");
-    ASSERT_TRUE(a.is_ok());
-    fill(h, *a, Tier::kHost, 0x5a);
-    ASSERT_TRUE(h.store->write_back(*a, Tier::kHost).is_ok());
-    await_held(gate, kBlock / (16 << 10));
-    if (::testing::Test::HasFatalFailure()) return;
+    Harness& h = w.h;
     std::atomic<bool> flushed{false};
     Status fl;
     std::thread flusher([&] {
@@ -448,7 +442,7 @@ TEST(StoreEarlyWriteBack, AFlushWaitingOnAFailingWriteBackWritesTheCopy) {
     // The flush cannot end while the write is held: give it time to find the block.
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
     EXPECT_FALSE(flushed.load());
-    open->store(true);
+    w.open->store(true);
     flusher.join();
     EXPECT_TRUE(fl.is_ok()) << fl.to_string();
     EXPECT_EQ(h.store->stats().early_writes_failed, 1u);
